@@ -1,0 +1,247 @@
+//! Batches of work requests: posted with one doorbell, completed with one completion.
+
+use std::sync::Arc;
+
+use crate::buf::{BufAllocator, HeapAllocator, MemBuf};
+use crate::error::{Error, Result};
+use crate::node::OpKind;
+use crate::types::{NodeId, RKey, RemoteAddr};
+
+/// The index of a work request in its batch, to find its result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpIdx(pub(crate) usize);
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Op {
+    pub kind: OpKind,
+    pub rkey: RKey,
+    pub addr: u64,
+    pub len: u32,
+    /// Index into `Batch::bufs` for reads (destination) and writes (source).
+    pub buf: Option<usize>,
+}
+
+/// Work requests for one memory node, executed in order, posted together and completed
+/// together: one doorbell, one round trip.
+///
+/// ```
+/// use dmkit_verbs::{Batch, NodeId, RemoteAddr, RKey};
+/// let target = RemoteAddr::new(NodeId(0), RKey(7), 1 << 40);
+/// let mut b = Batch::new(NodeId(0));
+/// let w = b.write(target, b"hello");
+/// let r = b.read(target, 5);
+/// let c = b.cas(target.add(8), 0, 1);
+/// assert_eq!(b.len(), 3);
+/// ```
+#[derive(Debug)]
+pub struct Batch {
+    pub(crate) node: NodeId,
+    pub(crate) ops: Vec<Op>,
+    pub(crate) bufs: Vec<MemBuf>,
+    pub(crate) error: Option<String>,
+    alloc: Arc<dyn BufAllocator>,
+}
+
+impl Batch {
+    /// An empty batch for `node`, using heap buffers (fine for the software backends; an
+    /// [`crate::Endpoint::batch`] uses the backend's registered buffers).
+    pub fn new(node: NodeId) -> Self {
+        Self::with_allocator(node, Arc::new(HeapAllocator))
+    }
+
+    pub(crate) fn with_allocator(node: NodeId, alloc: Arc<dyn BufAllocator>) -> Self {
+        Self {
+            node,
+            ops: Vec::new(),
+            bufs: Vec::new(),
+            error: None,
+            alloc,
+        }
+    }
+
+    /// The node this batch goes to.
+    pub fn node(&self) -> NodeId {
+        self.node
+    }
+
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// Bytes this batch moves (payloads of reads and writes, 8 per atomic).
+    pub fn payload_bytes(&self) -> u64 {
+        self.ops.iter().map(|o| u64::from(o.len)).sum()
+    }
+
+    fn check(&mut self, remote: RemoteAddr, len: usize) -> Option<u32> {
+        if remote.node != self.node {
+            self.error.get_or_insert_with(|| {
+                format!(
+                    "work request for node {} in a batch for node {}",
+                    remote.node, self.node
+                )
+            });
+            return None;
+        }
+        match u32::try_from(len) {
+            Ok(l) => Some(l),
+            Err(_) => {
+                self.error
+                    .get_or_insert_with(|| format!("work request of {len} bytes is too long"));
+                None
+            }
+        }
+    }
+
+    fn push(&mut self, kind: OpKind, remote: RemoteAddr, len: u32, buf: Option<MemBuf>) -> OpIdx {
+        let buf = buf.map(|b| {
+            self.bufs.push(b);
+            self.bufs.len() - 1
+        });
+        self.ops.push(Op {
+            kind,
+            rkey: remote.rkey,
+            addr: remote.addr,
+            len,
+            buf,
+        });
+        OpIdx(self.ops.len() - 1)
+    }
+
+    fn alloc(&mut self, len: usize) -> Option<MemBuf> {
+        match self.alloc.alloc(len) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                self.error.get_or_insert_with(|| e.to_string());
+                None
+            }
+        }
+    }
+
+    /// READ `len` bytes at `remote` into a fresh registered buffer.
+    pub fn read(&mut self, remote: RemoteAddr, len: usize) -> OpIdx {
+        let l = self.check(remote, len).unwrap_or(0);
+        let buf = self.alloc(len);
+        self.push(OpKind::Read, remote, l, buf)
+    }
+
+    /// READ into `buf` (its whole length): no allocation.
+    pub fn read_into(&mut self, remote: RemoteAddr, buf: MemBuf) -> OpIdx {
+        let l = self.check(remote, buf.len()).unwrap_or(0);
+        self.push(OpKind::Read, remote, l, Some(buf))
+    }
+
+    /// WRITE `data` to `remote`. The bytes are copied into registered memory (they are not
+    /// registered); use [`Batch::write_buf`] to write from a registered buffer without a copy.
+    pub fn write(&mut self, remote: RemoteAddr, data: &[u8]) -> OpIdx {
+        self.write_impl(remote, data, false)
+    }
+
+    /// WRITE that completes only once the data is durable (on a persistent region; on DRAM it
+    /// is an ordinary write).
+    pub fn write_durable(&mut self, remote: RemoteAddr, data: &[u8]) -> OpIdx {
+        self.write_impl(remote, data, true)
+    }
+
+    fn write_impl(&mut self, remote: RemoteAddr, data: &[u8], durable: bool) -> OpIdx {
+        let l = self.check(remote, data.len()).unwrap_or(0);
+        let buf = self.alloc(data.len()).map(|mut b| {
+            b.copy_from_slice(data);
+            b
+        });
+        self.push(OpKind::Write { durable }, remote, l, buf)
+    }
+
+    /// WRITE the whole of a registered buffer (zero-copy).
+    pub fn write_buf(&mut self, remote: RemoteAddr, buf: MemBuf, durable: bool) -> OpIdx {
+        let l = self.check(remote, buf.len()).unwrap_or(0);
+        self.push(OpKind::Write { durable }, remote, l, Some(buf))
+    }
+
+    /// Compare-and-swap on an 8-aligned word; the result holds the old value.
+    pub fn cas(&mut self, remote: RemoteAddr, expect: u64, new: u64) -> OpIdx {
+        let l = self.check(remote, 8).unwrap_or(0);
+        self.push(OpKind::Cas { expect, new }, remote, l, None)
+    }
+
+    /// Fetch-and-add on an 8-aligned word; the result holds the old value.
+    pub fn faa(&mut self, remote: RemoteAddr, add: u64) -> OpIdx {
+        let l = self.check(remote, 8).unwrap_or(0);
+        self.push(OpKind::Faa { add }, remote, l, None)
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        match &self.error {
+            Some(e) => Err(Error::InvalidArgument(e.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Splits into ops and buffers for a backend; `BatchResult::new` reassembles.
+    pub(crate) fn into_parts(self) -> (NodeId, Vec<Op>, Vec<MemBuf>) {
+        (self.node, self.ops, self.bufs)
+    }
+}
+
+/// The completion of a batch: read data, atomics' old values, and the buffers handed back.
+#[derive(Debug)]
+pub struct BatchResult {
+    pub(crate) node: NodeId,
+    pub(crate) ops: Vec<Op>,
+    pub(crate) olds: Vec<u64>,
+    pub(crate) bufs: Vec<MemBuf>,
+}
+
+impl BatchResult {
+    pub(crate) fn new(node: NodeId, ops: Vec<Op>, bufs: Vec<MemBuf>) -> Self {
+        let olds = vec![0; ops.len()];
+        Self {
+            node,
+            ops,
+            olds,
+            bufs,
+        }
+    }
+
+    pub fn node(&self) -> NodeId {
+        self.node
+    }
+
+    /// The bytes a READ brought back (empty for other verbs).
+    pub fn read(&self, idx: OpIdx) -> &[u8] {
+        match self.ops.get(idx.0) {
+            Some(Op {
+                kind: OpKind::Read,
+                buf: Some(b),
+                ..
+            }) => &self.bufs[*b],
+            _ => &[],
+        }
+    }
+
+    /// The old value a CAS or FAA returned (0 for other verbs).
+    pub fn old(&self, idx: OpIdx) -> u64 {
+        self.olds.get(idx.0).copied().unwrap_or(0)
+    }
+
+    /// Whether a CAS swapped (its old value equals what it expected).
+    pub fn cas_succeeded(&self, idx: OpIdx) -> bool {
+        match self.ops.get(idx.0) {
+            Some(Op {
+                kind: OpKind::Cas { expect, .. },
+                ..
+            }) => self.olds[idx.0] == *expect,
+            _ => false,
+        }
+    }
+
+    /// Takes back the buffer of a READ or WRITE, to reuse it.
+    pub fn take_buf(&mut self, idx: OpIdx) -> Option<MemBuf> {
+        let b = self.ops.get(idx.0)?.buf?;
+        Some(std::mem::replace(&mut self.bufs[b], MemBuf::heap(0)))
+    }
+}

@@ -1,0 +1,50 @@
+//! What a backend implements: a [`Connection`] to one memory node (an RC queue pair, in RDMA
+//! terms) and a [`Connector`] that makes them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::batch::{Batch, BatchResult};
+use crate::error::Result;
+use crate::pending::Pending;
+use crate::types::{NodeId, RegionDesc};
+
+/// Context of one post: who posts and, in the sim latency model, when (virtual ns).
+#[derive(Debug, Clone, Copy)]
+pub struct PostCtx {
+    pub virtual_now: u64,
+}
+
+/// A reliable connection to one memory node.
+///
+/// Contract (checked by the conformance suite, `dmkit_verbs::conformance`): work requests on
+/// one connection execute in order; a completion means the node has executed the work (reads
+/// and atomics' data are in the result); a refused work request fails its batch with
+/// [`crate::Error::RemoteAccess`] without touching memory and leaves the connection usable;
+/// a dead node surfaces as an error within the connection's timeout.
+pub trait Connection: Send + Sync + std::fmt::Debug {
+    /// The node at the other end.
+    fn node(&self) -> NodeId;
+    /// The node's regions as learned when connecting (or at the last refresh).
+    fn regions(&self) -> Vec<RegionDesc>;
+    /// Asks the node for its current regions (after it registered or removed some).
+    fn refresh_regions(&self) -> Result<Vec<RegionDesc>>;
+    /// Posts a batch with one doorbell. Errors (including a dead connection) arrive through
+    /// the returned completion.
+    fn post(&self, batch: Batch, ctx: PostCtx) -> Pending<BatchResult>;
+    /// Sends an RPC request to the node's handler; the completion carries the reply.
+    fn rpc(&self, req: &[u8], ctx: PostCtx) -> Pending<Vec<u8>>;
+    /// False once the connection is known to be broken.
+    fn is_alive(&self) -> bool;
+    /// Closes the connection; outstanding work fails.
+    fn close(&self);
+    /// How long a wait on this connection may take before it is a timeout.
+    fn timeout(&self) -> Duration;
+}
+
+/// Makes connections to memory nodes given their address (backend-specific form: `host:port`
+/// for tcp and rdma, the node id for sim).
+pub trait Connector: Send + Sync + std::fmt::Debug {
+    /// Connects to the node at `addr`, runs the handshake and learns its regions.
+    fn connect(&self, addr: &str) -> Result<Arc<dyn Connection>>;
+}

@@ -1,0 +1,491 @@
+//! The client side: an [`Endpoint`] holds one connection per memory node, posts batches (one
+//! round trip each, or one for a group of batches to different nodes), RPCs, and proxied
+//! writes with write confirms under bounded staging.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use crate::batch::{Batch, BatchResult};
+use crate::buf::{BufAllocator, HeapAllocator, MemBuf};
+use crate::conn::{Connection, Connector, PostCtx};
+use crate::error::{Error, Result};
+use crate::pending::Pending;
+use crate::stats::{Stats, Tag};
+use crate::types::{NodeId, RegionDesc, RemoteAddr};
+
+/// Settings of an endpoint.
+#[derive(Debug, Clone)]
+pub struct EndpointConfig {
+    /// The most bytes proxied writes may hold staged before writers wait (back-pressure).
+    pub staging_bytes: usize,
+}
+
+impl Default for EndpointConfig {
+    fn default() -> Self {
+        Self {
+            staging_bytes: 8 << 20,
+        }
+    }
+}
+
+/// Each proxied write is charged at least this many staging bytes, so the number of
+/// outstanding confirms is bounded too.
+const MIN_STAGE_CHARGE: usize = 64;
+
+#[derive(Debug)]
+struct Inner {
+    conns: RwLock<BTreeMap<NodeId, Arc<dyn Connection>>>,
+    stats: Stats,
+    alloc: Arc<dyn BufAllocator>,
+    staging: Staging,
+}
+
+/// A client's connections to the memory nodes, with accounting.
+///
+/// Clones share connections, accounting and staging, and the virtual clock of the sim latency
+/// model; [`Endpoint::fork`] gives a handle with a clock of its own (one per client task).
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    inner: Arc<Inner>,
+    clock: Arc<AtomicU64>,
+}
+
+impl Default for Endpoint {
+    fn default() -> Self {
+        Self::new(EndpointConfig::default())
+    }
+}
+
+impl Endpoint {
+    /// An endpoint with no connections yet.
+    pub fn new(cfg: EndpointConfig) -> Self {
+        Self::with_allocator(cfg, Arc::new(HeapAllocator))
+    }
+
+    /// An endpoint whose buffers come from `alloc` (the rdma backend's registered slabs).
+    pub fn with_allocator(cfg: EndpointConfig, alloc: Arc<dyn BufAllocator>) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                conns: RwLock::new(BTreeMap::new()),
+                stats: Stats::default(),
+                alloc,
+                staging: Staging::new(cfg.staging_bytes),
+            }),
+            clock: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Connects to every `(expected id, address)` with `connector`. Fails on the first node
+    /// that cannot be reached or that reports another id.
+    pub fn connect(connector: &dyn Connector, nodes: &[(NodeId, String)]) -> Result<Self> {
+        let ep = Self::default();
+        for (id, addr) in nodes {
+            let c = connector.connect(addr)?;
+            if c.node() != *id {
+                c.close();
+                return Err(Error::Connect {
+                    addr: addr.clone(),
+                    reason: format!("expected memory node {id}, found node {}", c.node()),
+                });
+            }
+            ep.add_connection(c);
+        }
+        Ok(ep)
+    }
+
+    /// Adds (or replaces) the connection to its node.
+    pub fn add_connection(&self, conn: Arc<dyn Connection>) {
+        if let Some(old) = self.inner.conns.write().insert(conn.node(), conn) {
+            old.close();
+        }
+    }
+
+    /// Drops the connection to `node`, closing it.
+    pub fn remove_connection(&self, node: NodeId) {
+        if let Some(c) = self.inner.conns.write().remove(&node) {
+            c.close();
+        }
+    }
+
+    /// The connected nodes, in id order.
+    pub fn nodes(&self) -> Vec<NodeId> {
+        self.inner.conns.read().keys().copied().collect()
+    }
+
+    /// The connection to `node`.
+    pub fn connection(&self, node: NodeId) -> Result<Arc<dyn Connection>> {
+        self.inner
+            .conns
+            .read()
+            .get(&node)
+            .cloned()
+            .ok_or(Error::NoSuchNode(node))
+    }
+
+    /// The regions `node` registered, as learned at connect.
+    pub fn regions(&self, node: NodeId) -> Result<Vec<RegionDesc>> {
+        Ok(self.connection(node)?.regions())
+    }
+
+    /// A handle sharing everything but the virtual clock, which starts at this one's time.
+    pub fn fork(&self) -> Endpoint {
+        Endpoint {
+            inner: self.inner.clone(),
+            clock: Arc::new(AtomicU64::new(self.clock.load(Ordering::Relaxed))),
+        }
+    }
+
+    /// The accounting of this endpoint (and its clones).
+    pub fn stats(&self) -> &Stats {
+        &self.inner.stats
+    }
+
+    /// Modeled time of this handle (sim with a latency model; zero otherwise).
+    pub fn virtual_now(&self) -> Duration {
+        Duration::from_nanos(self.clock.load(Ordering::Relaxed))
+    }
+
+    fn advance(&self, to: Option<u64>) {
+        if let Some(t) = to {
+            self.clock.fetch_max(t, Ordering::Relaxed);
+        }
+    }
+
+    fn ctx(&self) -> PostCtx {
+        PostCtx {
+            virtual_now: self.clock.load(Ordering::Relaxed),
+        }
+    }
+
+    /// A registered buffer of `len` zeroed bytes.
+    pub fn buf(&self, len: usize) -> Result<MemBuf> {
+        self.inner.alloc.alloc(len)
+    }
+
+    /// An empty batch for `node` using this endpoint's registered buffers.
+    pub fn batch(&self, node: NodeId) -> Batch {
+        Batch::with_allocator(node, self.inner.alloc.clone())
+    }
+
+    fn post_uncounted(&self, tag: Tag, batch: Batch) -> Pending<BatchResult> {
+        let node = batch.node();
+        if let Err(e) = batch.validate() {
+            return Pending::ready(node, Err(e));
+        }
+        let conn = match self.connection(node) {
+            Ok(c) => c,
+            Err(e) => return Pending::ready(node, Err(e)),
+        };
+        self.inner.stats.ops(tag, &batch.ops);
+        conn.post(batch, self.ctx())
+    }
+
+    /// Posts a batch (one doorbell) and counts one round trip for `tag`. Wait on the result
+    /// with [`Endpoint::wait`] so the modeled clock advances.
+    pub fn post(&self, tag: Tag, batch: Batch) -> Pending<BatchResult> {
+        self.inner.stats.round_trip(tag);
+        self.post_uncounted(tag, batch)
+    }
+
+    /// Waits for a completion, advancing this handle's modeled clock.
+    pub fn wait<T: Send + 'static>(&self, p: Pending<T>) -> Result<T> {
+        let at = p.modeled_done;
+        let r = p.wait();
+        self.advance(at);
+        r
+    }
+
+    /// Posts a batch and waits for it: one round trip.
+    pub fn execute(&self, tag: Tag, batch: Batch) -> Result<BatchResult> {
+        let p = self.post(tag, batch);
+        self.wait(p)
+    }
+
+    /// Posts batches to several nodes at once, then waits for all: one round trip in all.
+    /// Results come back in the order of `batches`.
+    pub fn execute_many(&self, tag: Tag, batches: Vec<Batch>) -> Vec<Result<BatchResult>> {
+        self.inner.stats.round_trip(tag);
+        let pending: Vec<_> = batches
+            .into_iter()
+            .map(|b| self.post_uncounted(tag, b))
+            .collect();
+        pending.into_iter().map(|p| self.wait(p)).collect()
+    }
+
+    /// READ `len` bytes: one round trip.
+    pub fn read(&self, tag: Tag, remote: RemoteAddr, len: usize) -> Result<Vec<u8>> {
+        let mut b = self.batch(remote.node);
+        let i = b.read(remote, len);
+        let mut r = self.execute(tag, b)?;
+        Ok(r.take_buf(i).map(MemBuf::into_vec).unwrap_or_default())
+    }
+
+    /// WRITE `data`: one round trip.
+    pub fn write(&self, tag: Tag, remote: RemoteAddr, data: &[u8]) -> Result<()> {
+        let mut b = self.batch(remote.node);
+        b.write(remote, data);
+        self.execute(tag, b).map(drop)
+    }
+
+    /// WRITE that is durable when it returns: one round trip.
+    pub fn write_durable(&self, tag: Tag, remote: RemoteAddr, data: &[u8]) -> Result<()> {
+        let mut b = self.batch(remote.node);
+        b.write_durable(remote, data);
+        self.execute(tag, b).map(drop)
+    }
+
+    /// CAS: one round trip; returns the old value (the swap happened iff it equals `expect`).
+    pub fn cas(&self, tag: Tag, remote: RemoteAddr, expect: u64, new: u64) -> Result<u64> {
+        let mut b = self.batch(remote.node);
+        let i = b.cas(remote, expect, new);
+        Ok(self.execute(tag, b)?.old(i))
+    }
+
+    /// FAA: one round trip; returns the old value.
+    pub fn faa(&self, tag: Tag, remote: RemoteAddr, add: u64) -> Result<u64> {
+        let mut b = self.batch(remote.node);
+        let i = b.faa(remote, add);
+        Ok(self.execute(tag, b)?.old(i))
+    }
+
+    /// Two-sided RPC to the node's handler: one round trip.
+    pub fn rpc(&self, tag: Tag, node: NodeId, req: &[u8]) -> Result<Vec<u8>> {
+        let conn = self.connection(node)?;
+        self.inner.stats.round_trip(tag);
+        self.inner.stats.rpc(tag, req.len());
+        let p = conn.rpc(req, self.ctx());
+        let r = self.wait(p)?;
+        self.inner.stats.rpc_reply(tag, r.len());
+        Ok(r)
+    }
+
+    /// Proxied write: stages `data` in registered memory, posts the WRITE and returns at once.
+    /// The returned confirm fires when the node has executed it. When staging is full the
+    /// caller waits for earlier writes to complete (back-pressure).
+    pub fn proxied_write(
+        &self,
+        tag: Tag,
+        remote: RemoteAddr,
+        data: &[u8],
+        durable: bool,
+    ) -> Result<WriteConfirm> {
+        let charge = data.len().max(MIN_STAGE_CHARGE);
+        let staging = &self.inner.staging;
+        if charge > staging.capacity {
+            return Err(Error::InvalidArgument(format!(
+                "proxied write of {} bytes exceeds the staging capacity of {} bytes",
+                data.len(),
+                staging.capacity
+            )));
+        }
+        staging.reserve(charge)?;
+        let mut buf = match self.buf(data.len()) {
+            Ok(b) => b,
+            Err(e) => {
+                staging.release(charge);
+                return Err(e);
+            }
+        };
+        buf.copy_from_slice(data);
+        let mut b = self.batch(remote.node);
+        b.write_buf(remote, buf, durable);
+        let pending = self.post(tag, b);
+        let state = Arc::new(ConfirmState {
+            result: Mutex::new(None),
+            cv: Condvar::new(),
+            modeled_done: pending.modeled_done,
+        });
+        let st = state.clone();
+        let stg = self.inner.clone();
+        // Staging is released by whoever delivers the completion (the backend's thread), so
+        // the bound holds even if nobody ever waits on the confirm.
+        pending.on_complete(move |r| {
+            *st.result.lock() = Some(match r {
+                Ok(_) => Ok(()),
+                Err(e) => Err(e.clone_shallow()),
+            });
+            st.cv.notify_all();
+            stg.staging.release(charge);
+        });
+        staging.track(state.clone(), pending);
+        Ok(WriteConfirm {
+            state,
+            clock: self.clock.clone(),
+        })
+    }
+
+    /// Waits until every proxied write posted so far is confirmed; returns the first failure.
+    pub fn flush(&self) -> Result<()> {
+        self.inner.staging.flush(&self.clock)
+    }
+
+    /// Bytes currently staged by proxied writes.
+    pub fn staging_in_use(&self) -> usize {
+        *self.inner.staging.used.lock()
+    }
+
+    /// The most bytes ever staged at once.
+    pub fn staging_high_water(&self) -> usize {
+        self.inner.staging.high_water.load(Ordering::Relaxed)
+    }
+
+    /// The staging capacity.
+    pub fn staging_capacity(&self) -> usize {
+        self.inner.staging.capacity
+    }
+}
+
+#[derive(Debug)]
+struct ConfirmState {
+    result: Mutex<Option<Result<()>>>,
+    cv: Condvar,
+    modeled_done: Option<u64>,
+}
+
+/// Fires when a proxied write has really completed at the memory node.
+#[derive(Debug)]
+pub struct WriteConfirm {
+    state: Arc<ConfirmState>,
+    clock: Arc<AtomicU64>,
+}
+
+impl WriteConfirm {
+    /// Whether the write has completed (successfully or not).
+    pub fn is_confirmed(&self) -> bool {
+        self.state.result.lock().is_some()
+    }
+
+    /// Blocks until the write completed at the node; its outcome.
+    pub fn wait(&self) -> Result<()> {
+        let r = wait_confirm(&self.state);
+        if let Some(t) = self.state.modeled_done {
+            self.clock.fetch_max(t, Ordering::Relaxed);
+        }
+        r
+    }
+}
+
+fn wait_confirm(state: &ConfirmState) -> Result<()> {
+    let mut g = state.result.lock();
+    loop {
+        if let Some(r) = g.as_ref() {
+            return match r {
+                Ok(()) => Ok(()),
+                Err(e) => Err(e.clone_shallow()),
+            };
+        }
+        state.cv.wait(&mut g);
+    }
+}
+
+/// Bounded staging for proxied writes.
+#[derive(Debug)]
+struct Staging {
+    capacity: usize,
+    used: Mutex<usize>,
+    cv: Condvar,
+    high_water: AtomicUsize,
+    /// Outstanding confirms with their completions, oldest first; a pending is waited here
+    /// (which enforces its timeout) by writers under back-pressure and by flush.
+    outstanding: Mutex<VecDeque<(Arc<ConfirmState>, Option<Pending<BatchResult>>)>>,
+}
+
+impl Staging {
+    fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            used: Mutex::new(0),
+            cv: Condvar::new(),
+            high_water: AtomicUsize::new(0),
+            outstanding: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    fn reserve(&self, n: usize) -> Result<()> {
+        loop {
+            {
+                let mut u = self.used.lock();
+                if *u + n <= self.capacity {
+                    *u += n;
+                    self.high_water.fetch_max(*u, Ordering::Relaxed);
+                    return Ok(());
+                }
+            }
+            // Full: wait for the oldest outstanding write (its timeout bounds the wait).
+            if !self.wait_oldest() {
+                let mut u = self.used.lock();
+                if *u + n > self.capacity {
+                    self.cv
+                        .wait_for(&mut u, Duration::from_millis(10));
+                }
+            }
+        }
+    }
+
+    fn release(&self, n: usize) {
+        let mut u = self.used.lock();
+        *u = u.saturating_sub(n);
+        self.cv.notify_all();
+    }
+
+    fn track(&self, state: Arc<ConfirmState>, pending: Pending<BatchResult>) {
+        let mut q = self.outstanding.lock();
+        // Forget confirmed ones at the front so the queue stays as short as what is in flight.
+        while q.front().is_some_and(|(s, _)| s.result.lock().is_some()) {
+            q.pop_front();
+        }
+        q.push_back((state, Some(pending)));
+    }
+
+    /// Waits for the oldest outstanding write; false if there is none.
+    fn wait_oldest(&self) -> bool {
+        let item = {
+            let mut q = self.outstanding.lock();
+            loop {
+                match q.pop_front() {
+                    None => return false,
+                    Some((s, _)) if s.result.lock().is_some() => continue,
+                    Some(item) => break item,
+                }
+            }
+        };
+        let (state, pending) = item;
+        if let Some(p) = pending {
+            if let Err(e) = p.wait() {
+                // A timeout is delivered here (the backend never completed it).
+                let mut r = state.result.lock();
+                if r.is_none() {
+                    *r = Some(Err(e));
+                    state.cv.notify_all();
+                }
+            }
+        }
+        true
+    }
+
+    fn flush(&self, clock: &AtomicU64) -> Result<()> {
+        let mut first_err = None;
+        loop {
+            let item = self.outstanding.lock().pop_front();
+            let Some((state, pending)) = item else { break };
+            if let Some(p) = pending {
+                let _ = p.wait();
+            }
+            let g = state.result.lock();
+            if let Some(t) = state.modeled_done {
+                clock.fetch_max(t, Ordering::Relaxed);
+            }
+            if let Some(Err(e)) = g.as_ref() {
+                first_err.get_or_insert_with(|| e.clone_shallow());
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! One-sided verbs for disaggregated memory: memory regions with rkeys, READ, WRITE, CAS and
+//! FAA on remote memory, doorbell batches, two-sided RPC, proxied writes with write confirms,
+//! durable writes — over interchangeable backends that keep one contract:
+//!
+//! | backend | where | module |
+//! |---|---|---|
+//! | `sim` | in-process, with fault injection and a virtual-time latency model | [`sim`] |
+//! | `tcp` | processes over TCP: a soft NIC on the memory node executes the verbs | [`tcp`] |
+//! | `rdma` | libibverbs + librdmacm (feature `rdma`) | — |
+//!
+//! A memory node ([`MemoryNode`]) registers memory ([`Backing`]) and gets a descriptor with an
+//! unpredictable rkey; a client ([`Endpoint`]) connects to nodes and posts [`Batch`]es. Every
+//! operation is tagged so the layer can count round trips, verbs and bytes per operation kind
+//! ([`Stats`]), also exported through the `metrics` facade as `dmkit_verbs_*`.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use dmkit_verbs::sim::{SimCluster, SimConfig};
+//! use dmkit_verbs::{Access, DramBacking, MemoryNode, NodeId};
+//!
+//! // A memory node with 1 MiB of DRAM, in-process.
+//! let cluster = SimCluster::new(SimConfig::default());
+//! let node = Arc::new(MemoryNode::new(NodeId(0)));
+//! let region = node.register(Arc::new(DramBacking::new(1 << 20)), Access::ALL, None)?;
+//! cluster.add_node(node);
+//!
+//! // A client: one batch = one doorbell = one round trip.
+//! let ep = cluster.endpoint(1)?;
+//! let mut batch = ep.batch(NodeId(0));
+//! batch.write(region.at(64), b"value");
+//! let swap = batch.cas(region.at(0), 0, 64);
+//! let read = batch.read(region.at(64), 5);
+//! let done = ep.execute("put", batch)?;
+//! assert!(done.cas_succeeded(swap));
+//! assert_eq!(done.read(read), b"value");
+//! assert_eq!(ep.stats().tag("put").round_trips, 1);
+//! # Ok::<(), dmkit_verbs::Error>(())
+//! ```
+//!
+//! The same code runs over TCP by connecting the endpoint with [`tcp::TcpConnector`] to
+//! nodes served by [`tcp::TcpServer`] (what `dmkit memnode` runs). The conformance suite that
+//! every backend passes is in [`conformance`] (feature `test_utils`).
+
+mod batch;
+mod buf;
+mod conn;
+mod endpoint;
+mod error;
+mod memory;
+mod node;
+mod pending;
+mod stats;
+mod types;
+
+pub mod sim;
+pub mod tcp;
+
+#[cfg(any(test, feature = "test_utils"))]
+pub mod conformance;
+
+pub use batch::{Batch, BatchResult, OpIdx};
+pub use buf::{BufAllocator, HeapAllocator, MemBuf};
+pub use conn::{Connection, Connector, PostCtx};
+pub use endpoint::{Endpoint, EndpointConfig, WriteConfirm};
+pub use error::{AccessFault, Error, Result};
+pub use memory::{Backing, DramBacking, RegionMemory};
+pub use node::{MemoryNode, Peer, RpcHandler};
+pub use pending::Pending;
+pub use stats::{Stats, Tag, TagStats};
+pub use types::{Access, Media, NodeId, RKey, RegionDesc, RemoteAddr};

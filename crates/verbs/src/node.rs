@@ -1,0 +1,255 @@
+//! The memory node: its registered regions, its RPC handler, and the soft NIC that executes
+//! one-sided verbs against them (used by the `sim` and `tcp` backends; the `rdma` backend's NIC
+//! does the same checks in hardware).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use rand::RngCore;
+
+use crate::error::{AccessFault, Error, Result};
+use crate::memory::{Backing, RegionMemory};
+use crate::types::{Access, NodeId, RKey, RegionDesc};
+
+/// Who sent an RPC: a per-connection id assigned by the node, and the peer's address if known.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    pub conn_id: u64,
+    pub addr: String,
+}
+
+/// The two-sided service of a memory node (block allocation, leases, ...). Runs on the node;
+/// the reply travels back to the caller of [`crate::Endpoint::rpc`].
+pub trait RpcHandler: Send + Sync {
+    /// Handles one request. `Err` becomes an [`Error::Rpc`] at the caller with this message.
+    fn call(&self, peer: &Peer, req: &[u8]) -> std::result::Result<Vec<u8>, String>;
+}
+
+impl<F> RpcHandler for F
+where
+    F: Fn(&Peer, &[u8]) -> std::result::Result<Vec<u8>, String> + Send + Sync,
+{
+    fn call(&self, peer: &Peer, req: &[u8]) -> std::result::Result<Vec<u8>, String> {
+        self(peer, req)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Region {
+    pub desc: RegionDesc,
+    pub mem: RegionMemory,
+}
+
+/// One verb as the node executes it (local buffers already resolved to bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpKind {
+    Read,
+    Write { durable: bool },
+    Cas { expect: u64, new: u64 },
+    Faa { add: u64 },
+}
+
+impl OpKind {
+    pub(crate) fn needs(self) -> (Access, &'static str) {
+        match self {
+            OpKind::Read => (Access::REMOTE_READ, "read"),
+            OpKind::Write { .. } => (Access::REMOTE_WRITE, "write"),
+            OpKind::Cas { .. } | OpKind::Faa { .. } => (Access::REMOTE_ATOMIC, "atomic"),
+        }
+    }
+}
+
+/// A memory node: regions registered for one-sided access and an optional RPC handler.
+///
+/// ```
+/// use std::sync::Arc;
+/// use dmkit_verbs::{Access, DramBacking, MemoryNode, NodeId};
+/// let node = MemoryNode::new(NodeId(0));
+/// let region = node.register(Arc::new(DramBacking::new(4096)), Access::ALL, None).unwrap();
+/// node.memory(region.rkey).unwrap().store_u64(8, 42).unwrap();
+/// ```
+pub struct MemoryNode {
+    id: NodeId,
+    regions: RwLock<HashMap<RKey, Region>>,
+    handler: RwLock<Option<Arc<dyn RpcHandler>>>,
+}
+
+impl std::fmt::Debug for MemoryNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryNode")
+            .field("id", &self.id)
+            .field("regions", &self.regions().len())
+            .finish()
+    }
+}
+
+/// Remote addresses of regions registered without an explicit base start here and are spaced
+/// 1 TiB apart, so a stray pointer into one region never lands in another.
+const AUTO_BASE: u64 = 1 << 40;
+
+impl MemoryNode {
+    pub fn new(id: NodeId) -> Self {
+        Self {
+            id,
+            regions: RwLock::new(HashMap::new()),
+            handler: RwLock::new(None),
+        }
+    }
+
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// Registers memory for remote access and returns its descriptor with a fresh,
+    /// unpredictable rkey. `base` fixes the region's remote address (persistent pools pass a
+    /// fixed base so stored pointers survive restarts); `None` picks an unused one.
+    pub fn register(
+        &self,
+        backing: Arc<dyn Backing>,
+        access: Access,
+        base: Option<u64>,
+    ) -> Result<RegionDesc> {
+        let mem = RegionMemory::new(backing)?;
+        let mut regions = self.regions.write();
+        let len = mem.len() as u64;
+        let base = match base {
+            Some(b) => b,
+            None => {
+                let top = regions
+                    .values()
+                    .map(|r| r.desc.base + r.desc.len)
+                    .max()
+                    .unwrap_or(0);
+                top.div_ceil(AUTO_BASE).max(1) * AUTO_BASE
+            }
+        };
+        if base.checked_add(len).is_none() {
+            return Err(Error::Registration(format!(
+                "region at {base:#x} of {len} bytes overflows the address space"
+            )));
+        }
+        if let Some(r) = regions
+            .values()
+            .find(|r| base < r.desc.base + r.desc.len && r.desc.base < base + len)
+        {
+            return Err(Error::Registration(format!(
+                "region at {base:#x} overlaps region {} at {:#x}",
+                r.desc.rkey, r.desc.base
+            )));
+        }
+        let mut rng = rand::rng();
+        let rkey = loop {
+            let k = RKey(rng.next_u32());
+            if k.0 != 0 && !regions.contains_key(&k) {
+                break k;
+            }
+        };
+        let desc = RegionDesc {
+            node: self.id,
+            rkey,
+            base,
+            len,
+            access,
+            media: mem.media(),
+        };
+        regions.insert(rkey, Region { desc, mem });
+        metrics::gauge!("dmkit_verbs_registered_bytes", "node" => self.id.to_string())
+            .increment(len as f64);
+        Ok(desc)
+    }
+
+    /// Removes a region; verbs with its rkey fail from now on.
+    pub fn deregister(&self, rkey: RKey) -> Option<RegionDesc> {
+        let r = self.regions.write().remove(&rkey)?;
+        metrics::gauge!("dmkit_verbs_registered_bytes", "node" => self.id.to_string())
+            .decrement(r.desc.len as f64);
+        Some(r.desc)
+    }
+
+    /// The descriptors of every registered region (what clients learn at connect).
+    pub fn regions(&self) -> Vec<RegionDesc> {
+        let mut v: Vec<_> = self.regions.read().values().map(|r| r.desc).collect();
+        v.sort_by_key(|d| d.base);
+        v
+    }
+
+    /// The node-local view of a region's memory (for the node's own code: copying, recovery).
+    pub fn memory(&self, rkey: RKey) -> Option<RegionMemory> {
+        self.regions.read().get(&rkey).map(|r| r.mem.clone())
+    }
+
+    /// Installs the RPC handler (replacing any previous one).
+    pub fn set_rpc_handler(&self, handler: Arc<dyn RpcHandler>) {
+        *self.handler.write() = Some(handler);
+    }
+
+    pub(crate) fn rpc(&self, peer: &Peer, req: &[u8]) -> std::result::Result<Vec<u8>, String> {
+        let h = self.handler.read().clone();
+        match h {
+            Some(h) => h.call(peer, req),
+            None => Err(format!("memory node {} serves no RPC", self.id)),
+        }
+    }
+
+    fn lookup(&self, rkey: RKey, addr: u64, len: u64, op: OpKind) -> Result<Region, AccessFault> {
+        let regions = self.regions.read();
+        let r = regions.get(&rkey).ok_or(AccessFault::UnknownRkey)?;
+        let (need, what) = op.needs();
+        if !r.desc.access.contains(need) {
+            return Err(AccessFault::NoAccess(what));
+        }
+        if !r.desc.contains(addr, len) {
+            return Err(AccessFault::OutOfBounds);
+        }
+        Ok(r.clone())
+    }
+
+    /// The medium of the region `rkey` names (for the latency model).
+    pub(crate) fn media_of(&self, rkey: RKey) -> Option<crate::types::Media> {
+        self.regions.read().get(&rkey).map(|r| r.desc.media)
+    }
+
+    /// The soft NIC: executes one verb. Reads fill `dst` (exactly `len` bytes); writes take
+    /// `data` (exactly `len` bytes); atomics return the old value. Every check happens before
+    /// memory is touched.
+    pub(crate) fn execute(
+        &self,
+        op: OpKind,
+        rkey: RKey,
+        addr: u64,
+        len: u32,
+        data: &[u8],
+        dst: &mut [u8],
+    ) -> Result<u64, AccessFault> {
+        let r = self.lookup(rkey, addr, u64::from(len), op)?;
+        let off = (addr - r.desc.base) as usize;
+        match op {
+            OpKind::Read => {
+                debug_assert_eq!(dst.len(), len as usize);
+                r.mem.read(off, dst)?;
+                Ok(0)
+            }
+            OpKind::Write { durable } => {
+                debug_assert_eq!(data.len(), len as usize);
+                r.mem.write(off, data)?;
+                if durable {
+                    r.mem.persist(off, data.len())?;
+                }
+                Ok(0)
+            }
+            OpKind::Cas { expect, new } => {
+                if len != 8 {
+                    return Err(AccessFault::Misaligned);
+                }
+                r.mem.cas(off, expect, new)
+            }
+            OpKind::Faa { add } => {
+                if len != 8 {
+                    return Err(AccessFault::Misaligned);
+                }
+                r.mem.faa(off, add)
+            }
+        }
+    }
+}

@@ -1,0 +1,631 @@
+//! The in-process backend: memory nodes live in this process and verbs execute on the
+//! caller's thread (or, when delayed, on a timer thread), with fault injection and an optional
+//! latency model in virtual time.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use dmkit_verbs::sim::{SimCluster, SimConfig};
+//! use dmkit_verbs::{Access, DramBacking, MemoryNode, NodeId};
+//!
+//! let cluster = SimCluster::new(SimConfig::default());
+//! let node = Arc::new(MemoryNode::new(NodeId(0)));
+//! let region = node.register(Arc::new(DramBacking::new(1 << 16)), Access::ALL, None).unwrap();
+//! cluster.add_node(node);
+//! let ep = cluster.endpoint(1).unwrap();
+//! ep.write("demo", region.at(0), b"hi").unwrap();
+//! assert_eq!(ep.read("demo", region.at(0), 2).unwrap(), b"hi");
+//! cluster.fail_node(NodeId(0));
+//! assert!(ep.read("demo", region.at(0), 2).unwrap_err().is_node_failure());
+//! ```
+
+mod latency;
+mod timer;
+
+pub use latency::LatencyModel;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::batch::{Batch, BatchResult};
+use crate::conn::{Connection, Connector, PostCtx};
+use crate::endpoint::Endpoint;
+use crate::error::{Error, Result};
+use crate::node::{MemoryNode, Peer};
+use crate::pending::{Pending, Slot};
+use crate::types::{NodeId, RegionDesc};
+
+use timer::Timer;
+
+/// Settings of a simulated cluster.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// Virtual-time latency model; `None` models nothing (virtual time stays 0).
+    pub latency: Option<LatencyModel>,
+    /// How long a wait may take before it is a timeout (delayed requests can hit it).
+    pub timeout: Duration,
+    /// Seed for probabilistic faults.
+    pub seed: u64,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            latency: None,
+            timeout: Duration::from_secs(5),
+            seed: 0x5EED,
+        }
+    }
+}
+
+/// When an injected drop loses the work: before the node executes it, or after (the node
+/// executed it but the completion is lost — the caller cannot tell which).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropPoint {
+    BeforeExecute,
+    AfterExecute,
+}
+
+#[derive(Debug)]
+struct DropRule {
+    node: Option<NodeId>,
+    remaining: Option<u64>,
+    probability: f64,
+    point: DropPoint,
+}
+
+#[derive(Debug)]
+struct DelayRule {
+    node: Option<NodeId>,
+    remaining: Option<u64>,
+    delay: Duration,
+}
+
+#[derive(Debug)]
+struct Faults {
+    drops: Vec<DropRule>,
+    delays: Vec<DelayRule>,
+    rng: ChaCha8Rng,
+}
+
+struct SimNode {
+    node: Arc<MemoryNode>,
+    failed: AtomicBool,
+    /// Virtual time until which each medium (DRAM, NVM) is busy: a loaded node queues.
+    busy_until: Mutex<[u64; 2]>,
+    /// While paused (a hung node), work is held here in arrival order.
+    held: Mutex<Option<Vec<Box<dyn FnOnce() + Send>>>>,
+}
+
+impl std::fmt::Debug for SimNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimNode").field("id", &self.node.id()).finish()
+    }
+}
+
+#[derive(Debug, Default)]
+struct ClientState {
+    /// Verbs this client may still post before it crashes (`None`: no crash planned).
+    crash_budget: Mutex<Option<u64>>,
+    crashed: AtomicBool,
+    posted: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Inner {
+    cfg: SimConfig,
+    nodes: RwLock<BTreeMap<NodeId, Arc<SimNode>>>,
+    clients: Mutex<HashMap<u64, Arc<ClientState>>>,
+    faults: Mutex<Faults>,
+    timer: Timer,
+    next_conn: AtomicU64,
+}
+
+/// An in-process cluster of memory nodes with fault injection.
+#[derive(Debug, Clone)]
+pub struct SimCluster {
+    inner: Arc<Inner>,
+}
+
+impl SimCluster {
+    pub fn new(cfg: SimConfig) -> Self {
+        let rng = ChaCha8Rng::seed_from_u64(cfg.seed);
+        Self {
+            inner: Arc::new(Inner {
+                cfg,
+                nodes: RwLock::new(BTreeMap::new()),
+                clients: Mutex::new(HashMap::new()),
+                faults: Mutex::new(Faults {
+                    drops: Vec::new(),
+                    delays: Vec::new(),
+                    rng,
+                }),
+                timer: Timer::default(),
+                next_conn: AtomicU64::new(1),
+            }),
+        }
+    }
+
+    /// Adds a memory node (replacing one with the same id: a restarted node).
+    pub fn add_node(&self, node: Arc<MemoryNode>) {
+        self.inner.nodes.write().insert(
+            node.id(),
+            Arc::new(SimNode {
+                node,
+                failed: AtomicBool::new(false),
+                busy_until: Mutex::new([0; 2]),
+                held: Mutex::new(None),
+            }),
+        );
+    }
+
+    /// Removes a node entirely; connections to it fail with `NodeFailed`.
+    pub fn remove_node(&self, id: NodeId) -> Option<Arc<MemoryNode>> {
+        self.inner.nodes.write().remove(&id).map(|n| n.node.clone())
+    }
+
+    pub fn node(&self, id: NodeId) -> Option<Arc<MemoryNode>> {
+        self.inner.nodes.read().get(&id).map(|n| n.node.clone())
+    }
+
+    pub fn node_ids(&self) -> Vec<NodeId> {
+        self.inner.nodes.read().keys().copied().collect()
+    }
+
+    /// A connector for `client`: connections it makes share the client's fault state.
+    pub fn connector(&self, client: u64) -> SimConnector {
+        SimConnector {
+            cluster: self.clone(),
+            client,
+        }
+    }
+
+    /// An endpoint for `client` connected to every node.
+    pub fn endpoint(&self, client: u64) -> Result<Endpoint> {
+        let nodes: Vec<_> = self
+            .node_ids()
+            .into_iter()
+            .map(|n| (n, n.0.to_string()))
+            .collect();
+        Endpoint::connect(&self.connector(client), &nodes)
+    }
+
+    /// The node stops answering: verbs and RPCs to it fail with [`Error::NodeFailed`].
+    pub fn fail_node(&self, id: NodeId) {
+        if let Some(n) = self.inner.nodes.read().get(&id) {
+            n.failed.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// The node answers again, with its memory as it was.
+    pub fn recover_node(&self, id: NodeId) {
+        if let Some(n) = self.inner.nodes.read().get(&id) {
+            n.failed.store(false, Ordering::SeqCst);
+        }
+    }
+
+    fn client(&self, client: u64) -> Arc<ClientState> {
+        self.inner
+            .clients
+            .lock()
+            .entry(client)
+            .or_default()
+            .clone()
+    }
+
+    /// The client crashes after posting `n` more verbs (RPCs count as one verb): the verb
+    /// after them, and everything later, is not executed and fails with
+    /// [`Error::ClientCrashed`]. A batch can be cut in the middle.
+    pub fn crash_client_after(&self, client: u64, n: u64) {
+        let c = self.client(client);
+        *c.crash_budget.lock() = Some(n);
+        c.crashed.store(n == 0, Ordering::SeqCst);
+    }
+
+    /// Whether the client has crashed.
+    pub fn client_crashed(&self, client: u64) -> bool {
+        self.client(client).crashed.load(Ordering::SeqCst)
+    }
+
+    /// The node hangs: work sent to it is held (callers time out) until [`Self::resume_node`].
+    pub fn pause_node(&self, id: NodeId) {
+        if let Some(n) = self.inner.nodes.read().get(&id) {
+            n.held.lock().get_or_insert_with(Vec::new);
+        }
+    }
+
+    /// A paused node executes what it held, in order, and answers again.
+    pub fn resume_node(&self, id: NodeId) {
+        let n = self.inner.nodes.read().get(&id).cloned();
+        if let Some(n) = n {
+            let jobs = n.held.lock().take().unwrap_or_default();
+            for j in jobs {
+                j();
+            }
+        }
+    }
+
+    /// Lets a crashed client run again (a restart: it should recover before going on).
+    pub fn restart_client(&self, client: u64) {
+        let c = self.client(client);
+        *c.crash_budget.lock() = None;
+        c.crashed.store(false, Ordering::SeqCst);
+    }
+
+    /// Verbs (and RPCs) this client has posted so far, crashed ones excluded.
+    pub fn verbs_posted(&self, client: u64) -> u64 {
+        self.client(client).posted.load(Ordering::SeqCst)
+    }
+
+    /// Drops the next `count` batches or RPCs to `node` (any node if `None`).
+    pub fn drop_next(&self, node: Option<NodeId>, count: u64, point: DropPoint) {
+        self.inner.faults.lock().drops.push(DropRule {
+            node,
+            remaining: Some(count),
+            probability: 1.0,
+            point,
+        });
+    }
+
+    /// Drops each batch or RPC to `node` with probability `p` (seeded).
+    pub fn drop_randomly(&self, node: Option<NodeId>, p: f64, point: DropPoint) {
+        self.inner.faults.lock().drops.push(DropRule {
+            node,
+            remaining: None,
+            probability: p.clamp(0.0, 1.0),
+            point,
+        });
+    }
+
+    /// Delays the next `count` batches to `node` (all, if `None`) by `delay` of real time.
+    /// Later work on the same connection waits behind them (in-order execution).
+    pub fn delay(&self, node: Option<NodeId>, delay: Duration, count: Option<u64>) {
+        self.inner.faults.lock().delays.push(DelayRule {
+            node,
+            remaining: count,
+            delay,
+        });
+    }
+
+    /// Removes every drop and delay rule (not node failures or client crashes).
+    pub fn clear_faults(&self) {
+        let mut f = self.inner.faults.lock();
+        f.drops.clear();
+        f.delays.clear();
+    }
+
+    fn sim_node(&self, id: NodeId) -> Result<Arc<SimNode>> {
+        match self.inner.nodes.read().get(&id) {
+            Some(n) if !n.failed.load(Ordering::SeqCst) => Ok(n.clone()),
+            _ => Err(Error::NodeFailed { node: id }),
+        }
+    }
+
+    fn decide_drop(&self, node: NodeId) -> Option<DropPoint> {
+        let mut f = self.inner.faults.lock();
+        let Faults { drops, rng, .. } = &mut *f;
+        let mut hit = None;
+        for d in drops.iter_mut() {
+            if d.node.is_some_and(|n| n != node) || d.remaining == Some(0) {
+                continue;
+            }
+            if d.probability >= 1.0 || rng.random_bool(d.probability) {
+                if let Some(r) = &mut d.remaining {
+                    *r -= 1;
+                }
+                hit = Some(d.point);
+                break;
+            }
+        }
+        drops.retain(|d| d.remaining != Some(0));
+        hit
+    }
+
+    fn decide_delay(&self, node: NodeId) -> Option<Duration> {
+        let mut f = self.inner.faults.lock();
+        let mut hit = None;
+        for d in f.delays.iter_mut() {
+            if d.node.is_some_and(|n| n != node) || d.remaining == Some(0) {
+                continue;
+            }
+            if let Some(r) = &mut d.remaining {
+                *r -= 1;
+            }
+            hit = Some(d.delay);
+            break;
+        }
+        f.delays.retain(|d| d.remaining != Some(0));
+        hit
+    }
+}
+
+/// Makes sim connections for one client. Addresses are node ids (`"0"`, `"1"`, ...).
+#[derive(Debug, Clone)]
+pub struct SimConnector {
+    cluster: SimCluster,
+    client: u64,
+}
+
+impl Connector for SimConnector {
+    fn connect(&self, addr: &str) -> Result<Arc<dyn Connection>> {
+        let id: u16 = addr.trim().parse().map_err(|_| Error::Connect {
+            addr: addr.to_string(),
+            reason: "a sim address is a node id".into(),
+        })?;
+        let node = NodeId(id);
+        let n = self.cluster.sim_node(node).map_err(|_| Error::Connect {
+            addr: addr.to_string(),
+            reason: format!("no live sim node {id}"),
+        })?;
+        Ok(Arc::new(SimConnection {
+            cluster: self.cluster.clone(),
+            client: self.cluster.client(self.client),
+            client_id: self.client,
+            node,
+            conn_id: self.cluster.inner.next_conn.fetch_add(1, Ordering::Relaxed),
+            regions: Mutex::new(n.node.regions()),
+            alive: AtomicBool::new(true),
+            order_until: Mutex::new(None),
+        }))
+    }
+}
+
+#[derive(Debug)]
+struct SimConnection {
+    cluster: SimCluster,
+    client: Arc<ClientState>,
+    client_id: u64,
+    node: NodeId,
+    conn_id: u64,
+    regions: Mutex<Vec<RegionDesc>>,
+    alive: AtomicBool,
+    /// Real time until which earlier (delayed) work on this connection is queued.
+    order_until: Mutex<Option<Instant>>,
+}
+
+impl SimConnection {
+    /// How many of `n` verbs the client may still post before its planned crash.
+    fn admit(&self, n: u64) -> std::result::Result<u64, Error> {
+        let crashed = || Error::ClientCrashed {
+            client: self.client_id,
+        };
+        if self.client.crashed.load(Ordering::SeqCst) {
+            return Err(crashed());
+        }
+        let mut budget = self.client.crash_budget.lock();
+        let allowed = match &mut *budget {
+            None => n,
+            Some(b) => {
+                let a = n.min(*b);
+                *b -= a;
+                if *b == 0 && a < n {
+                    self.client.crashed.store(true, Ordering::SeqCst);
+                }
+                a
+            }
+        };
+        self.client.posted.fetch_add(allowed, Ordering::SeqCst);
+        if allowed == 0 {
+            return Err(crashed());
+        }
+        Ok(allowed)
+    }
+
+    fn check_alive(&self) -> Result<()> {
+        if self.alive.load(Ordering::SeqCst) {
+            Ok(())
+        } else {
+            Err(Error::Disconnected {
+                node: self.node,
+                reason: "connection closed".into(),
+            })
+        }
+    }
+}
+
+/// Executes the first `allowed` ops of a batch on the node.
+fn run_batch(
+    cluster: &SimCluster,
+    node: NodeId,
+    batch: Batch,
+    allowed: usize,
+    crash_client: Option<u64>,
+    drop: Option<DropPoint>,
+) -> Result<BatchResult> {
+    if drop == Some(DropPoint::BeforeExecute) {
+        return Err(Error::Dropped { node });
+    }
+    let sn = cluster.sim_node(node)?;
+    let (node_id, ops, mut bufs) = batch.into_parts();
+    let mut olds = vec![0u64; ops.len()];
+    for (i, op) in ops.iter().enumerate().take(allowed) {
+        let (data, dst): (&[u8], &mut [u8]) = match (op.kind, op.buf) {
+            (crate::node::OpKind::Read, Some(b)) => (&[], &mut bufs[b][..]),
+            (crate::node::OpKind::Write { .. }, Some(b)) => (&bufs[b][..], &mut []),
+            _ => (&[], &mut []),
+        };
+        match sn
+            .node
+            .execute(op.kind, op.rkey, op.addr, op.len, data, dst)
+        {
+            Ok(old) => olds[i] = old,
+            Err(fault) => {
+                return Err(Error::RemoteAccess {
+                    node,
+                    index: i,
+                    rkey: op.rkey,
+                    addr: op.addr,
+                    len: op.len,
+                    fault,
+                });
+            }
+        }
+    }
+    if allowed < ops.len() {
+        return Err(Error::ClientCrashed {
+            client: crash_client.unwrap_or(0),
+        });
+    }
+    if drop == Some(DropPoint::AfterExecute) {
+        return Err(Error::Dropped { node });
+    }
+    let mut r = BatchResult::new(node_id, ops, bufs);
+    r.olds = olds;
+    Ok(r)
+}
+
+impl Connection for SimConnection {
+    fn node(&self) -> NodeId {
+        self.node
+    }
+
+    fn regions(&self) -> Vec<RegionDesc> {
+        self.regions.lock().clone()
+    }
+
+    fn refresh_regions(&self) -> Result<Vec<RegionDesc>> {
+        self.check_alive()?;
+        let r = self.cluster.sim_node(self.node)?.node.regions();
+        *self.regions.lock() = r.clone();
+        Ok(r)
+    }
+
+    fn post(&self, batch: Batch, ctx: PostCtx) -> Pending<BatchResult> {
+        let node = self.node;
+        if let Err(e) = self.check_alive() {
+            return Pending::ready(node, Err(e));
+        }
+        let n = batch.len();
+        let allowed = match self.admit(n as u64) {
+            Ok(a) => a as usize,
+            Err(e) => return Pending::ready(node, Err(e)),
+        };
+        let modeled = self.cluster.inner.cfg.latency.as_ref().and_then(|m| {
+            let sn = self.cluster.sim_node(node).ok()?;
+            Some(m.batch_done(&sn, ctx.virtual_now, &batch))
+        });
+        let drop = self.cluster.decide_drop(node);
+        if let Ok(sn) = self.cluster.sim_node(node) {
+            let mut held = sn.held.lock();
+            if let Some(list) = held.as_mut() {
+                let slot = Slot::new();
+                let s = slot.clone();
+                let cluster = self.cluster.clone();
+                let client = Some(self.client_id);
+                list.push(Box::new(move || {
+                    s.complete(run_batch(&cluster, node, batch, allowed, client, drop));
+                }));
+                return Pending::waiting(node, slot, self.cluster.inner.cfg.timeout, None)
+                    .modeled(modeled);
+            }
+        }
+        let delay = self.cluster.decide_delay(node);
+        let now = Instant::now();
+        let mut order = self.order_until.lock();
+        let queued_behind = order.filter(|t| *t > now);
+        let exec_at = match (delay, queued_behind) {
+            (None, None) => None,
+            (d, q) => Some(
+                (now + d.unwrap_or_default()).max(q.unwrap_or(now)),
+            ),
+        };
+        let client = Some(self.client_id);
+        match exec_at {
+            None => {
+                drop_guard(order);
+                Pending::ready(node, run_batch(&self.cluster, node, batch, allowed, client, drop))
+                    .modeled(modeled)
+            }
+            Some(at) => {
+                *order = Some(at);
+                drop_guard(order);
+                let slot = Slot::new();
+                let s = slot.clone();
+                let cluster = self.cluster.clone();
+                self.cluster.inner.timer.schedule(at, move || {
+                    s.complete(run_batch(&cluster, node, batch, allowed, client, drop));
+                });
+                Pending::waiting(node, slot, self.cluster.inner.cfg.timeout, None)
+                    .modeled(modeled)
+            }
+        }
+    }
+
+    fn rpc(&self, req: &[u8], ctx: PostCtx) -> Pending<Vec<u8>> {
+        let node = self.node;
+        if let Err(e) = self.check_alive() {
+            return Pending::ready(node, Err(e));
+        }
+        if let Err(e) = self.admit(1) {
+            return Pending::ready(node, Err(e));
+        }
+        let sn = match self.cluster.sim_node(node) {
+            Ok(n) => n,
+            Err(e) => return Pending::ready(node, Err(e)),
+        };
+        let drop = self.cluster.decide_drop(node);
+        if drop == Some(DropPoint::BeforeExecute) {
+            return Pending::ready(node, Err(Error::Dropped { node }));
+        }
+        let peer = Peer {
+            conn_id: self.conn_id,
+            addr: format!("sim-client-{}", self.client_id),
+        };
+        {
+            let mut held = sn.held.lock();
+            if let Some(list) = held.as_mut() {
+                let slot = Slot::new();
+                let s = slot.clone();
+                let req = req.to_vec();
+                let n2 = sn.node.clone();
+                list.push(Box::new(move || {
+                    s.complete(
+                        n2.rpc(&peer, &req)
+                            .map_err(|reason| Error::Rpc { node, reason }),
+                    );
+                }));
+                return Pending::waiting(node, slot, self.cluster.inner.cfg.timeout, None);
+            }
+        }
+        let r = sn
+            .node
+            .rpc(&peer, req)
+            .map_err(|reason| Error::Rpc { node, reason });
+        let r = if drop == Some(DropPoint::AfterExecute) {
+            Err(Error::Dropped { node })
+        } else {
+            r
+        };
+        let modeled = self.cluster.inner.cfg.latency.as_ref().map(|m| {
+            let reply = r.as_ref().map(|v| v.len()).unwrap_or(0);
+            m.rpc_done(ctx.virtual_now, req.len() + reply)
+        });
+        Pending::ready(node, r).modeled(modeled)
+    }
+
+    fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::SeqCst)
+            && self
+                .cluster
+                .inner
+                .nodes
+                .read()
+                .get(&self.node)
+                .is_some_and(|n| !n.failed.load(Ordering::SeqCst))
+    }
+
+    fn close(&self) {
+        self.alive.store(false, Ordering::SeqCst);
+    }
+
+    fn timeout(&self) -> Duration {
+        self.cluster.inner.cfg.timeout
+    }
+}
+
+fn drop_guard<T>(_g: T) {}

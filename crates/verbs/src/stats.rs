@@ -1,0 +1,226 @@
+//! Per-tag accounting of verbs, bytes and round trips. Upper layers tag each operation
+//! ("search", "insert", ...) so they can report "round trips per SEARCH" from code and export
+//! the same numbers through the `metrics` facade.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::RwLock;
+
+use crate::batch::Op;
+use crate::node::OpKind;
+
+/// A caller-chosen operation tag.
+pub type Tag = &'static str;
+
+#[derive(Debug)]
+struct Counter {
+    value: AtomicU64,
+    metric: metrics::Counter,
+}
+
+impl Counter {
+    fn new(name: &'static str, tag: Tag, extra: Option<(&'static str, &'static str)>) -> Self {
+        let metric = match extra {
+            Some((k, v)) => metrics::counter!(name, "tag" => tag, k => v),
+            None => metrics::counter!(name, "tag" => tag),
+        };
+        Self {
+            value: AtomicU64::new(0),
+            metric,
+        }
+    }
+
+    fn add(&self, n: u64) {
+        if n > 0 {
+            self.value.fetch_add(n, Ordering::Relaxed);
+            self.metric.increment(n);
+        }
+    }
+
+    fn get(&self) -> u64 {
+        self.value.load(Ordering::Relaxed)
+    }
+}
+
+#[derive(Debug)]
+struct TagCounters {
+    round_trips: Counter,
+    reads: Counter,
+    writes: Counter,
+    cas: Counter,
+    faa: Counter,
+    rpcs: Counter,
+    bytes_out: Counter,
+    bytes_in: Counter,
+}
+
+impl TagCounters {
+    fn new(tag: Tag) -> Self {
+        let verb = |v| Counter::new("dmkit_verbs_verbs_total", tag, Some(("verb", v)));
+        Self {
+            round_trips: Counter::new("dmkit_verbs_round_trips_total", tag, None),
+            reads: verb("read"),
+            writes: verb("write"),
+            cas: verb("cas"),
+            faa: verb("faa"),
+            rpcs: verb("rpc"),
+            bytes_out: Counter::new("dmkit_verbs_bytes_total", tag, Some(("direction", "out"))),
+            bytes_in: Counter::new("dmkit_verbs_bytes_total", tag, Some(("direction", "in"))),
+        }
+    }
+}
+
+/// What one tag has done so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TagStats {
+    /// Round trips: each batch, group of parallel batches or RPC awaited counts one.
+    pub round_trips: u64,
+    pub reads: u64,
+    pub writes: u64,
+    pub cas: u64,
+    pub faa: u64,
+    pub rpcs: u64,
+    /// Bytes sent to memory nodes (write payloads, atomics' operands, RPC requests).
+    pub bytes_out: u64,
+    /// Bytes brought back (read payloads, atomics' old values, RPC replies).
+    pub bytes_in: u64,
+}
+
+impl TagStats {
+    /// One-sided verbs (RPCs not included).
+    pub fn verbs(&self) -> u64 {
+        self.reads + self.writes + self.cas + self.faa
+    }
+
+    /// `self - earlier`, for measuring one operation.
+    pub fn since(&self, earlier: &TagStats) -> TagStats {
+        TagStats {
+            round_trips: self.round_trips - earlier.round_trips,
+            reads: self.reads - earlier.reads,
+            writes: self.writes - earlier.writes,
+            cas: self.cas - earlier.cas,
+            faa: self.faa - earlier.faa,
+            rpcs: self.rpcs - earlier.rpcs,
+            bytes_out: self.bytes_out - earlier.bytes_out,
+            bytes_in: self.bytes_in - earlier.bytes_in,
+        }
+    }
+}
+
+/// The accounting of one endpoint (shared by its clones).
+#[derive(Debug, Default)]
+pub struct Stats {
+    tags: RwLock<HashMap<Tag, Arc<TagCounters>>>,
+}
+
+impl Stats {
+    fn counters(&self, tag: Tag) -> Arc<TagCounters> {
+        if let Some(c) = self.tags.read().get(tag) {
+            return c.clone();
+        }
+        self.tags
+            .write()
+            .entry(tag)
+            .or_insert_with(|| Arc::new(TagCounters::new(tag)))
+            .clone()
+    }
+
+    pub(crate) fn round_trip(&self, tag: Tag) {
+        self.counters(tag).round_trips.add(1);
+    }
+
+    pub(crate) fn ops(&self, tag: Tag, ops: &[Op]) {
+        let c = self.counters(tag);
+        let (mut r, mut w, mut cas, mut faa, mut out, mut inb) = (0, 0, 0, 0, 0u64, 0u64);
+        for op in ops {
+            match op.kind {
+                OpKind::Read => {
+                    r += 1;
+                    inb += u64::from(op.len);
+                }
+                OpKind::Write { .. } => {
+                    w += 1;
+                    out += u64::from(op.len);
+                }
+                OpKind::Cas { .. } => {
+                    cas += 1;
+                    out += 16;
+                    inb += 8;
+                }
+                OpKind::Faa { .. } => {
+                    faa += 1;
+                    out += 8;
+                    inb += 8;
+                }
+            }
+        }
+        c.reads.add(r);
+        c.writes.add(w);
+        c.cas.add(cas);
+        c.faa.add(faa);
+        c.bytes_out.add(out);
+        c.bytes_in.add(inb);
+    }
+
+    pub(crate) fn rpc(&self, tag: Tag, out: usize) {
+        let c = self.counters(tag);
+        c.rpcs.add(1);
+        c.bytes_out.add(out as u64);
+    }
+
+    pub(crate) fn rpc_reply(&self, tag: Tag, inb: usize) {
+        self.counters(tag).bytes_in.add(inb as u64);
+    }
+
+    /// The counts of one tag (zero if it was never used).
+    pub fn tag(&self, tag: &str) -> TagStats {
+        match self.tags.read().get(tag) {
+            Some(c) => Self::snap(c),
+            None => TagStats::default(),
+        }
+    }
+
+    fn snap(c: &TagCounters) -> TagStats {
+        TagStats {
+            round_trips: c.round_trips.get(),
+            reads: c.reads.get(),
+            writes: c.writes.get(),
+            cas: c.cas.get(),
+            faa: c.faa.get(),
+            rpcs: c.rpcs.get(),
+            bytes_out: c.bytes_out.get(),
+            bytes_in: c.bytes_in.get(),
+        }
+    }
+
+    /// Every tag's counts, sorted by tag.
+    pub fn snapshot(&self) -> Vec<(Tag, TagStats)> {
+        let mut v: Vec<_> = self
+            .tags
+            .read()
+            .iter()
+            .map(|(t, c)| (*t, Self::snap(c)))
+            .collect();
+        v.sort_by_key(|(t, _)| *t);
+        v
+    }
+
+    /// The sum over all tags.
+    pub fn total(&self) -> TagStats {
+        self.snapshot()
+            .into_iter()
+            .fold(TagStats::default(), |mut a, (_, s)| {
+                a.round_trips += s.round_trips;
+                a.reads += s.reads;
+                a.writes += s.writes;
+                a.cas += s.cas;
+                a.faa += s.faa;
+                a.rpcs += s.rpcs;
+                a.bytes_out += s.bytes_out;
+                a.bytes_in += s.bytes_in;
+                a
+            })
+    }
+}

@@ -1,0 +1,590 @@
+//! The client side of the `tcp` backend: a connection is a socket with one writer (posting
+//! takes a short lock) and one reader thread that delivers completions by request id.
+
+use std::collections::HashMap;
+use std::io::{BufReader, Write};
+use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use super::auth;
+use super::frame::{self, Cursor, FrameError, Kind, op};
+use super::server::DEFAULT_MAX_FRAME;
+use crate::batch::{Batch, BatchResult, Op};
+use crate::buf::MemBuf;
+use crate::conn::{Connection, Connector, PostCtx};
+use crate::error::{AccessFault, Error, Result};
+use crate::node::OpKind;
+use crate::pending::{Pending, Slot, TimeoutHook};
+use crate::types::{NodeId, RegionDesc};
+
+/// Settings of tcp client connections.
+#[derive(Clone)]
+pub struct TcpConnector {
+    /// The cluster secret, when the nodes require one (or to insist that they prove it).
+    pub secret: Option<Vec<u8>>,
+    /// Bound on establishing a connection, handshake included.
+    pub connect_timeout: Duration,
+    /// Bound on waiting for any completion; past it the connection is treated as broken.
+    pub op_timeout: Duration,
+    /// Largest frame accepted.
+    pub max_frame: usize,
+}
+
+impl Default for TcpConnector {
+    fn default() -> Self {
+        Self {
+            secret: None,
+            connect_timeout: Duration::from_secs(3),
+            op_timeout: Duration::from_secs(5),
+            max_frame: DEFAULT_MAX_FRAME,
+        }
+    }
+}
+
+impl std::fmt::Debug for TcpConnector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpConnector")
+            .field("secret", &self.secret.as_ref().map(|_| "<redacted>"))
+            .field("connect_timeout", &self.connect_timeout)
+            .field("op_timeout", &self.op_timeout)
+            .finish()
+    }
+}
+
+impl TcpConnector {
+    /// A connector that proves (and demands proof of) `secret`.
+    pub fn with_secret(secret: impl Into<Vec<u8>>) -> Self {
+        Self {
+            secret: Some(secret.into()),
+            ..Self::default()
+        }
+    }
+}
+
+impl Connector for TcpConnector {
+    fn connect(&self, addr: &str) -> Result<Arc<dyn Connection>> {
+        Ok(Arc::new(TcpConnection::connect(self, addr)?))
+    }
+}
+
+enum Waiter {
+    Batch {
+        slot: Arc<Slot<BatchResult>>,
+        node: NodeId,
+        ops: Vec<Op>,
+        bufs: Vec<MemBuf>,
+    },
+    Rpc(Arc<Slot<Vec<u8>>>),
+    Regions(Arc<Slot<Vec<RegionDesc>>>),
+}
+
+impl Waiter {
+    fn fail(self, e: Error) {
+        match self {
+            Waiter::Batch { slot, .. } => slot.complete(Err(e)),
+            Waiter::Rpc(s) => s.complete(Err(e)),
+            Waiter::Regions(s) => s.complete(Err(e)),
+        }
+    }
+}
+
+struct Shared {
+    node: NodeId,
+    peer: String,
+    stream: TcpStream,
+    writer: Mutex<TcpStream>,
+    waiters: Mutex<HashMap<u64, Waiter>>,
+    next_id: AtomicU64,
+    alive: AtomicBool,
+    dead_reason: Mutex<Option<String>>,
+    regions: Mutex<Vec<RegionDesc>>,
+    op_timeout: Duration,
+    max_frame: usize,
+}
+
+impl Shared {
+    fn kill(&self, reason: String) {
+        if self.alive.swap(false, Ordering::SeqCst) {
+            tracing::debug!(node = %self.node, peer = %self.peer, %reason, "tcp connection down");
+            *self.dead_reason.lock() = Some(reason.clone());
+            let _ = self.stream.shutdown(Shutdown::Both);
+        }
+        let drained: Vec<_> = self.waiters.lock().drain().map(|(_, w)| w).collect();
+        for w in drained {
+            w.fail(Error::Disconnected {
+                node: self.node,
+                reason: reason.clone(),
+            });
+        }
+    }
+
+    fn dead_error(&self) -> Error {
+        Error::Disconnected {
+            node: self.node,
+            reason: self
+                .dead_reason
+                .lock()
+                .clone()
+                .unwrap_or_else(|| "connection closed".into()),
+        }
+    }
+
+    /// Registers the waiter, then sends the frame: the response cannot overtake its waiter.
+    fn send(&self, req_id: u64, frame: &[u8], waiter: Waiter) -> std::result::Result<(), Error> {
+        if !self.alive.load(Ordering::SeqCst) {
+            waiter.fail(self.dead_error());
+            return Ok(());
+        }
+        self.waiters.lock().insert(req_id, waiter);
+        let r = {
+            let mut w = self.writer.lock();
+            w.write_all(frame)
+        };
+        if let Err(e) = r {
+            self.kill(format!("send failed: {e}"));
+        }
+        Ok(())
+    }
+}
+
+/// A connection to one memory node over TCP.
+pub struct TcpConnection {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for TcpConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpConnection")
+            .field("node", &self.shared.node)
+            .field("peer", &self.shared.peer)
+            .field("alive", &self.shared.alive.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl Drop for TcpConnection {
+    fn drop(&mut self) {
+        self.shared.kill("connection closed by the client".into());
+    }
+}
+
+fn connect_err(addr: &str, reason: impl std::fmt::Display) -> Error {
+    Error::Connect {
+        addr: addr.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+impl TcpConnection {
+    /// Connects, runs the handshake (authenticating both ways when a secret is set) and learns
+    /// the node's regions. Every step is bounded by `connect_timeout`.
+    pub fn connect(cfg: &TcpConnector, addr: &str) -> Result<TcpConnection> {
+        let addrs: Vec<_> = addr
+            .to_socket_addrs()
+            .map_err(|e| connect_err(addr, format!("cannot resolve: {e}")))?
+            .collect();
+        let mut last = None;
+        let mut stream = None;
+        for a in addrs {
+            match TcpStream::connect_timeout(&a, cfg.connect_timeout) {
+                Ok(s) => {
+                    stream = Some(s);
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        let stream = stream.ok_or_else(|| {
+            connect_err(
+                addr,
+                last.map_or_else(|| "no address".to_string(), |e| e.to_string()),
+            )
+        })?;
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(cfg.connect_timeout))?;
+        stream.set_write_timeout(Some(cfg.connect_timeout))?;
+        let mut reader = BufReader::new(stream.try_clone()?);
+        let mut writer = stream.try_clone()?;
+        let hs = |e: FrameError| match e {
+            FrameError::Io(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                connect_err(addr, "handshake timed out (is this a dmkit memory node?)")
+            }
+            e => Error::Protocol {
+                peer: addr.to_string(),
+                reason: e.to_string(),
+            },
+        };
+        let mut payload = Vec::new();
+        let h = frame::read_frame(&mut reader, &mut payload, 4096)
+            .map_err(hs)?
+            .ok_or_else(|| connect_err(addr, "closed during the handshake"))?;
+        if h.kind != Kind::Hello {
+            return Err(Error::Protocol {
+                peer: addr.to_string(),
+                reason: "expected Hello".into(),
+            });
+        }
+        let mut c = Cursor::new(&payload, "Hello frame");
+        let parse = |e: FrameError| Error::Protocol {
+            peer: addr.to_string(),
+            reason: e.to_string(),
+        };
+        let node = NodeId(c.u16().map_err(parse)?);
+        let auth_required = c.u8().map_err(parse)? != 0;
+        let server_nonce = c.bytes(auth::NONCE_LEN).map_err(parse)?.to_vec();
+        if auth_required && cfg.secret.is_none() {
+            return Err(Error::Auth {
+                peer: addr.to_string(),
+                reason: "the memory node requires a cluster secret and none is configured".into(),
+            });
+        }
+        let client_nonce = auth::nonce();
+        let mut a = Vec::new();
+        match &cfg.secret {
+            Some(secret) if auth_required => {
+                a.push(1);
+                a.extend_from_slice(&auth::prove(secret, b"client", &server_nonce));
+            }
+            _ => a.push(0),
+        }
+        a.extend_from_slice(&client_nonce);
+        frame::write_frame(&mut writer, Kind::Auth, 0, &a)?;
+        let h = frame::read_frame(&mut reader, &mut payload, cfg.max_frame)
+            .map_err(hs)?
+            .ok_or_else(|| connect_err(addr, "closed during the handshake"))?;
+        if h.kind == Kind::Error {
+            return Err(Error::Auth {
+                peer: addr.to_string(),
+                reason: String::from_utf8_lossy(&payload).into_owned(),
+            });
+        }
+        if h.kind != Kind::Welcome {
+            return Err(Error::Protocol {
+                peer: addr.to_string(),
+                reason: "expected Welcome".into(),
+            });
+        }
+        let mut c = Cursor::new(&payload, "Welcome frame");
+        let proven = c.u8().map_err(parse)? != 0;
+        if proven {
+            let proof = c.bytes(auth::MAC_LEN).map_err(parse)?;
+            let ok = cfg
+                .secret
+                .as_ref()
+                .is_some_and(|s| auth::verify(s, b"server", &client_nonce, proof));
+            if !ok {
+                return Err(Error::Auth {
+                    peer: addr.to_string(),
+                    reason: "the memory node's proof of the cluster secret is wrong".into(),
+                });
+            }
+        } else if cfg.secret.is_some() {
+            return Err(Error::Auth {
+                peer: addr.to_string(),
+                reason: "the memory node does not prove the cluster secret".into(),
+            });
+        }
+        let regions = frame::decode_regions(&mut c, node).map_err(parse)?;
+        c.end().map_err(parse)?;
+        stream.set_read_timeout(None)?;
+        stream.set_write_timeout(Some(cfg.op_timeout))?;
+
+        let shared = Arc::new(Shared {
+            node,
+            peer: addr.to_string(),
+            writer: Mutex::new(stream.try_clone()?),
+            stream,
+            waiters: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            alive: AtomicBool::new(true),
+            dead_reason: Mutex::new(None),
+            regions: Mutex::new(regions),
+            op_timeout: cfg.op_timeout,
+            max_frame: cfg.max_frame,
+        });
+        let s = shared.clone();
+        std::thread::Builder::new()
+            .name(format!("dmkit-tcp-rx-{node}"))
+            .spawn(move || reader_loop(&s, reader))?;
+        Ok(TcpConnection { shared })
+    }
+
+    fn timeout_hook(&self) -> TimeoutHook {
+        let s = Arc::downgrade(&self.shared);
+        Arc::new(move || {
+            if let Some(s) = s.upgrade() {
+                s.kill(format!(
+                    "no completion within {:?}: node unresponsive",
+                    s.op_timeout
+                ));
+            }
+        })
+    }
+}
+
+fn reader_loop(shared: &Shared, mut reader: BufReader<TcpStream>) {
+    let mut payload = Vec::new();
+    loop {
+        let h = match frame::read_frame(&mut reader, &mut payload, shared.max_frame) {
+            Ok(Some(h)) => h,
+            Ok(None) => return shared.kill("the memory node closed the connection".into()),
+            Err(e) => return shared.kill(format!("receive failed: {e}")),
+        };
+        if h.kind == Kind::Error {
+            return shared.kill(format!(
+                "the memory node reported: {}",
+                String::from_utf8_lossy(&payload)
+            ));
+        }
+        let Some(w) = shared.waiters.lock().remove(&h.req_id) else {
+            // A response to a request that timed out: ignore.
+            continue;
+        };
+        if let Err(e) = deliver(shared, h.kind, &payload, w) {
+            return shared.kill(format!("bad response: {e}"));
+        }
+    }
+}
+
+fn deliver(
+    shared: &Shared,
+    kind: Kind,
+    payload: &[u8],
+    w: Waiter,
+) -> std::result::Result<(), FrameError> {
+    let bad = |what| FrameError::Malformed { what };
+    match (kind, w) {
+        (
+            Kind::BatchResp,
+            Waiter::Batch {
+                slot,
+                node,
+                ops,
+                mut bufs,
+            },
+        ) => {
+            let mut c = Cursor::new(payload, "batch response");
+            let parsed = (|| {
+                let status = c.u8()?;
+                let done = c.u32()? as usize;
+                let fault = if status == 1 {
+                    let code = c.u8()?;
+                    let detail = c.u8()?;
+                    let index = c.u32()? as usize;
+                    let f = AccessFault::from_code(code, detail).ok_or(bad("fault code"))?;
+                    Some((index, f))
+                } else {
+                    None
+                };
+                if done > ops.len() || fault.is_some_and(|(i, _)| i != done) {
+                    return Err(bad("batch response count"));
+                }
+                let mut olds = vec![0u64; ops.len()];
+                for (i, op) in ops.iter().enumerate().take(done) {
+                    match (op.kind, op.buf) {
+                        (OpKind::Read, Some(b)) => {
+                            bufs[b].copy_from_slice(c.bytes(op.len as usize)?);
+                        }
+                        (OpKind::Cas { .. } | OpKind::Faa { .. }, _) => olds[i] = c.u64()?,
+                        _ => {}
+                    }
+                }
+                c.end()?;
+                Ok((olds, fault))
+            })();
+            match parsed {
+                Ok((_, Some((index, fault)))) => {
+                    let op = ops[index];
+                    slot.complete(Err(Error::RemoteAccess {
+                        node,
+                        index,
+                        rkey: op.rkey,
+                        addr: op.addr,
+                        len: op.len,
+                        fault,
+                    }));
+                }
+                Ok((olds, None)) => {
+                    let mut r = BatchResult::new(node, ops, bufs);
+                    r.olds = olds;
+                    slot.complete(Ok(r));
+                }
+                Err(e) => {
+                    slot.complete(Err(Error::Protocol {
+                        peer: shared.peer.clone(),
+                        reason: e.to_string(),
+                    }));
+                    return Err(e);
+                }
+            }
+        }
+        (Kind::RpcResp, Waiter::Rpc(slot)) => {
+            let Some((&status, body)) = payload.split_first() else {
+                slot.complete(Err(Error::Protocol {
+                    peer: shared.peer.clone(),
+                    reason: "empty RPC response".into(),
+                }));
+                return Err(bad("RPC response"));
+            };
+            slot.complete(if status == 0 {
+                Ok(body.to_vec())
+            } else {
+                Err(Error::Rpc {
+                    node: shared.node,
+                    reason: String::from_utf8_lossy(body).into_owned(),
+                })
+            });
+        }
+        (Kind::RegionsResp, Waiter::Regions(slot)) => {
+            let mut c = Cursor::new(payload, "region table");
+            match frame::decode_regions(&mut c, shared.node).and_then(|r| c.end().map(|_| r)) {
+                Ok(r) => {
+                    *shared.regions.lock() = r.clone();
+                    slot.complete(Ok(r));
+                }
+                Err(e) => {
+                    slot.complete(Err(Error::Protocol {
+                        peer: shared.peer.clone(),
+                        reason: e.to_string(),
+                    }));
+                    return Err(e);
+                }
+            }
+        }
+        (_, w) => {
+            w.fail(Error::Protocol {
+                peer: shared.peer.clone(),
+                reason: "response of the wrong kind".into(),
+            });
+            return Err(bad("response kind"));
+        }
+    }
+    Ok(())
+}
+
+fn encode_batch(out: &mut Vec<u8>, ops: &[Op], bufs: &[MemBuf]) {
+    out.extend_from_slice(&(ops.len() as u32).to_le_bytes());
+    for op in ops {
+        let code = match op.kind {
+            OpKind::Read => op::READ,
+            OpKind::Write { durable: false } => op::WRITE,
+            OpKind::Write { durable: true } => op::WRITE_DURABLE,
+            OpKind::Cas { .. } => op::CAS,
+            OpKind::Faa { .. } => op::FAA,
+        };
+        out.push(code);
+        out.extend_from_slice(&op.rkey.0.to_le_bytes());
+        out.extend_from_slice(&op.addr.to_le_bytes());
+        out.extend_from_slice(&op.len.to_le_bytes());
+        match op.kind {
+            OpKind::Write { .. } => {
+                if let Some(b) = op.buf {
+                    out.extend_from_slice(&bufs[b]);
+                }
+            }
+            OpKind::Cas { expect, new } => {
+                out.extend_from_slice(&expect.to_le_bytes());
+                out.extend_from_slice(&new.to_le_bytes());
+            }
+            OpKind::Faa { add } => out.extend_from_slice(&add.to_le_bytes()),
+            OpKind::Read => {}
+        }
+    }
+}
+
+impl Connection for TcpConnection {
+    fn node(&self) -> NodeId {
+        self.shared.node
+    }
+
+    fn regions(&self) -> Vec<RegionDesc> {
+        self.shared.regions.lock().clone()
+    }
+
+    fn refresh_regions(&self) -> Result<Vec<RegionDesc>> {
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut out = Vec::with_capacity(frame::HEADER_LEN);
+        let at = frame::encode_header(&mut out, Kind::Regions, id);
+        frame::finish(&mut out, at).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        let slot = Slot::new();
+        self.shared
+            .send(id, &out, Waiter::Regions(slot.clone()))?;
+        Pending::waiting(
+            self.shared.node,
+            slot,
+            self.shared.op_timeout,
+            Some(self.timeout_hook()),
+        )
+        .wait()
+    }
+
+    fn post(&self, batch: Batch, _ctx: PostCtx) -> Pending<BatchResult> {
+        let node = self.shared.node;
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let (_, ops, bufs) = batch.into_parts();
+        let mut out = Vec::with_capacity(frame::HEADER_LEN + 4 + ops.len() * 40);
+        let at = frame::encode_header(&mut out, Kind::Batch, id);
+        encode_batch(&mut out, &ops, &bufs);
+        if let Err(e) = frame::finish(&mut out, at) {
+            return Pending::ready(node, Err(Error::InvalidArgument(e.to_string())));
+        }
+        if out.len() > self.shared.max_frame {
+            return Pending::ready(
+                node,
+                Err(Error::InvalidArgument(format!(
+                    "batch of {} bytes exceeds the frame limit of {}",
+                    out.len(),
+                    self.shared.max_frame
+                ))),
+            );
+        }
+        let slot = Slot::new();
+        let w = Waiter::Batch {
+            slot: slot.clone(),
+            node,
+            ops,
+            bufs,
+        };
+        if let Err(e) = self.shared.send(id, &out, w) {
+            return Pending::ready(node, Err(e));
+        }
+        Pending::waiting(node, slot, self.shared.op_timeout, Some(self.timeout_hook()))
+    }
+
+    fn rpc(&self, req: &[u8], _ctx: PostCtx) -> Pending<Vec<u8>> {
+        let node = self.shared.node;
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut out = Vec::with_capacity(frame::HEADER_LEN + req.len());
+        let at = frame::encode_header(&mut out, Kind::Rpc, id);
+        out.extend_from_slice(req);
+        if let Err(e) = frame::finish(&mut out, at) {
+            return Pending::ready(node, Err(Error::InvalidArgument(e.to_string())));
+        }
+        let slot = Slot::new();
+        if let Err(e) = self.shared.send(id, &out, Waiter::Rpc(slot.clone())) {
+            return Pending::ready(node, Err(e));
+        }
+        Pending::waiting(node, slot, self.shared.op_timeout, Some(self.timeout_hook()))
+    }
+
+    fn is_alive(&self) -> bool {
+        self.shared.alive.load(Ordering::SeqCst)
+    }
+
+    fn close(&self) {
+        self.shared.kill("connection closed by the client".into());
+    }
+
+    fn timeout(&self) -> Duration {
+        self.shared.op_timeout
+    }
+}

@@ -1,0 +1,1 @@
+//! Process helpers (being written).
