@@ -1,1 +1,99 @@
-fn main() {}
+//! `dmkit`: run memory nodes, benchmarks and (as the project grows) the demo cluster, the
+//! FUSEE master, the KV CLI and the Redis-protocol gateway.
+
+mod bench;
+mod memnode;
+mod metrics_http;
+mod size;
+
+use std::fmt;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// Disaggregated-memory toolkit: memory nodes, benchmarks and tools.
+#[derive(Debug, Parser)]
+#[command(name = "dmkit", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Serve memory to clients (a memory node).
+    Memnode(memnode::MemnodeArgs),
+    /// Run a benchmark; each prints a table and, with --json, writes a report.
+    #[command(subcommand)]
+    Bench(BenchCmd),
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCmd {
+    /// One-sided verbs: READ/WRITE/CAS latency and batched throughput vs. a baseline.
+    Verbs(bench::verbs::VerbsArgs),
+}
+
+/// A verbs backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    Sim,
+    Tcp,
+    Rdma,
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Backend::Sim => "sim",
+            Backend::Tcp => "tcp",
+            Backend::Rdma => "rdma",
+        })
+    }
+}
+
+/// A failure the command reports in one line. Usage errors (bad flags, bad files, a busy
+/// address) exit 2; failures while running exit 1.
+#[derive(Debug)]
+pub struct CliError {
+    msg: String,
+    code: u8,
+}
+
+impl CliError {
+    pub fn usage(msg: impl Into<String>) -> Self {
+        Self {
+            msg: msg.into(),
+            code: 2,
+        }
+    }
+
+    pub fn runtime(msg: impl Into<String>) -> Self {
+        Self {
+            msg: msg.into(),
+            code: 1,
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("DMKIT_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Memnode(a) => memnode::run(a),
+        Cmd::Bench(BenchCmd::Verbs(a)) => bench::verbs::run(a),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("dmkit: error: {}", e.msg.replace('\n', " "));
+            ExitCode::from(e.code)
+        }
+    }
+}

@@ -31,28 +31,73 @@ pub trait Backing: Send + Sync + std::fmt::Debug {
     fn persist(&self, offset: usize, len: usize) -> std::io::Result<()>;
 }
 
-/// Anonymous, zero-filled, volatile memory.
+/// Anonymous, zero-filled, volatile memory, mapped lazily (pages are committed on first
+/// touch) and page-aligned, as NIC registration prefers.
 #[derive(Debug)]
 pub struct DramBacking {
-    words: Box<[AtomicU64]>,
+    ptr: *mut u8,
+    len: usize,
 }
+
+// SAFETY: the mapping is owned by this value and only accessed through atomics
+// (`RegionMemory`) or by the NIC; moving or sharing the owner across threads is fine.
+unsafe impl Send for DramBacking {}
+// SAFETY: as above.
+unsafe impl Sync for DramBacking {}
 
 impl DramBacking {
     /// `len` bytes of zeroed DRAM, rounded up to a multiple of 8.
+    ///
+    /// # Panics
+    /// If the memory cannot be mapped; use [`DramBacking::try_new`] to get an error instead.
     pub fn new(len: usize) -> Self {
-        let words = len.div_ceil(8);
-        Self {
-            words: (0..words).map(|_| AtomicU64::new(0)).collect(),
+        Self::try_new(len).expect("map anonymous memory")
+    }
+
+    /// `len` bytes of zeroed DRAM, or an error if the system refuses the mapping.
+    pub fn try_new(len: usize) -> crate::Result<Self> {
+        let len = len.max(8).div_ceil(8) * 8;
+        // SAFETY: an anonymous private mapping with no address hint touches no existing
+        // memory; the result is checked against MAP_FAILED before use.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(crate::Error::Registration(format!(
+                "cannot map {len} bytes of memory: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        Ok(Self {
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+}
+
+impl Drop for DramBacking {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` are exactly the mapping made in `try_new`, unmapped once here;
+        // every `RegionMemory` view holds an `Arc` to this backing, so none outlives it.
+        unsafe {
+            libc::munmap(self.ptr.cast(), self.len);
         }
     }
 }
 
 impl Backing for DramBacking {
     fn as_ptr(&self) -> *mut u8 {
-        self.words.as_ptr() as *mut u8
+        self.ptr
     }
     fn len(&self) -> usize {
-        self.words.len() * 8
+        self.len
     }
     fn media(&self) -> Media {
         Media::Dram
@@ -253,6 +298,18 @@ mod tests {
         let mut out = [9u8; 16];
         m.read(0, &mut out).unwrap();
         assert_eq!(out, [0; 16]);
+    }
+
+    #[test]
+    fn dram_is_zeroed_page_aligned_and_huge_requests_fail_cleanly() {
+        let d = DramBacking::new(100);
+        assert_eq!(d.len(), 104);
+        assert_eq!(d.as_ptr() as usize % 4096, 0);
+        let m = RegionMemory::new(Arc::new(d)).unwrap();
+        let mut out = [1u8; 104];
+        m.read(0, &mut out).unwrap();
+        assert_eq!(out, [0; 104]);
+        assert!(DramBacking::try_new(usize::MAX / 2).is_err());
     }
 
     #[test]

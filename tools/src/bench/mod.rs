@@ -1,0 +1,175 @@
+//! The benchmark harness: measurements, the human table, the JSON report and progress.
+//!
+//! Every bench measures ours and its baseline side by side in one run and reports ratios, so
+//! a noisy shared machine moves both sides together.
+
+pub mod verbs;
+
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+/// One measured line of a report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Measurement {
+    pub name: String,
+    pub ops_per_sec: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub rtts_per_op: f64,
+    /// Whether the figures are modeled (virtual time) rather than measured.
+    pub modeled: bool,
+    /// Extra columns specific to a bench.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// A bench's report: what `--json` writes (format in DESIGN.md).
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub bench: String,
+    pub config: Map<String, Value>,
+    pub results: Vec<Measurement>,
+    pub ratios: Map<String, Value>,
+}
+
+impl Report {
+    pub fn new(bench: &str) -> Self {
+        Self {
+            bench: bench.to_string(),
+            config: Map::new(),
+            results: Vec::new(),
+            ratios: Map::new(),
+        }
+    }
+
+    pub fn config(&mut self, k: &str, v: impl Into<Value>) {
+        self.config.insert(k.to_string(), v.into());
+    }
+
+    pub fn result(&self, name: &str) -> Option<&Measurement> {
+        self.results.iter().find(|m| m.name == name)
+    }
+
+    /// Adds a ratio; `target` is printed beside it (e.g. "<= 1.5").
+    pub fn ratio(&mut self, name: &str, value: f64, target: Option<&str>) {
+        let v = (value * 1000.0).round() / 1000.0;
+        self.ratios.insert(name.to_string(), Value::from(v));
+        if let Some(t) = target {
+            self.config
+                .entry("targets")
+                .or_insert_with(|| Value::Object(Map::new()))
+                .as_object_mut()
+                .expect("targets is an object")
+                .insert(name.to_string(), Value::from(t));
+        }
+    }
+
+    /// The human table.
+    pub fn print_table(&self) {
+        println!("{} bench", self.bench);
+        println!(
+            "{:<34} {:>14} {:>10} {:>10} {:>9}",
+            "name", "ops/s", "p50 us", "p99 us", "RTTs/op"
+        );
+        for m in &self.results {
+            println!(
+                "{:<34} {:>14.0} {:>10.3} {:>10.3} {:>9.3}{}",
+                m.name,
+                m.ops_per_sec,
+                m.p50_us,
+                m.p99_us,
+                m.rtts_per_op,
+                if m.modeled { "  (modeled)" } else { "" }
+            );
+        }
+        if !self.ratios.is_empty() {
+            println!("ratios (ours vs baseline, same run):");
+            let targets = self.config.get("targets").and_then(Value::as_object);
+            for (k, v) in &self.ratios {
+                let t = targets
+                    .and_then(|t| t.get(k))
+                    .and_then(Value::as_str)
+                    .map(|t| format!("   target {t}"))
+                    .unwrap_or_default();
+                println!("  {k:<44} {v}{t}");
+            }
+        }
+    }
+
+    pub fn write_json(&self, path: &std::path::Path) -> Result<(), String> {
+        let s = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
+        std::fs::write(path, s + "\n")
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))
+    }
+}
+
+/// Latency samples of one measurement.
+pub struct Recorder {
+    hist: Histogram<u64>,
+    ops: u64,
+    started: Instant,
+    elapsed: Duration,
+}
+
+impl Recorder {
+    pub fn new() -> Self {
+        Self {
+            hist: Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds"),
+            ops: 0,
+            started: Instant::now(),
+            elapsed: Duration::ZERO,
+        }
+    }
+
+    /// Records one sample of `ns` covering `ops` operations.
+    pub fn record(&mut self, ns: u64, ops: u64) {
+        let _ = self.hist.record(ns.max(1));
+        self.ops += ops;
+    }
+
+    pub fn start(&mut self) {
+        self.started = Instant::now();
+    }
+
+    pub fn stop(&mut self) {
+        self.elapsed = self.started.elapsed();
+    }
+
+    pub fn measurement(&self, name: &str, rtts_per_op: f64) -> Measurement {
+        let secs = self.elapsed.as_secs_f64().max(1e-9);
+        Measurement {
+            name: name.to_string(),
+            ops_per_sec: self.ops as f64 / secs,
+            p50_us: self.hist.value_at_quantile(0.5) as f64 / 1000.0,
+            p99_us: self.hist.value_at_quantile(0.99) as f64 / 1000.0,
+            rtts_per_op,
+            modeled: false,
+            extra: Map::new(),
+        }
+    }
+}
+
+impl Default for Recorder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A progress bar on a terminal; nothing otherwise.
+pub fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let pb = indicatif::ProgressBar::new(len);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{msg:>28} [{bar:30}] {pos}/{len} {elapsed}")
+            .expect("progress template")
+            .progress_chars("=> "),
+    );
+    pb.set_message(what.to_string());
+    pb
+}

@@ -1,0 +1,426 @@
+//! `dmkit bench verbs`: READ 64 B and 4 KiB, WRITE 64 B and CAS — latency with one operation
+//! outstanding and throughput with batches of 16 — against a baseline measured in the same
+//! run: a plain TCP echo of the same payload sizes over loopback for `tcp` (the floor of any
+//! TCP transport), a direct in-process memcpy or atomic for `sim`.
+
+use std::hint::black_box;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use dmkit_verbs::sim::{SimCluster, SimConfig};
+use dmkit_verbs::tcp::{TcpConnector, TcpServer, TcpServerConfig};
+use dmkit_verbs::{Access, DramBacking, Endpoint, MemoryNode, NodeId, RegionDesc};
+
+use super::{Recorder, Report, progress};
+use crate::{Backend, CliError};
+
+#[derive(Debug, clap::Args)]
+pub struct VerbsArgs {
+    /// Backend to measure.
+    #[arg(long, value_enum, default_value_t = Backend::Sim)]
+    pub backend: Backend,
+    /// A short run (under a minute on two cores).
+    #[arg(long)]
+    pub quick: bool,
+    /// Write the JSON report here.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+    /// Measure a running memory node at this address instead of one started in-process (tcp).
+    #[arg(long)]
+    pub addr: Option<String>,
+    /// Node id of the memory node at --addr.
+    #[arg(long, default_value_t = 0)]
+    pub node_id: u16,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Read64,
+    Read4k,
+    Write64,
+    Cas,
+}
+
+impl Op {
+    const ALL: [Op; 4] = [Op::Read64, Op::Read4k, Op::Write64, Op::Cas];
+
+    fn name(self) -> &'static str {
+        match self {
+            Op::Read64 => "read64",
+            Op::Read4k => "read4k",
+            Op::Write64 => "write64",
+            Op::Cas => "cas",
+        }
+    }
+
+    fn payload(self) -> usize {
+        match self {
+            Op::Read64 | Op::Write64 => 64,
+            Op::Read4k => 4096,
+            Op::Cas => 8,
+        }
+    }
+}
+
+const BATCH: usize = 16;
+
+struct Plan {
+    lat_ops: u64,
+    batches: u64,
+}
+
+pub fn run(args: VerbsArgs) -> Result<(), CliError> {
+    let plan = match (args.backend, args.quick) {
+        (Backend::Sim, true) => Plan {
+            lat_ops: 200_000,
+            batches: 20_000,
+        },
+        (Backend::Sim, false) => Plan {
+            lat_ops: 2_000_000,
+            batches: 200_000,
+        },
+        (_, true) => Plan {
+            lat_ops: 8_000,
+            batches: 2_000,
+        },
+        (_, false) => Plan {
+            lat_ops: 50_000,
+            batches: 15_000,
+        },
+    };
+    let mut report = Report::new("verbs");
+    report.config("backend", args.backend.to_string());
+    report.config("quick", args.quick);
+    report.config("batch", BATCH as u64);
+    report.config("latency_ops", plan.lat_ops);
+    report.config("batches", plan.batches);
+
+    let (ep, region, _server, _cluster) = match args.backend {
+        Backend::Sim => {
+            let cluster = SimCluster::new(SimConfig::default());
+            let node = Arc::new(MemoryNode::new(NodeId(0)));
+            let r = node
+                .register(Arc::new(DramBacking::new(1 << 20)), Access::ALL, None)
+                .map_err(|e| CliError::runtime(e.to_string()))?;
+            cluster.add_node(node);
+            let ep = cluster.endpoint(1).map_err(|e| CliError::runtime(e.to_string()))?;
+            (ep, r, None, Some(cluster))
+        }
+        Backend::Tcp => {
+            let (addr, id, server) = match &args.addr {
+                Some(a) => (a.clone(), NodeId(args.node_id), None),
+                None => {
+                    let node = Arc::new(MemoryNode::new(NodeId(0)));
+                    node.register(Arc::new(DramBacking::new(1 << 20)), Access::ALL, None)
+                        .map_err(|e| CliError::runtime(e.to_string()))?;
+                    let s = TcpServer::start("127.0.0.1:0", node, TcpServerConfig::default())
+                        .map_err(|e| CliError::runtime(e.to_string()))?;
+                    (s.local_addr().to_string(), NodeId(0), Some(s))
+                }
+            };
+            report.config("memnode", addr.clone());
+            let ep = Endpoint::connect(&TcpConnector::default(), &[(id, addr)])
+                .map_err(|e| CliError::runtime(e.to_string()))?;
+            let r = ep
+                .regions(id)
+                .map_err(|e| CliError::runtime(e.to_string()))?
+                .into_iter()
+                .find(|r| r.access == Access::ALL && r.len >= 1 << 16)
+                .ok_or_else(|| CliError::runtime("the memory node has no writable region of 64KiB or more"))?;
+            (ep, r, server, None)
+        }
+        Backend::Rdma => {
+            return Err(CliError::usage(
+                "this build has no rdma backend (build with --features rdma)",
+            ));
+        }
+    };
+
+    let total = Op::ALL.len() as u64 * 4;
+    let pb = progress(total, "bench verbs");
+    for op in Op::ALL {
+        pb.set_message(format!("ours {}", op.name()));
+        let m = ours_latency(&ep, &region, op, plan.lat_ops);
+        report.results.push(m);
+        pb.inc(1);
+        let m = ours_batched(&ep, &region, op, plan.batches);
+        report.results.push(m);
+        pb.inc(1);
+    }
+    let base = match args.backend {
+        Backend::Sim => "memcpy",
+        _ => "echo",
+    };
+    let echo = match args.backend {
+        Backend::Sim => None,
+        _ => Some(EchoServer::start().map_err(|e| CliError::runtime(format!("echo baseline: {e}")))?),
+    };
+    for op in Op::ALL {
+        pb.set_message(format!("{base} {}", op.name()));
+        let (lat, bat) = match &echo {
+            None => (local_latency(op, plan.lat_ops), local_batched(op, plan.batches)),
+            Some(e) => (
+                e.latency(op, plan.lat_ops).map_err(|e| CliError::runtime(format!("echo: {e}")))?,
+                e.batched(op, plan.batches).map_err(|e| CliError::runtime(format!("echo: {e}")))?,
+            ),
+        };
+        report.results.push(lat);
+        pb.inc(1);
+        report.results.push(bat);
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+
+    let p50 = |r: &Report, n: &str| r.result(n).map(|m| m.p50_us).unwrap_or(f64::NAN);
+    let tput = |r: &Report, n: &str| r.result(n).map(|m| m.ops_per_sec).unwrap_or(f64::NAN);
+    match args.backend {
+        Backend::Sim => {
+            let r = p50(&report, "read64") / p50(&report, "memcpy_read64");
+            report.ratio("sim_read64_latency_vs_memcpy", r, None);
+            let r = tput(&report, "read64_batch16") / tput(&report, "memcpy_read64_batch16");
+            report.ratio("sim_read64_batched_throughput_vs_memcpy", r, None);
+        }
+        _ => {
+            for op in Op::ALL {
+                let n = op.name();
+                let lat = p50(&report, n) / p50(&report, &format!("echo_{n}"));
+                let target = (op == Op::Read64).then_some("<= 1.5");
+                report.ratio(&format!("tcp_{n}_latency_vs_echo"), lat, target);
+                let thr = tput(&report, &format!("{n}_batch16"))
+                    / tput(&report, &format!("echo_{n}_batch16"));
+                let target = (op == Op::Read64).then_some(">= 0.8");
+                report.ratio(&format!("tcp_{n}_batched_throughput_vs_echo"), thr, target);
+            }
+        }
+    }
+    report.print_table();
+    if let Some(p) = &args.json {
+        report.write_json(p).map_err(CliError::runtime)?;
+        eprintln!("wrote {}", p.display());
+    }
+    Ok(())
+}
+
+fn tag(op: Op, batched: bool) -> &'static str {
+    match (op, batched) {
+        (Op::Read64, false) => "bench_read64",
+        (Op::Read4k, false) => "bench_read4k",
+        (Op::Write64, false) => "bench_write64",
+        (Op::Cas, false) => "bench_cas",
+        (Op::Read64, true) => "bench_read64_batch",
+        (Op::Read4k, true) => "bench_read4k_batch",
+        (Op::Write64, true) => "bench_write64_batch",
+        (Op::Cas, true) => "bench_cas_batch",
+    }
+}
+
+fn push(ep: &Endpoint, b: &mut dmkit_verbs::Batch, r: &RegionDesc, op: Op, i: u64, data: &[u8]) {
+    let slot = (i % 16) * 4096;
+    match op {
+        Op::Read64 => {
+            b.read(r.at(slot), 64);
+        }
+        Op::Read4k => {
+            b.read(r.at(slot), 4096);
+        }
+        Op::Write64 => {
+            b.write(r.at(slot), &data[..64]);
+        }
+        Op::Cas => {
+            // Alternate so that half the CASes swap; the verb costs the same either way.
+            b.cas(r.at(65536 - 8), i & 1, (i + 1) & 1);
+        }
+    }
+    let _ = ep;
+}
+
+fn ours_latency(ep: &Endpoint, r: &RegionDesc, op: Op, n: u64) -> super::Measurement {
+    let t = tag(op, false);
+    let data = vec![0x5Au8; 4096];
+    let warm = n / 10;
+    for i in 0..warm {
+        let mut b = ep.batch(r.node);
+        push(ep, &mut b, r, op, i, &data);
+        let _ = ep.execute(t, b);
+    }
+    let before = ep.stats().tag(t);
+    let mut rec = Recorder::new();
+    rec.start();
+    for i in 0..n {
+        let s = Instant::now();
+        let mut b = ep.batch(r.node);
+        push(ep, &mut b, r, op, i, &data);
+        black_box(ep.execute(t, b).ok());
+        rec.record(s.elapsed().as_nanos() as u64, 1);
+    }
+    rec.stop();
+    let d = ep.stats().tag(t).since(&before);
+    rec.measurement(op.name(), d.round_trips as f64 / n as f64)
+}
+
+fn ours_batched(ep: &Endpoint, r: &RegionDesc, op: Op, batches: u64) -> super::Measurement {
+    let t = tag(op, true);
+    let data = vec![0x5Au8; 4096];
+    let mut rec = Recorder::new();
+    let run = |rec: Option<&mut Recorder>, count: u64| {
+        let mut rec = rec;
+        for i in 0..count {
+            let s = Instant::now();
+            let mut b = ep.batch(r.node);
+            for j in 0..BATCH as u64 {
+                push(ep, &mut b, r, op, i * BATCH as u64 + j, &data);
+            }
+            black_box(ep.execute(t, b).ok());
+            if let Some(rec) = rec.as_deref_mut() {
+                rec.record(s.elapsed().as_nanos() as u64, BATCH as u64);
+            }
+        }
+    };
+    run(None, batches / 10);
+    let before = ep.stats().tag(t);
+    rec.start();
+    run(Some(&mut rec), batches);
+    rec.stop();
+    let d = ep.stats().tag(t).since(&before);
+    let ops = batches * BATCH as u64;
+    rec.measurement(&format!("{}_batch16", op.name()), d.round_trips as f64 / ops as f64)
+}
+
+fn local_op(op: Op, src: &[u8], dst: &mut [u8], word: &AtomicU64, i: u64) {
+    let slot = ((i % 16) * 4096) as usize;
+    match op {
+        Op::Read64 => dst[..64].copy_from_slice(&src[slot..slot + 64]),
+        Op::Read4k => dst[..4096].copy_from_slice(&src[slot..slot + 4096]),
+        Op::Write64 => dst[slot..slot + 64].copy_from_slice(&src[..64]),
+        Op::Cas => {
+            let _ = word.compare_exchange(i & 1, (i + 1) & 1, Ordering::AcqRel, Ordering::Acquire);
+        }
+    }
+}
+
+fn local_latency(op: Op, n: u64) -> super::Measurement {
+    let src = vec![7u8; 1 << 17];
+    let mut dst = vec![0u8; 1 << 17];
+    let word = AtomicU64::new(0);
+    let mut rec = Recorder::new();
+    rec.start();
+    for i in 0..n {
+        let s = Instant::now();
+        local_op(op, black_box(&src), black_box(&mut dst), &word, i);
+        rec.record(s.elapsed().as_nanos() as u64, 1);
+    }
+    rec.stop();
+    rec.measurement(&format!("memcpy_{}", op.name()), 0.0)
+}
+
+fn local_batched(op: Op, batches: u64) -> super::Measurement {
+    let src = vec![7u8; 1 << 17];
+    let mut dst = vec![0u8; 1 << 17];
+    let word = AtomicU64::new(0);
+    let mut rec = Recorder::new();
+    rec.start();
+    for i in 0..batches {
+        let s = Instant::now();
+        for j in 0..BATCH as u64 {
+            local_op(op, black_box(&src), black_box(&mut dst), &word, i * 16 + j);
+        }
+        rec.record(s.elapsed().as_nanos() as u64, BATCH as u64);
+    }
+    rec.stop();
+    rec.measurement(&format!("memcpy_{}_batch16", op.name()), 0.0)
+}
+
+/// A plain TCP echo server on loopback: reads a 4-byte length and that many bytes, writes
+/// them back. Thread per connection, blocking sockets, no framing beyond the length: the
+/// floor of any request-response protocol over TCP.
+struct EchoServer {
+    addr: std::net::SocketAddr,
+}
+
+impl EchoServer {
+    fn start() -> std::io::Result<Self> {
+        let l = TcpListener::bind("127.0.0.1:0")?;
+        let addr = l.local_addr()?;
+        std::thread::Builder::new()
+            .name("bench-echo".into())
+            .spawn(move || {
+                for s in l.incoming().flatten() {
+                    std::thread::spawn(move || echo_conn(s));
+                }
+            })?;
+        Ok(Self { addr })
+    }
+
+    fn connect(&self) -> std::io::Result<TcpStream> {
+        let s = TcpStream::connect(self.addr)?;
+        s.set_nodelay(true)?;
+        Ok(s)
+    }
+
+    fn round_trip(s: &mut TcpStream, msg: &[u8], back: &mut [u8]) -> std::io::Result<()> {
+        s.write_all(msg)?;
+        s.read_exact(back)
+    }
+
+    fn latency(&self, op: Op, n: u64) -> std::io::Result<super::Measurement> {
+        let mut s = self.connect()?;
+        let (msg, mut back) = echo_msg(op.payload());
+        for _ in 0..n / 10 {
+            Self::round_trip(&mut s, &msg, &mut back)?;
+        }
+        let mut rec = Recorder::new();
+        rec.start();
+        for _ in 0..n {
+            let t = Instant::now();
+            Self::round_trip(&mut s, &msg, &mut back)?;
+            rec.record(t.elapsed().as_nanos() as u64, 1);
+        }
+        rec.stop();
+        Ok(rec.measurement(&format!("echo_{}", op.name()), 1.0))
+    }
+
+    fn batched(&self, op: Op, batches: u64) -> std::io::Result<super::Measurement> {
+        let mut s = self.connect()?;
+        let (msg, mut back) = echo_msg(op.payload() * BATCH);
+        for _ in 0..batches / 10 {
+            Self::round_trip(&mut s, &msg, &mut back)?;
+        }
+        let mut rec = Recorder::new();
+        rec.start();
+        for _ in 0..batches {
+            let t = Instant::now();
+            Self::round_trip(&mut s, &msg, &mut back)?;
+            rec.record(t.elapsed().as_nanos() as u64, BATCH as u64);
+        }
+        rec.stop();
+        Ok(rec.measurement(&format!("echo_{}_batch16", op.name()), 1.0 / BATCH as f64))
+    }
+}
+
+fn echo_msg(payload: usize) -> (Vec<u8>, Vec<u8>) {
+    let mut msg = (payload as u32).to_le_bytes().to_vec();
+    msg.extend(std::iter::repeat_n(0xA5u8, payload));
+    (msg, vec![0u8; payload])
+}
+
+fn echo_conn(mut s: TcpStream) {
+    let _ = s.set_nodelay(true);
+    let mut buf = Vec::new();
+    loop {
+        let mut len = [0u8; 4];
+        if s.read_exact(&mut len).is_err() {
+            return;
+        }
+        let n = u32::from_le_bytes(len) as usize;
+        if n > 64 << 20 {
+            return;
+        }
+        buf.resize(n, 0);
+        if s.read_exact(&mut buf).is_err() || s.write_all(&buf).is_err() {
+            return;
+        }
+    }
+}
