@@ -1,1 +1,143 @@
-//! Process helpers (being written).
+//! Starting `dmkit` processes on loopback and waiting for them.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// The `dmkit` binary of this build, brought up to date once per test process (a no-op when
+/// `cargo test --workspace` already built it).
+pub fn dmkit_bin() -> PathBuf {
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(build_dmkit).clone()
+}
+
+fn build_dmkit() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    // target/<profile>/deps/<test> -> target/<profile>/dmkit
+    let dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target dir")
+        .to_path_buf();
+    let bin = dir.join("dmkit");
+    {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-p", "dmkit-tools", "--bin", "dmkit"]);
+        if dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        cmd.current_dir(env!("CARGO_MANIFEST_DIR"));
+        let st = cmd.status().expect("run cargo build");
+        assert!(st.success(), "cargo build -p dmkit-tools failed");
+    }
+    bin
+}
+
+/// Runs `dmkit ARGS` to completion with a timeout.
+pub fn run_dmkit(args: &[&str], timeout: Duration) -> Output {
+    let mut child = Command::new(dmkit_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn dmkit");
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if child.try_wait().expect("wait").is_some() {
+            return child.wait_with_output().expect("output");
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "dmkit {args:?} did not finish in {timeout:?}; stderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A `dmkit memnode` child process. Killed (SIGKILL) when dropped.
+#[derive(Debug)]
+pub struct Memnode {
+    child: Child,
+    /// The address it listens on (`host:port`).
+    pub addr: String,
+    /// Its stderr lines after the start line.
+    pub stderr: mpsc::Receiver<String>,
+}
+
+impl Memnode {
+    /// Starts `dmkit memnode --listen 127.0.0.1:0 ARGS` and waits until it serves.
+    pub fn start(args: &[&str]) -> Memnode {
+        Self::start_on("127.0.0.1:0", args)
+    }
+
+    /// Starts it on a given listen address.
+    pub fn start_on(listen: &str, args: &[&str]) -> Memnode {
+        let mut child = Command::new(dmkit_bin())
+            .arg("memnode")
+            .args(["--listen", listen])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn dmkit memnode");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) if line.contains(" serving ") => {
+                    let addr = line
+                        .split(" on ")
+                        .nth(1)
+                        .and_then(|r| r.split_whitespace().next())
+                        .expect("address in the start line")
+                        .to_string();
+                    return Memnode {
+                        child,
+                        addr,
+                        stderr: rx,
+                    };
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    let _ = child.kill();
+                    panic!("memnode {args:?} did not start");
+                }
+            }
+        }
+    }
+
+    /// SIGKILL, and wait for the process to be gone.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Memnode {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}

@@ -4,6 +4,7 @@
 mod bench;
 mod memnode;
 mod metrics_http;
+mod pool_backing;
 mod size;
 
 use std::fmt;
@@ -84,7 +85,25 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
+                e.exit();
+            }
+            // One line, as scripts expect; `--help` has the rest.
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or("invalid arguments");
+            eprintln!("dmkit: {first} (see --help)");
+            return ExitCode::from(2);
+        }
+    };
     let r = match cli.cmd {
         Cmd::Memnode(a) => memnode::run(a),
         Cmd::Bench(BenchCmd::Verbs(a)) => bench::verbs::run(a),

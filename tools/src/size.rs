@@ -10,7 +10,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let (num, unit) = t.split_at(split);
     let num: String = num.chars().filter(|c| *c != '_').collect();
     if num.is_empty() {
-        return Err(format!("invalid size '{s}': expected a number such as 64MiB"));
+        return Err(format!(
+            "invalid size '{s}': expected a number such as 64MiB"
+        ));
     }
     let n: u64 = num
         .parse()
@@ -42,7 +44,12 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 
 /// Formats bytes with the largest binary unit that divides them exactly (else with decimals).
 pub fn format_size(bytes: u64) -> String {
-    const UNITS: [(&str, u64); 4] = [("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+    const UNITS: [(&str, u64); 4] = [
+        ("TiB", 1 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+    ];
     for (u, m) in UNITS {
         if bytes >= m {
             return if bytes % m == 0 {
@@ -76,7 +83,11 @@ mod tests {
         assert!(parse_size("MiB").unwrap_err().contains("expected a number"));
         assert!(parse_size("64XB").unwrap_err().contains("unknown unit"));
         assert!(parse_size("0").unwrap_err().contains("greater than zero"));
-        assert!(parse_size("99999999999TiB").unwrap_err().contains("too large"));
+        assert!(
+            parse_size("99999999999TiB")
+                .unwrap_err()
+                .contains("too large")
+        );
         assert!(parse_size("-5MiB").is_err());
     }
 

@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use crate::Endpoint;
 use crate::error::{AccessFault, Error, Result};
 use crate::memory::{Backing, DramBacking};
 use crate::node::{MemoryNode, Peer};
 use crate::types::{Access, Media, NodeId, RegionDesc};
-use crate::Endpoint;
 
 /// What the suite needs from a backend.
 pub trait Harness: Send + Sync {
@@ -116,9 +116,7 @@ pub fn concurrent_cas_has_one_winner_per_round(h: &dyn Harness) {
                     barrier.wait();
                     // Everyone expects the value the previous round's winner left.
                     let expect = round * 100;
-                    let old = ep
-                        .cas("cas", r.at(0), expect, (round + 1) * 100)
-                        .unwrap();
+                    let old = ep.cas("cas", r.at(0), expect, (round + 1) * 100).unwrap();
                     if old == expect {
                         winners[round as usize].fetch_add(1, Ordering::SeqCst);
                     }
@@ -212,10 +210,18 @@ pub fn bad_requests_fail_and_leave_memory_untouched(h: &dyn Harness) {
     assert!(before.iter().all(|b| *b == 0));
 
     // Out of bounds: past the end, straddling the end, before the start.
-    expect_fault(ep.write("t", rw.at(4090), &[1; 8]), AccessFault::OutOfBounds, 0);
+    expect_fault(
+        ep.write("t", rw.at(4090), &[1; 8]),
+        AccessFault::OutOfBounds,
+        0,
+    );
     expect_fault(ep.read("t", rw.at(4096), 1), AccessFault::OutOfBounds, 0);
     expect_fault(
-        ep.write("t", crate::RemoteAddr::new(NodeId(0), rw.rkey, rw.base - 8), &[1; 8]),
+        ep.write(
+            "t",
+            crate::RemoteAddr::new(NodeId(0), rw.rkey, rw.base - 8),
+            &[1; 8],
+        ),
         AccessFault::OutOfBounds,
         0,
     );
@@ -224,9 +230,21 @@ pub fn bad_requests_fail_and_leave_memory_untouched(h: &dyn Harness) {
     let bogus = crate::RemoteAddr::new(NodeId(0), crate::RKey(rw.rkey.0 ^ 0x5a5a_5a5a), rw.base);
     expect_fault(ep.write("t", bogus, &[1; 8]), AccessFault::UnknownRkey, 0);
     // No access.
-    expect_fault(ep.write("t", ro.at(0), &[1; 8]), AccessFault::NoAccess("write"), 0);
-    expect_fault(ep.cas("t", ro.at(0), 0, 1), AccessFault::NoAccess("atomic"), 0);
-    expect_fault(ep.faa("t", no_atomic.at(0), 1), AccessFault::NoAccess("atomic"), 0);
+    expect_fault(
+        ep.write("t", ro.at(0), &[1; 8]),
+        AccessFault::NoAccess("write"),
+        0,
+    );
+    expect_fault(
+        ep.cas("t", ro.at(0), 0, 1),
+        AccessFault::NoAccess("atomic"),
+        0,
+    );
+    expect_fault(
+        ep.faa("t", no_atomic.at(0), 1),
+        AccessFault::NoAccess("atomic"),
+        0,
+    );
     // Misaligned atomics.
     expect_fault(ep.cas("t", rw.at(4), 0, 1), AccessFault::Misaligned, 0);
     expect_fault(ep.faa("t", rw.at(1), 1), AccessFault::Misaligned, 0);
@@ -241,8 +259,18 @@ pub fn bad_requests_fail_and_leave_memory_untouched(h: &dyn Harness) {
     let after = ep.read("t", rw.at(0), 4096).unwrap();
     assert_eq!(&after[..8], &[7; 8]);
     assert!(after[8..].iter().all(|b| *b == 0), "memory touched");
-    assert!(ep.read("t", ro.at(0), 4096).unwrap().iter().all(|b| *b == 0));
-    assert!(ep.read("t", no_atomic.at(0), 8).unwrap().iter().all(|b| *b == 0));
+    assert!(
+        ep.read("t", ro.at(0), 4096)
+            .unwrap()
+            .iter()
+            .all(|b| *b == 0)
+    );
+    assert!(
+        ep.read("t", no_atomic.at(0), 8)
+            .unwrap()
+            .iter()
+            .all(|b| *b == 0)
+    );
     // The connection is still usable.
     assert_eq!(ep.faa("t", rw.at(16), 2).unwrap(), 0);
     assert_eq!(ep.faa("t", rw.at(16), 2).unwrap(), 2);
@@ -312,7 +340,10 @@ pub fn rpc_reaches_the_handler(h: &dyn Harness) {
         Err(Error::Rpc { reason, .. }) => assert!(reason.contains("asked to fail")),
         other => panic!("{other:?}"),
     }
-    assert!(matches!(ep.rpc("rpc", NodeId(1), b"x"), Err(Error::Rpc { .. })));
+    assert!(matches!(
+        ep.rpc("rpc", NodeId(1), b"x"),
+        Err(Error::Rpc { .. })
+    ));
     assert_eq!(calls.load(Ordering::SeqCst), 3);
     assert_eq!(ep.stats().tag("rpc").round_trips, 4);
     assert_eq!(ep.stats().tag("rpc").rpcs, 4);
@@ -331,7 +362,10 @@ pub fn write_confirm_fires_after_data_is_visible(h: &dyn Harness) {
         .unwrap();
     assert!(t.elapsed() < h.op_timeout() / 2, "proxied write blocked");
     std::thread::sleep(Duration::from_millis(50));
-    assert!(!confirm.is_confirmed(), "confirmed before the node executed it");
+    assert!(
+        !confirm.is_confirmed(),
+        "confirmed before the node executed it"
+    );
     h.pause_node(NodeId(0), false);
     confirm.wait().unwrap();
     assert_eq!(observer.read("o", r.at(128), 256).unwrap(), vec![0xAB; 256]);
@@ -379,7 +413,10 @@ pub fn full_staging_makes_the_writer_wait(h: &dyn Harness) {
         });
         std::thread::sleep(Duration::from_millis(200));
         let n = issued.load(Ordering::SeqCst) as usize;
-        assert!(n <= cap / chunk, "{n} writes staged past the capacity of {cap}");
+        assert!(
+            n <= cap / chunk,
+            "{n} writes staged past the capacity of {cap}"
+        );
         assert!(ep.staging_in_use() <= cap);
         h.pause_node(NodeId(0), false);
         writer.join().unwrap();
@@ -480,7 +517,11 @@ pub fn regions_are_learned_at_connect(h: &dyn Harness) {
         .register(Arc::new(DramBacking::new(4096)), Access::ALL, None)
         .unwrap();
     let b = node
-        .register(Arc::new(DramBacking::new(8192)), Access::REMOTE_READ, Some(1 << 50))
+        .register(
+            Arc::new(DramBacking::new(8192)),
+            Access::REMOTE_READ,
+            Some(1 << 50),
+        )
         .unwrap();
     h.start_node(node.clone()).unwrap();
     let ep = h.endpoint().unwrap();

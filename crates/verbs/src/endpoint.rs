@@ -391,7 +391,14 @@ struct Staging {
     high_water: AtomicUsize,
     /// Outstanding confirms with their completions, oldest first; a pending is waited here
     /// (which enforces its timeout) by writers under back-pressure and by flush.
-    outstanding: Mutex<VecDeque<(Arc<ConfirmState>, Option<Pending<BatchResult>>)>>,
+    outstanding: Mutex<VecDeque<Tracked>>,
+}
+
+/// A proxied write in flight: its confirm and its completion.
+#[derive(Debug)]
+struct Tracked {
+    state: Arc<ConfirmState>,
+    pending: Pending<BatchResult>,
 }
 
 impl Staging {
@@ -419,8 +426,7 @@ impl Staging {
             if !self.wait_oldest() {
                 let mut u = self.used.lock();
                 if *u + n > self.capacity {
-                    self.cv
-                        .wait_for(&mut u, Duration::from_millis(10));
+                    self.cv.wait_for(&mut u, Duration::from_millis(10));
                 }
             }
         }
@@ -435,33 +441,30 @@ impl Staging {
     fn track(&self, state: Arc<ConfirmState>, pending: Pending<BatchResult>) {
         let mut q = self.outstanding.lock();
         // Forget confirmed ones at the front so the queue stays as short as what is in flight.
-        while q.front().is_some_and(|(s, _)| s.result.lock().is_some()) {
+        while q.front().is_some_and(|t| t.state.result.lock().is_some()) {
             q.pop_front();
         }
-        q.push_back((state, Some(pending)));
+        q.push_back(Tracked { state, pending });
     }
 
     /// Waits for the oldest outstanding write; false if there is none.
     fn wait_oldest(&self) -> bool {
-        let item = {
+        let Tracked { state, pending } = {
             let mut q = self.outstanding.lock();
             loop {
                 match q.pop_front() {
                     None => return false,
-                    Some((s, _)) if s.result.lock().is_some() => continue,
-                    Some(item) => break item,
+                    Some(t) if t.state.result.lock().is_some() => continue,
+                    Some(t) => break t,
                 }
             }
         };
-        let (state, pending) = item;
-        if let Some(p) = pending {
-            if let Err(e) = p.wait() {
-                // A timeout is delivered here (the backend never completed it).
-                let mut r = state.result.lock();
-                if r.is_none() {
-                    *r = Some(Err(e));
-                    state.cv.notify_all();
-                }
+        if let Err(e) = pending.wait() {
+            // A timeout is delivered here (the backend never completed it).
+            let mut r = state.result.lock();
+            if r.is_none() {
+                *r = Some(Err(e));
+                state.cv.notify_all();
             }
         }
         true
@@ -471,10 +474,10 @@ impl Staging {
         let mut first_err = None;
         loop {
             let item = self.outstanding.lock().pop_front();
-            let Some((state, pending)) = item else { break };
-            if let Some(p) = pending {
-                let _ = p.wait();
-            }
+            let Some(Tracked { state, pending }) = item else {
+                break;
+            };
+            let _ = pending.wait();
             let g = state.result.lock();
             if let Some(t) = state.modeled_done {
                 clock.fetch_max(t, Ordering::Relaxed);

@@ -52,6 +52,8 @@ mod pending;
 mod stats;
 mod types;
 
+#[cfg(feature = "rdma")]
+pub mod rdma;
 pub mod sim;
 pub mod tcp;
 

@@ -6,8 +6,8 @@
 //! and atomics atomic across connections without a lock, and it keeps the data race that a real
 //! NIC's DMA would be (a write landing while the CPU reads) defined behaviour in Rust.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{AccessFault, Result};
 use crate::types::Media;

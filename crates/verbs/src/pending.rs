@@ -209,7 +209,13 @@ mod tests {
         let p = Pending::waiting(NodeId(3), slot, Duration::from_millis(20), None);
         let t = Instant::now();
         let e = p.wait().unwrap_err();
-        assert!(matches!(e, Error::Timeout { node: NodeId(3), .. }));
+        assert!(matches!(
+            e,
+            Error::Timeout {
+                node: NodeId(3),
+                ..
+            }
+        ));
         assert!(t.elapsed() < Duration::from_secs(2));
     }
 

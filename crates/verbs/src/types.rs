@@ -46,7 +46,11 @@ impl RemoteAddr {
 
 impl fmt::Display for RemoteAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "node {} rkey {} @ {:#x}", self.node, self.rkey, self.addr)
+        write!(
+            f,
+            "node {} rkey {} @ {:#x}",
+            self.node, self.rkey, self.addr
+        )
     }
 }
 

@@ -102,8 +102,7 @@ impl Report {
 
     pub fn write_json(&self, path: &std::path::Path) -> Result<(), String> {
         let s = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
-        std::fs::write(path, s + "\n")
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))
+        std::fs::write(path, s + "\n").map_err(|e| format!("cannot write {}: {e}", path.display()))
     }
 }
 

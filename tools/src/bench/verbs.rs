@@ -106,7 +106,9 @@ pub fn run(args: VerbsArgs) -> Result<(), CliError> {
                 .register(Arc::new(DramBacking::new(1 << 20)), Access::ALL, None)
                 .map_err(|e| CliError::runtime(e.to_string()))?;
             cluster.add_node(node);
-            let ep = cluster.endpoint(1).map_err(|e| CliError::runtime(e.to_string()))?;
+            let ep = cluster
+                .endpoint(1)
+                .map_err(|e| CliError::runtime(e.to_string()))?;
             (ep, r, None, Some(cluster))
         }
         Backend::Tcp => {
@@ -129,7 +131,9 @@ pub fn run(args: VerbsArgs) -> Result<(), CliError> {
                 .map_err(|e| CliError::runtime(e.to_string()))?
                 .into_iter()
                 .find(|r| r.access == Access::ALL && r.len >= 1 << 16)
-                .ok_or_else(|| CliError::runtime("the memory node has no writable region of 64KiB or more"))?;
+                .ok_or_else(|| {
+                    CliError::runtime("the memory node has no writable region of 64KiB or more")
+                })?;
             (ep, r, server, None)
         }
         Backend::Rdma => {
@@ -156,15 +160,22 @@ pub fn run(args: VerbsArgs) -> Result<(), CliError> {
     };
     let echo = match args.backend {
         Backend::Sim => None,
-        _ => Some(EchoServer::start().map_err(|e| CliError::runtime(format!("echo baseline: {e}")))?),
+        _ => Some(
+            EchoServer::start().map_err(|e| CliError::runtime(format!("echo baseline: {e}")))?,
+        ),
     };
     for op in Op::ALL {
         pb.set_message(format!("{base} {}", op.name()));
         let (lat, bat) = match &echo {
-            None => (local_latency(op, plan.lat_ops), local_batched(op, plan.batches)),
+            None => (
+                local_latency(op, plan.lat_ops),
+                local_batched(op, plan.batches),
+            ),
             Some(e) => (
-                e.latency(op, plan.lat_ops).map_err(|e| CliError::runtime(format!("echo: {e}")))?,
-                e.batched(op, plan.batches).map_err(|e| CliError::runtime(format!("echo: {e}")))?,
+                e.latency(op, plan.lat_ops)
+                    .map_err(|e| CliError::runtime(format!("echo: {e}")))?,
+                e.batched(op, plan.batches)
+                    .map_err(|e| CliError::runtime(format!("echo: {e}")))?,
             ),
         };
         report.results.push(lat);
@@ -286,7 +297,10 @@ fn ours_batched(ep: &Endpoint, r: &RegionDesc, op: Op, batches: u64) -> super::M
     rec.stop();
     let d = ep.stats().tag(t).since(&before);
     let ops = batches * BATCH as u64;
-    rec.measurement(&format!("{}_batch16", op.name()), d.round_trips as f64 / ops as f64)
+    rec.measurement(
+        &format!("{}_batch16", op.name()),
+        d.round_trips as f64 / ops as f64,
+    )
 }
 
 fn local_op(op: Op, src: &[u8], dst: &mut [u8], word: &AtomicU64, i: u64) {

@@ -2,6 +2,7 @@
 //! defaults are FUSEE's testbed network (2 µs round trip, 56 Gbit/s) and Gengar's measured
 //! Optane DC PMM media. Modeled figures are labelled as modeled wherever they are reported.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::SimNode;
@@ -73,7 +74,7 @@ impl LatencyModel {
         let mut sent = 0u64;
         let mut back = 0u64;
         let mut done = start + half;
-        let mut busy = node.busy_until.lock();
+        let mut busy = node.busy.lock();
         for op in &batch.ops {
             let len = u64::from(op.len);
             let write = matches!(op.kind, OpKind::Write { .. });
@@ -87,8 +88,7 @@ impl LatencyModel {
             let arrival = start + half + self.wire_ns(sent);
             let (lat, occ) = self.media_cost(media, write, len);
             // Requests pipeline through the NIC; the medium serialises only their bytes.
-            let begin = arrival.max(busy[slot]);
-            busy[slot] = begin + occ;
+            let begin = busy[slot].book(arrival, occ);
             done = done.max(begin + lat + occ);
         }
         done + half + self.wire_ns(back)
@@ -96,5 +96,72 @@ impl LatencyModel {
 
     pub(super) fn rpc_done(&self, start: u64, bytes: usize) -> u64 {
         start + self.rtt.as_nanos() as u64 + self.wire_ns(bytes as u64)
+    }
+}
+
+/// The periods in which one medium of a node is busy, in virtual time: sorted, disjoint
+/// `[start, end)` spans. Clients' clocks are independent (a fork starts at its parent's time),
+/// so work can arrive at a virtual time before work already booked; it takes the first free
+/// gap at or after its arrival instead of queueing behind everything booked so far.
+#[derive(Debug, Default)]
+pub(super) struct Calendar {
+    spans: VecDeque<(u64, u64)>,
+}
+
+/// Spans kept per medium; the oldest are forgotten beyond it (bounded memory).
+const MAX_SPANS: usize = 4096;
+
+impl Calendar {
+    /// Books `occ` ns of the medium at or after `arrival`; returns when the work begins.
+    pub(super) fn book(&mut self, arrival: u64, occ: u64) -> u64 {
+        if occ == 0 {
+            return arrival;
+        }
+        let mut i = self.spans.partition_point(|&(_, end)| end <= arrival);
+        let mut begin = arrival;
+        while let Some(&(start, end)) = self.spans.get(i) {
+            if begin + occ <= start {
+                break;
+            }
+            begin = begin.max(end);
+            i += 1;
+        }
+        let end = begin + occ;
+        let joins_prev = i > 0 && self.spans[i - 1].1 == begin;
+        let joins_next = self.spans.get(i).is_some_and(|&(start, _)| start == end);
+        match (joins_prev, joins_next) {
+            (true, true) => {
+                self.spans[i - 1].1 = self.spans[i].1;
+                self.spans.remove(i);
+            }
+            (true, false) => self.spans[i - 1].1 = end,
+            (false, true) => self.spans[i].0 = begin,
+            (false, false) => {
+                self.spans.insert(i, (begin, end));
+                if self.spans.len() > MAX_SPANS {
+                    self.spans.pop_front();
+                }
+            }
+        }
+        begin
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Calendar;
+
+    #[test]
+    fn calendar_queues_overlapping_work_and_fills_earlier_gaps() {
+        let mut c = Calendar::default();
+        assert_eq!(c.book(100, 10), 100);
+        assert_eq!(c.book(100, 10), 110); // queued behind
+        assert_eq!(c.book(105, 10), 120);
+        assert_eq!(c.book(1000, 10), 1000);
+        // Work arriving "earlier" (another client's clock) uses the free time then.
+        assert_eq!(c.book(0, 10), 0);
+        assert_eq!(c.book(130, 50), 130);
+        assert_eq!(c.book(150, 900), 1010); // no gap of 900 before 1010
+        assert_eq!(c.book(5, 0), 5);
     }
 }

@@ -23,6 +23,8 @@ mod timer;
 
 pub use latency::LatencyModel;
 
+use latency::Calendar;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -93,18 +95,23 @@ struct Faults {
     rng: ChaCha8Rng,
 }
 
+/// Work a paused node holds until it resumes.
+type HeldJob = Box<dyn FnOnce() + Send>;
+
 struct SimNode {
     node: Arc<MemoryNode>,
     failed: AtomicBool,
-    /// Virtual time until which each medium (DRAM, NVM) is busy: a loaded node queues.
-    busy_until: Mutex<[u64; 2]>,
+    /// When each medium (DRAM, NVM) is busy in virtual time: a loaded node queues.
+    busy: Mutex<[Calendar; 2]>,
     /// While paused (a hung node), work is held here in arrival order.
-    held: Mutex<Option<Vec<Box<dyn FnOnce() + Send>>>>,
+    held: Mutex<Option<Vec<HeldJob>>>,
 }
 
 impl std::fmt::Debug for SimNode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SimNode").field("id", &self.node.id()).finish()
+        f.debug_struct("SimNode")
+            .field("id", &self.node.id())
+            .finish()
     }
 }
 
@@ -158,7 +165,7 @@ impl SimCluster {
             Arc::new(SimNode {
                 node,
                 failed: AtomicBool::new(false),
-                busy_until: Mutex::new([0; 2]),
+                busy: Mutex::new(Default::default()),
                 held: Mutex::new(None),
             }),
         );
@@ -210,12 +217,7 @@ impl SimCluster {
     }
 
     fn client(&self, client: u64) -> Arc<ClientState> {
-        self.inner
-            .clients
-            .lock()
-            .entry(client)
-            .or_default()
-            .clone()
+        self.inner.clients.lock().entry(client).or_default().clone()
     }
 
     /// The client crashes after posting `n` more verbs (RPCs count as one verb): the verb
@@ -371,6 +373,7 @@ impl Connector for SimConnector {
             regions: Mutex::new(n.node.regions()),
             alive: AtomicBool::new(true),
             order_until: Mutex::new(None),
+            queued: Arc::new(AtomicU64::new(0)),
         }))
     }
 }
@@ -386,6 +389,10 @@ struct SimConnection {
     alive: AtomicBool,
     /// Real time until which earlier (delayed) work on this connection is queued.
     order_until: Mutex<Option<Instant>>,
+    /// Batches of this connection scheduled on the timer and not executed yet. While there
+    /// are any, later batches go behind them (the timer may run late: time alone is no proof
+    /// that they have executed).
+    queued: Arc<AtomicU64>,
 }
 
 impl SimConnection {
@@ -410,7 +417,7 @@ impl SimConnection {
             }
         };
         self.client.posted.fetch_add(allowed, Ordering::SeqCst);
-        if allowed == 0 {
+        if allowed == 0 && n > 0 {
             return Err(crashed());
         }
         Ok(allowed)
@@ -527,31 +534,41 @@ impl Connection for SimConnection {
         let delay = self.cluster.decide_delay(node);
         let now = Instant::now();
         let mut order = self.order_until.lock();
-        let queued_behind = order.filter(|t| *t > now);
+        let queued_behind = if self.queued.load(Ordering::SeqCst) > 0 {
+            Some(order.unwrap_or(now))
+        } else {
+            None
+        };
         let exec_at = match (delay, queued_behind) {
             (None, None) => None,
-            (d, q) => Some(
-                (now + d.unwrap_or_default()).max(q.unwrap_or(now)),
-            ),
+            (d, q) => Some((now + d.unwrap_or_default()).max(q.unwrap_or(now))),
         };
         let client = Some(self.client_id);
         match exec_at {
             None => {
                 drop_guard(order);
-                Pending::ready(node, run_batch(&self.cluster, node, batch, allowed, client, drop))
-                    .modeled(modeled)
+                Pending::ready(
+                    node,
+                    run_batch(&self.cluster, node, batch, allowed, client, drop),
+                )
+                .modeled(modeled)
             }
             Some(at) => {
                 *order = Some(at);
+                self.queued.fetch_add(1, Ordering::SeqCst);
                 drop_guard(order);
                 let slot = Slot::new();
                 let s = slot.clone();
                 let cluster = self.cluster.clone();
+                let queued = self.queued.clone();
+                // Jobs at the same instant run in posting order, so this one runs after
+                // every earlier one of this connection.
                 self.cluster.inner.timer.schedule(at, move || {
-                    s.complete(run_batch(&cluster, node, batch, allowed, client, drop));
+                    let r = run_batch(&cluster, node, batch, allowed, client, drop);
+                    queued.fetch_sub(1, Ordering::SeqCst);
+                    s.complete(r);
                 });
-                Pending::waiting(node, slot, self.cluster.inner.cfg.timeout, None)
-                    .modeled(modeled)
+                Pending::waiting(node, slot, self.cluster.inner.cfg.timeout, None).modeled(modeled)
             }
         }
     }

@@ -1,8 +1,8 @@
 //! A timer thread that runs delayed work in deadline order (ties in posting order), started on
 //! first use and stopped when the cluster is dropped.
 
-use std::collections::BinaryHeap;
 use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::sync::Arc;
 use std::time::Instant;
 

@@ -2,11 +2,11 @@
 //! takes a short lock) and one reader thread that delivers completions by request id.
 
 use std::collections::HashMap;
-use std::io::{BufReader, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -181,8 +181,9 @@ fn connect_err(addr: &str, reason: impl std::fmt::Display) -> Error {
 
 impl TcpConnection {
     /// Connects, runs the handshake (authenticating both ways when a secret is set) and learns
-    /// the node's regions. Every step is bounded by `connect_timeout`.
+    /// the node's regions. The whole of it is bounded by `connect_timeout`.
     pub fn connect(cfg: &TcpConnector, addr: &str) -> Result<TcpConnection> {
+        let deadline = Instant::now() + cfg.connect_timeout;
         let addrs: Vec<_> = addr
             .to_socket_addrs()
             .map_err(|e| connect_err(addr, format!("cannot resolve: {e}")))?
@@ -190,7 +191,12 @@ impl TcpConnection {
         let mut last = None;
         let mut stream = None;
         for a in addrs {
-            match TcpStream::connect_timeout(&a, cfg.connect_timeout) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                last = Some(std::io::Error::from(std::io::ErrorKind::TimedOut));
+                break;
+            }
+            match TcpStream::connect_timeout(&a, left) {
                 Ok(s) => {
                     stream = Some(s);
                     break;
@@ -209,6 +215,12 @@ impl TcpConnection {
         stream.set_write_timeout(Some(cfg.connect_timeout))?;
         let mut reader = BufReader::new(stream.try_clone()?);
         let mut writer = stream.try_clone()?;
+        // Reads of the handshake share one deadline: a peer that dribbles bytes cannot stretch
+        // it (a per-read timeout alone would restart with every byte).
+        let mut hs_reader = Bounded {
+            r: &mut reader,
+            deadline,
+        };
         let hs = |e: FrameError| match e {
             FrameError::Io(e)
                 if matches!(
@@ -224,7 +236,7 @@ impl TcpConnection {
             },
         };
         let mut payload = Vec::new();
-        let h = frame::read_frame(&mut reader, &mut payload, 4096)
+        let h = frame::read_frame(&mut hs_reader, &mut payload, 4096)
             .map_err(hs)?
             .ok_or_else(|| connect_err(addr, "closed during the handshake"))?;
         if h.kind != Kind::Hello {
@@ -258,7 +270,7 @@ impl TcpConnection {
         }
         a.extend_from_slice(&client_nonce);
         frame::write_frame(&mut writer, Kind::Auth, 0, &a)?;
-        let h = frame::read_frame(&mut reader, &mut payload, cfg.max_frame)
+        let h = frame::read_frame(&mut hs_reader, &mut payload, cfg.max_frame)
             .map_err(hs)?
             .ok_or_else(|| connect_err(addr, "closed during the handshake"))?;
         if h.kind == Kind::Error {
@@ -328,6 +340,23 @@ impl TcpConnection {
                 ));
             }
         })
+    }
+}
+
+/// A reader that fails with `TimedOut` once `deadline` has passed.
+struct Bounded<'a> {
+    r: &'a mut BufReader<TcpStream>,
+    deadline: Instant,
+}
+
+impl Read for Bounded<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        self.r.get_ref().set_read_timeout(Some(left))?;
+        self.r.read(buf)
     }
 }
 
@@ -516,8 +545,7 @@ impl Connection for TcpConnection {
         let at = frame::encode_header(&mut out, Kind::Regions, id);
         frame::finish(&mut out, at).map_err(|e| Error::InvalidArgument(e.to_string()))?;
         let slot = Slot::new();
-        self.shared
-            .send(id, &out, Waiter::Regions(slot.clone()))?;
+        self.shared.send(id, &out, Waiter::Regions(slot.clone()))?;
         Pending::waiting(
             self.shared.node,
             slot,
@@ -536,6 +564,25 @@ impl Connection for TcpConnection {
         encode_batch(&mut out, &ops, &bufs);
         if let Err(e) = frame::finish(&mut out, at) {
             return Pending::ready(node, Err(Error::InvalidArgument(e.to_string())));
+        }
+        // The reply carries the read data and atomics' old values after an 11-byte status.
+        let reply: u64 = 11
+            + ops
+                .iter()
+                .map(|op| match op.kind {
+                    OpKind::Read => u64::from(op.len),
+                    OpKind::Cas { .. } | OpKind::Faa { .. } => 8,
+                    OpKind::Write { .. } => 0,
+                })
+                .sum::<u64>();
+        if reply > self.shared.max_frame as u64 {
+            return Pending::ready(
+                node,
+                Err(Error::InvalidArgument(format!(
+                    "batch reads {reply} bytes, more than the frame limit of {}",
+                    self.shared.max_frame
+                ))),
+            );
         }
         if out.len() > self.shared.max_frame {
             return Pending::ready(
@@ -557,7 +604,12 @@ impl Connection for TcpConnection {
         if let Err(e) = self.shared.send(id, &out, w) {
             return Pending::ready(node, Err(e));
         }
-        Pending::waiting(node, slot, self.shared.op_timeout, Some(self.timeout_hook()))
+        Pending::waiting(
+            node,
+            slot,
+            self.shared.op_timeout,
+            Some(self.timeout_hook()),
+        )
     }
 
     fn rpc(&self, req: &[u8], _ctx: PostCtx) -> Pending<Vec<u8>> {
@@ -573,7 +625,12 @@ impl Connection for TcpConnection {
         if let Err(e) = self.shared.send(id, &out, Waiter::Rpc(slot.clone())) {
             return Pending::ready(node, Err(e));
         }
-        Pending::waiting(node, slot, self.shared.op_timeout, Some(self.timeout_hook()))
+        Pending::waiting(
+            node,
+            slot,
+            self.shared.op_timeout,
+            Some(self.timeout_hook()),
+        )
     }
 
     fn is_alive(&self) -> bool {

@@ -281,14 +281,26 @@ mod tests {
         assert_eq!((hdr.kind, hdr.len, hdr.req_id), (Kind::Rpc, 3, 42));
         let mut bad = h;
         bad[2] = 9;
-        assert!(matches!(decode_header(&bad, 1024), Err(FrameError::Version { got: 9 })));
+        assert!(matches!(
+            decode_header(&bad, 1024),
+            Err(FrameError::Version { got: 9 })
+        ));
         let mut bad = h;
         bad[0] = b'X';
-        assert!(matches!(decode_header(&bad, 1024), Err(FrameError::Magic(_))));
-        assert!(matches!(decode_header(&h, 2), Err(FrameError::TooLong { .. })));
+        assert!(matches!(
+            decode_header(&bad, 1024),
+            Err(FrameError::Magic(_))
+        ));
+        assert!(matches!(
+            decode_header(&h, 2),
+            Err(FrameError::TooLong { .. })
+        ));
         let mut bad = h;
         bad[3] = 200;
-        assert!(matches!(decode_header(&bad, 1024), Err(FrameError::Kind(200))));
+        assert!(matches!(
+            decode_header(&bad, 1024),
+            Err(FrameError::Kind(200))
+        ));
     }
 
     #[test]

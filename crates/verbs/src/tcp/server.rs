@@ -299,8 +299,9 @@ fn serve(shared: &Shared, stream: TcpStream, peer: &Peer) -> std::result::Result
     }
 }
 
-/// Decodes and executes one batch frame, appending the response payload to `out`. Work
-/// requests run in order; the first refused one stops the batch (the rest are not executed).
+/// Decodes and executes one batch frame, appending the response payload to `out`. The whole
+/// frame is decoded and checked first: a malformed frame executes nothing. Work requests then
+/// run in order; the first refused one stops the batch (the rest are not executed).
 fn execute_batch(
     node: &MemoryNode,
     payload: &[u8],
@@ -314,13 +315,16 @@ fn execute_batch(
             what: "batch (too many work requests)",
         });
     }
-    let status_at = out.len();
-    out.push(0); // status
-    out.extend_from_slice(&0u32.to_le_bytes()); // executed count
-    let mut fault: Option<(usize, AccessFault)> = None;
-    let mut done = 0u32;
-    let mut results = Vec::new();
-    for i in 0..count {
+    // Each work request takes at least 17 bytes: refuse counts the payload cannot hold.
+    if count > c.remaining() / 17 {
+        return Err(FrameError::Malformed {
+            what: "batch (op count exceeds the frame)",
+        });
+    }
+    let mut wrs = Vec::with_capacity(count);
+    // The reply: status, executed count, a fault, read data and atomics' old values.
+    let mut reply_len = 1 + 4 + 6u64;
+    for _ in 0..count {
         let code = c.u8()?;
         let rkey = crate::types::RKey(c.u32()?);
         let addr = c.u64()?;
@@ -347,39 +351,53 @@ fn execute_batch(
                 });
             }
         };
-        if fault.is_some() {
-            // Decode the rest (the frame must be well formed) but execute nothing more.
-            continue;
+        reply_len += match kind {
+            OpKind::Read => u64::from(len),
+            OpKind::Cas { .. } | OpKind::Faa { .. } => 8,
+            OpKind::Write { .. } => 0,
+        };
+        if reply_len > max_frame as u64 {
+            return Err(FrameError::Malformed {
+                what: "batch (reads exceed the frame limit)",
+            });
         }
-        match kind {
+        wrs.push((kind, rkey, addr, len, data));
+    }
+    c.end()?;
+
+    let status_at = out.len();
+    out.push(0); // status
+    out.extend_from_slice(&0u32.to_le_bytes()); // executed count
+    let mut fault: Option<(usize, AccessFault)> = None;
+    let mut done = 0u32;
+    let mut results = Vec::new();
+    for (i, &(kind, rkey, addr, len, data)) in wrs.iter().enumerate() {
+        let r = match kind {
             OpKind::Read => {
-                if results.len() + len as usize > max_frame {
-                    return Err(FrameError::Malformed {
-                        what: "batch (reads exceed the frame limit)",
-                    });
-                }
                 let start = results.len();
                 results.resize(start + len as usize, 0);
-                match node.execute(kind, rkey, addr, len, &[], &mut results[start..]) {
-                    Ok(_) => done += 1,
-                    Err(f) => {
-                        results.truncate(start);
-                        fault = Some((i, f));
-                    }
+                let r = node.execute(kind, rkey, addr, len, &[], &mut results[start..]);
+                if r.is_err() {
+                    results.truncate(start);
                 }
+                r
             }
-            _ => match node.execute(kind, rkey, addr, len, data, &mut []) {
-                Ok(old) => {
+            _ => node
+                .execute(kind, rkey, addr, len, data, &mut [])
+                .inspect(|old| {
                     if matches!(kind, OpKind::Cas { .. } | OpKind::Faa { .. }) {
                         results.extend_from_slice(&old.to_le_bytes());
                     }
-                    done += 1;
-                }
-                Err(f) => fault = Some((i, f)),
-            },
+                }),
+        };
+        match r {
+            Ok(_) => done += 1,
+            Err(f) => {
+                fault = Some((i, f));
+                break;
+            }
         }
     }
-    c.end()?;
     out[status_at + 1..status_at + 5].copy_from_slice(&done.to_le_bytes());
     if let Some((i, f)) = fault {
         out[status_at] = 1;
