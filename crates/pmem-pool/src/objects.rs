@@ -64,6 +64,12 @@ pub struct ObjectHeader {
 }
 
 impl ObjectHeader {
+    /// Decodes a header word read from the pool (e.g. by a client, over RDMA, from the 8
+    /// bytes before an object's payload).
+    pub fn from_word(word: u64) -> Self {
+        Self::decode(word)
+    }
+
     pub(crate) fn decode(word: u64) -> Self {
         ObjectHeader {
             allocated: word & ALLOCATED != 0,

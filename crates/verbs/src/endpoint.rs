@@ -304,12 +304,13 @@ impl Endpoint {
         // Staging is released by whoever delivers the completion (the backend's thread), so
         // the bound holds even if nobody ever waits on the confirm.
         pending.on_complete(move |r| {
+            // Release first: whoever sees the confirm must also see the staging freed.
+            stg.staging.release(charge);
             *st.result.lock() = Some(match r {
                 Ok(_) => Ok(()),
                 Err(e) => Err(e.clone_shallow()),
             });
             st.cv.notify_all();
-            stg.staging.release(charge);
         });
         staging.track(state.clone(), pending);
         Ok(WriteConfirm {

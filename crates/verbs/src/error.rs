@@ -93,6 +93,9 @@ pub enum Error {
     /// Could not establish a connection.
     #[error("cannot connect to {addr}: {reason}")]
     Connect { addr: String, reason: String },
+    /// A memory node could not listen on its address.
+    #[error("cannot listen on {addr}: {reason}")]
+    Listen { addr: String, reason: String },
     /// The peer could not prove it knows the cluster secret, or we could not.
     #[error("authentication with {peer} failed: {reason}")]
     Auth { peer: String, reason: String },
@@ -168,6 +171,10 @@ impl Error {
             Error::ClientCrashed { client } => Error::ClientCrashed { client: *client },
             Error::Dropped { node } => Error::Dropped { node: *node },
             Error::Connect { addr, reason } => Error::Connect {
+                addr: addr.clone(),
+                reason: reason.clone(),
+            },
+            Error::Listen { addr, reason } => Error::Listen {
                 addr: addr.clone(),
                 reason: reason.clone(),
             },

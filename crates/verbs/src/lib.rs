@@ -56,6 +56,7 @@ mod types;
 pub mod rdma;
 pub mod sim;
 pub mod tcp;
+pub mod wire;
 
 #[cfg(any(test, feature = "test_utils"))]
 pub mod conformance;

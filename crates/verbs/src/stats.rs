@@ -94,17 +94,17 @@ impl TagStats {
         self.reads + self.writes + self.cas + self.faa
     }
 
-    /// `self - earlier`, for measuring one operation.
+    /// `self - earlier`, for measuring one operation (zero where `earlier` is larger).
     pub fn since(&self, earlier: &TagStats) -> TagStats {
         TagStats {
-            round_trips: self.round_trips - earlier.round_trips,
-            reads: self.reads - earlier.reads,
-            writes: self.writes - earlier.writes,
-            cas: self.cas - earlier.cas,
-            faa: self.faa - earlier.faa,
-            rpcs: self.rpcs - earlier.rpcs,
-            bytes_out: self.bytes_out - earlier.bytes_out,
-            bytes_in: self.bytes_in - earlier.bytes_in,
+            round_trips: self.round_trips.saturating_sub(earlier.round_trips),
+            reads: self.reads.saturating_sub(earlier.reads),
+            writes: self.writes.saturating_sub(earlier.writes),
+            cas: self.cas.saturating_sub(earlier.cas),
+            faa: self.faa.saturating_sub(earlier.faa),
+            rpcs: self.rpcs.saturating_sub(earlier.rpcs),
+            bytes_out: self.bytes_out.saturating_sub(earlier.bytes_out),
+            bytes_in: self.bytes_in.saturating_sub(earlier.bytes_in),
         }
     }
 }

@@ -72,9 +72,9 @@ impl TcpServer {
         node: Arc<MemoryNode>,
         cfg: TcpServerConfig,
     ) -> Result<TcpServer> {
-        let listener = TcpListener::bind(&addr).map_err(|e| Error::Connect {
+        let listener = TcpListener::bind(&addr).map_err(|e| Error::Listen {
             addr: addr.to_string(),
-            reason: format!("cannot listen: {e}"),
+            reason: e.to_string(),
         })?;
         let local = listener.local_addr()?;
         let shared = Arc::new(Shared {
