@@ -1,6 +1,54 @@
-//! Gengar: a distributed NVM/DRAM hybrid memory pool (ICDCS 2021) — a thin composition of
-//! dmkit's verbs, pmem-pool, lease and cache layers: a global address space over many servers'
-//! NVM, hot objects cached in server DRAM with write-through, proxied writes with write
-//! confirms, leases and application locks.
+//! Gengar: a distributed NVM/DRAM hybrid memory pool (ICDCS 2021), composed from dmkit's
+//! layers — verbs for one-sided access, pmem-pool for the servers' NVM objects, lease for the
+//! clients' cached addresses, cache for hot-object selection and DRAM admission.
 //!
-//! Filled by the `[gengar]` issue; nothing here is usable yet.
+//! - **Global address space.** Objects live in the NVM pools of many servers; a
+//!   [`GlobalAddr`] is (server, offset, generation, size). Clients place new objects on the
+//!   server that reports the most free NVM (every reply carries free NVM and DRAM).
+//! - **Hot objects in DRAM.** Clients count their reads and report their hottest objects every
+//!   window; each server selects globally and promotes into its DRAM buffer (the DRAM copy
+//!   holds the real data), evicting colder ones. Writes go through: DRAM and NVM when cached,
+//!   NVM only otherwise, so eviction just drops the copy.
+//! - **Leases.** A client needs a lease on an object to use its address: one round trip per
+//!   access with a valid lease, two without (lease RPC, then the access). Free, promotion and
+//!   eviction wait until the object's leases expired. Durations adapt per object
+//!   (`dmkit_lease::LeaseTuner`): short for hot objects still in NVM, long in DRAM.
+//! - **Proxied writes and locks.** [`GengarClient::write_proxied`] returns once the write is
+//!   staged and posted; its [`Confirm`] fires when the server completed it. Unlocking a shared
+//!   object waits for the object's outstanding confirms.
+//! - **Stale addresses** are detected by generation: a read never returns a freed or
+//!   re-allocated object's bytes.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use dmkit_gengar::{ClientConfig, GengarClient, GengarServer, ServerConfig};
+//! use dmkit_lease::SystemClock;
+//! use dmkit_pmem_pool::{Pool, PoolOptions};
+//! use dmkit_verbs::NodeId;
+//! use dmkit_verbs::sim::{SimCluster, SimConfig};
+//!
+//! let clock: Arc<dyn dmkit_lease::Clock> = Arc::new(SystemClock::new());
+//! let cluster = SimCluster::new(SimConfig::default());
+//! let nvm = Pool::create_dram(8 << 20, PoolOptions::default().block_size(64 << 10))?;
+//! let server = GengarServer::new(NodeId(0), nvm, ServerConfig::default(), clock.clone())?;
+//! cluster.add_node(server.node().clone());
+//!
+//! let client = GengarClient::new(cluster.endpoint(1)?, 1, ClientConfig::default(), clock)?;
+//! let obj = client.alloc(64)?;
+//! client.write(obj, 0, b"hello, hybrid memory")?;
+//! assert_eq!(&client.read_at(obj, 0, 20)?, b"hello, hybrid memory");
+//! client.free(obj)?;
+//! assert!(client.read(obj).is_err());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod addr;
+mod client;
+mod error;
+mod proto;
+mod server;
+
+pub use addr::GlobalAddr;
+pub use client::{ClientConfig, Confirm, GengarClient, tags};
+pub use error::{Error, Result};
+pub use server::{DRAM_BASE, GengarServer, NVM_BASE, ServerConfig, ServerStats, WindowThread};

@@ -1,0 +1,537 @@
+//! The Gengar client: a global address space over many servers, with leases on cached
+//! addresses, write-through, proxied writes with write confirms, and locks.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use dmkit_cache::{AccessCounter, CounterConfig};
+use dmkit_lease::{Clock, HeldLease};
+use dmkit_pmem_pool::ObjectHeader;
+use dmkit_verbs::wire::{Reader, Writer};
+use dmkit_verbs::{Endpoint, NodeId, RegionDesc, Tag, WriteConfirm};
+use parking_lot::Mutex;
+
+use crate::addr::GlobalAddr;
+use crate::error::{Error, Result};
+use crate::proto::{self, LeaseGrant, Location, ReplyHead, Status, tag};
+use crate::server::{DRAM_BASE, NVM_BASE};
+
+/// Operation tags (for `Endpoint::stats`): each counts the round trips of the whole call,
+/// lease RPC included, so `round_trips` per READ is 1 with a valid lease and 2 without.
+pub mod tags {
+    pub const READ: &str = "gengar_read";
+    pub const WRITE: &str = "gengar_write";
+    pub const ALLOC: &str = "gengar_alloc";
+    pub const FREE: &str = "gengar_free";
+    pub const LOCK: &str = "gengar_lock";
+    pub const REPORT: &str = "gengar_report";
+}
+
+/// Settings of a Gengar client.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Accesses between two hot-object reports to the servers.
+    pub report_every: u64,
+    /// The lease skew allowance (must match the servers').
+    pub lease_skew: Duration,
+    /// How long `lock` keeps trying before it gives up.
+    pub lock_timeout: Duration,
+    /// Access counting (sketch error bound, top-k reported per window).
+    pub counter: CounterConfig,
+    /// How often a request the server answered "busy" (a fenced lease) is retried.
+    pub busy_retry: Duration,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            report_every: 2048,
+            lease_skew: dmkit_lease::LeaseConfig::default().skew,
+            lock_timeout: Duration::from_secs(5),
+            counter: CounterConfig::default(),
+            busy_retry: Duration::from_micros(200),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct ServerState {
+    nvm: RegionDesc,
+    dram: RegionDesc,
+    free_nvm: AtomicU64,
+    free_dram: AtomicU64,
+    counter: AccessCounter,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    size: u32,
+    location: Location,
+    lease: HeldLease,
+}
+
+/// A write confirm of Gengar: fires when every copy (DRAM and NVM) of the write completed.
+#[derive(Debug, Clone)]
+pub struct Confirm(Arc<Vec<WriteConfirm>>);
+
+impl Confirm {
+    /// Whether every part of the write has completed.
+    pub fn is_confirmed(&self) -> bool {
+        self.0.iter().all(WriteConfirm::is_confirmed)
+    }
+
+    /// Waits for every part; the first failure.
+    pub fn wait(&self) -> Result<()> {
+        for c in self.0.iter() {
+            c.wait()?;
+        }
+        Ok(())
+    }
+}
+
+/// A Gengar client.
+#[derive(Debug)]
+pub struct GengarClient {
+    ep: Endpoint,
+    id: u64,
+    cfg: ClientConfig,
+    clock: Arc<dyn Clock>,
+    servers: BTreeMap<NodeId, ServerState>,
+    table: Mutex<HashMap<GlobalAddr, Entry>>,
+    confirms: Mutex<HashMap<GlobalAddr, Vec<Confirm>>>,
+    accesses: AtomicU64,
+}
+
+fn fail(node: NodeId, r: &mut Reader<'_>) -> String {
+    r.bytes()
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .unwrap_or_else(|_| format!("server {node} refused"))
+}
+
+impl GengarClient {
+    /// A client `id` (unique among clients: it holds leases and locks) over every Gengar
+    /// server `ep` is connected to.
+    pub fn new(ep: Endpoint, id: u64, cfg: ClientConfig, clock: Arc<dyn Clock>) -> Result<Self> {
+        let mut servers = BTreeMap::new();
+        for node in ep.nodes() {
+            let regions = ep.regions(node)?;
+            let find = |base| regions.iter().find(|r| r.base == base).copied();
+            let (Some(nvm), Some(dram)) = (find(NVM_BASE), find(DRAM_BASE)) else {
+                return Err(Error::NotAServer {
+                    node: node.0,
+                    reason: "it has no NVM pool and DRAM buffer regions".into(),
+                });
+            };
+            servers.insert(
+                node,
+                ServerState {
+                    nvm,
+                    dram,
+                    free_nvm: AtomicU64::new(0),
+                    free_dram: AtomicU64::new(0),
+                    counter: AccessCounter::new(cfg.counter)
+                        .map_err(|e| Error::Setup(e.to_string()))?,
+                },
+            );
+        }
+        if servers.is_empty() {
+            return Err(Error::Setup("no Gengar servers to use".into()));
+        }
+        let c = GengarClient {
+            ep,
+            id,
+            cfg,
+            clock,
+            servers,
+            table: Mutex::new(HashMap::new()),
+            confirms: Mutex::new(HashMap::new()),
+            accesses: AtomicU64::new(0),
+        };
+        for node in c.servers.keys().copied().collect::<Vec<_>>() {
+            c.call(tags::ALLOC, node, Writer::tagged(tag::STAT).finish())?;
+        }
+        Ok(c)
+    }
+
+    /// The endpoint (its `stats()` hold the per-operation round trips).
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.ep
+    }
+
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn server(&self, node: NodeId) -> Result<&ServerState> {
+        self.servers.get(&node).ok_or(Error::UnknownServer(node.0))
+    }
+
+    /// One RPC; returns the status and the rest of the reply, after noting free capacity.
+    fn call(&self, t: Tag, node: NodeId, req: Vec<u8>) -> Result<(Status, Vec<u8>)> {
+        let reply = self.ep.rpc(t, node, &req)?;
+        let mut r = Reader::new(&reply);
+        let ReplyHead {
+            status,
+            free_nvm,
+            free_dram,
+        } = proto::read_head(&mut r).map_err(|e| Error::Protocol {
+            node: node.0,
+            reason: e.to_string(),
+        })?;
+        let s = self.server(node)?;
+        s.free_nvm.store(free_nvm, Ordering::Relaxed);
+        s.free_dram.store(free_dram, Ordering::Relaxed);
+        let rest = reply[reply.len() - r.remaining()..].to_vec();
+        Ok((status, rest))
+    }
+
+    /// Free NVM bytes per server, as last reported.
+    pub fn free_nvm(&self) -> Vec<(NodeId, u64)> {
+        self.servers
+            .iter()
+            .map(|(n, s)| (*n, s.free_nvm.load(Ordering::Relaxed)))
+            .collect()
+    }
+
+    /// Allocates an object of `size` bytes (zero-filled) on the server with the most free NVM.
+    pub fn alloc(&self, size: usize) -> Result<GlobalAddr> {
+        let size32 = u32::try_from(size).map_err(|_| Error::OutOfSpace { size })?;
+        let mut order: Vec<_> = self.free_nvm();
+        order.sort_by_key(|(n, f)| (std::cmp::Reverse(*f), *n));
+        for (node, _) in order {
+            let (st, rest) = self.call(
+                tags::ALLOC,
+                node,
+                Writer::tagged(tag::ALLOC).u32(size32).finish(),
+            )?;
+            let mut r = Reader::new(&rest);
+            match st {
+                Status::Ok => {
+                    let bad = |e: dmkit_verbs::wire::WireError| Error::Protocol {
+                        node: node.0,
+                        reason: e.to_string(),
+                    };
+                    let offset = r.u64().map_err(bad)?;
+                    let generation = r.u32().map_err(bad)?;
+                    metrics::counter!("dmkit_gengar_allocs_total").increment(1);
+                    return Ok(GlobalAddr {
+                        server: node,
+                        offset,
+                        generation,
+                        size: size32,
+                    });
+                }
+                Status::OutOfSpace => continue,
+                _ => {
+                    return Err(Error::Server {
+                        node: node.0,
+                        reason: fail(node, &mut r),
+                    });
+                }
+            }
+        }
+        Err(Error::OutOfSpace { size })
+    }
+
+    /// Frees an object. The server waits until every lease on it expired, so no client reads
+    /// it through a cached address afterwards; reads through stale addresses fail with
+    /// [`Error::Freed`].
+    pub fn free(&self, addr: GlobalAddr) -> Result<()> {
+        self.wait_confirms(addr)?;
+        let (st, rest) = self.call(
+            tags::FREE,
+            addr.server,
+            Writer::tagged(tag::FREE)
+                .u64(addr.offset)
+                .u32(addr.generation)
+                .finish(),
+        )?;
+        self.table.lock().remove(&addr);
+        match st {
+            Status::Ok => Ok(()),
+            Status::Freed => Err(Error::Freed(addr)),
+            _ => Err(Error::Server {
+                node: addr.server.0,
+                reason: fail(addr.server, &mut Reader::new(&rest)),
+            }),
+        }
+    }
+
+    /// A valid lease for `addr`, from the table or (one more round trip) from its server.
+    fn entry(&self, t: Tag, addr: GlobalAddr) -> Result<Entry> {
+        if let Some(e) = self.table.lock().get(&addr) {
+            if e.lease.is_valid(self.clock.now()) {
+                return Ok(*e);
+            }
+        }
+        let deadline = Instant::now() + self.cfg.lock_timeout;
+        loop {
+            let requested_at = self.clock.now();
+            let (st, rest) = self.call(
+                t,
+                addr.server,
+                Writer::tagged(tag::LEASE)
+                    .u64(self.id)
+                    .u64(addr.offset)
+                    .u32(addr.generation)
+                    .finish(),
+            )?;
+            let mut r = Reader::new(&rest);
+            match st {
+                Status::Ok => {
+                    let g: LeaseGrant =
+                        proto::decode_grant(&mut r).map_err(|e| Error::Protocol {
+                            node: addr.server.0,
+                            reason: e.to_string(),
+                        })?;
+                    let e = Entry {
+                        size: g.size,
+                        location: g.location,
+                        lease: HeldLease::from_grant(
+                            addr.offset,
+                            requested_at,
+                            Duration::from_nanos(g.duration_ns),
+                            self.cfg.lease_skew,
+                        ),
+                    };
+                    self.table.lock().insert(addr, e);
+                    return Ok(e);
+                }
+                Status::Freed => {
+                    self.table.lock().remove(&addr);
+                    return Err(Error::Freed(addr));
+                }
+                Status::Busy if Instant::now() < deadline => {
+                    // Fenced while the server promotes, evicts or frees the object.
+                    std::thread::sleep(self.cfg.busy_retry);
+                }
+                _ => {
+                    return Err(Error::Server {
+                        node: addr.server.0,
+                        reason: fail(addr.server, &mut r),
+                    });
+                }
+            }
+        }
+    }
+
+    fn record_access(&self, addr: GlobalAddr) -> Result<()> {
+        if let Ok(s) = self.server(addr.server) {
+            s.counter.record(addr.offset);
+        }
+        let n = self.accesses.fetch_add(1, Ordering::Relaxed) + 1;
+        if n % self.cfg.report_every == 0 {
+            self.report_hot()?;
+        }
+        Ok(())
+    }
+
+    /// Sends each server this client's hot objects of the window that just ended.
+    pub fn report_hot(&self) -> Result<()> {
+        for (node, s) in &self.servers {
+            let rep = s.counter.end_window(self.id);
+            if rep.entries.is_empty() {
+                continue;
+            }
+            let mut w = Writer::tagged(tag::REPORT)
+                .u64(rep.client)
+                .u64(rep.window)
+                .u64(rep.total_accesses)
+                .u32(rep.entries.len() as u32);
+            for e in &rep.entries {
+                w = w.u64(e.obj).u64(e.count);
+            }
+            self.call(tags::REPORT, *node, w.finish())?;
+        }
+        Ok(())
+    }
+
+    /// Reads the whole object: one round trip with a valid lease, two without.
+    pub fn read(&self, addr: GlobalAddr) -> Result<Vec<u8>> {
+        self.read_at(addr, 0, addr.size as usize)
+    }
+
+    /// Reads `len` bytes at `at` inside the object.
+    pub fn read_at(&self, addr: GlobalAddr, at: usize, len: usize) -> Result<Vec<u8>> {
+        let s = self.server(addr.server)?;
+        for _ in 0..8 {
+            let e = self.entry(tags::READ, addr)?;
+            check_range(addr, at, len, e.size)?;
+            // The header word precedes the payload: read it with the data, in one READ, and
+            // check the generation so a freed or reused slot is never returned as the object.
+            let (remote, want_gen) = match e.location {
+                Location::Nvm => (s.nvm.at(addr.offset - 8), addr.generation),
+                Location::Dram { offset, generation } => (s.dram.at(offset - 8), generation),
+            };
+            let mut b = self.ep.batch(addr.server);
+            let hdr = b.read(remote, 8);
+            let data = b.read(remote.add(8 + at as u64), len);
+            let res = self.ep.execute(tags::READ, b)?;
+            let h = ObjectHeader::from_word(u64::from_le_bytes(
+                res.read(hdr).try_into().expect("8 bytes"),
+            ));
+            if h.allocated && h.generation == want_gen {
+                self.record_access(addr)?;
+                return Ok(res.read(data).to_vec());
+            }
+            // The lease was stale (it should not be: count it) — refresh and retry.
+            self.table.lock().remove(&addr);
+            metrics::counter!("dmkit_gengar_stale_reads_total").increment(1);
+            if e.location == Location::Nvm {
+                return Err(Error::Freed(addr));
+            }
+        }
+        Err(Error::Freed(addr))
+    }
+
+    fn write_batches(
+        &self,
+        addr: GlobalAddr,
+        at: usize,
+        data: &[u8],
+        e: &Entry,
+    ) -> Result<Vec<(dmkit_verbs::RemoteAddr, bool)>> {
+        check_range(addr, at, data.len(), e.size)?;
+        let s = self.server(addr.server)?;
+        // Write-through: the DRAM copy (if cached) and always the NVM copy, durably.
+        let mut parts = Vec::with_capacity(2);
+        if let Location::Dram { offset, .. } = e.location {
+            parts.push((s.dram.at(offset + at as u64), false));
+        }
+        parts.push((s.nvm.at(addr.offset + at as u64), true));
+        Ok(parts)
+    }
+
+    /// Writes `data` at `at` inside the object and returns when every copy is updated (NVM
+    /// durably): one round trip with a valid lease, two without.
+    pub fn write(&self, addr: GlobalAddr, at: usize, data: &[u8]) -> Result<()> {
+        let e = self.entry(tags::WRITE, addr)?;
+        let parts = self.write_batches(addr, at, data, &e)?;
+        let mut b = self.ep.batch(addr.server);
+        for (remote, durable) in parts {
+            if durable {
+                b.write_durable(remote, data);
+            } else {
+                b.write(remote, data);
+            }
+        }
+        self.ep.execute(tags::WRITE, b)?;
+        Ok(())
+    }
+
+    /// Proxied write: returns once the data is staged and posted; the confirm fires when the
+    /// server completed every copy. Staging is bounded (the endpoint's), so a fast writer waits
+    /// rather than growing memory.
+    pub fn write_proxied(&self, addr: GlobalAddr, at: usize, data: &[u8]) -> Result<Confirm> {
+        let e = self.entry(tags::WRITE, addr)?;
+        let parts = self.write_batches(addr, at, data, &e)?;
+        let mut confirms = Vec::with_capacity(parts.len());
+        for (remote, durable) in parts {
+            confirms.push(self.ep.proxied_write(tags::WRITE, remote, data, durable)?);
+        }
+        let c = Confirm(Arc::new(confirms));
+        let mut all = self.confirms.lock();
+        let list = all.entry(addr).or_default();
+        list.retain(|c| !c.is_confirmed());
+        list.push(c.clone());
+        Ok(c)
+    }
+
+    /// Waits until every proxied write so far is confirmed.
+    pub fn flush(&self) -> Result<()> {
+        self.ep.flush()?;
+        self.confirms.lock().clear();
+        Ok(())
+    }
+
+    fn wait_confirms(&self, addr: GlobalAddr) -> Result<()> {
+        let pending = self.confirms.lock().remove(&addr).unwrap_or_default();
+        for c in pending {
+            c.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Takes the application lock of a shared object, waiting (up to the lock timeout) while
+    /// another client holds it.
+    pub fn lock(&self, addr: GlobalAddr) -> Result<()> {
+        let deadline = Instant::now() + self.cfg.lock_timeout;
+        let mut backoff = Duration::from_micros(50);
+        loop {
+            let (st, rest) = self.call(
+                tags::LOCK,
+                addr.server,
+                Writer::tagged(tag::LOCK)
+                    .u64(self.id)
+                    .u64(addr.offset)
+                    .finish(),
+            )?;
+            match st {
+                Status::Ok => return Ok(()),
+                Status::Busy if Instant::now() < deadline => {
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_millis(5));
+                }
+                Status::Busy => return Err(Error::LockTimeout(addr)),
+                _ => {
+                    return Err(Error::Server {
+                        node: addr.server.0,
+                        reason: fail(addr.server, &mut Reader::new(&rest)),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Releases the lock, after every proxied write this client made to the object is
+    /// confirmed — so the next holder sees them.
+    pub fn unlock(&self, addr: GlobalAddr) -> Result<()> {
+        self.wait_confirms(addr)?;
+        let (st, rest) = self.call(
+            tags::LOCK,
+            addr.server,
+            Writer::tagged(tag::UNLOCK)
+                .u64(self.id)
+                .u64(addr.offset)
+                .finish(),
+        )?;
+        match st {
+            Status::Ok => Ok(()),
+            Status::NotHolder => Err(Error::NotLockHolder(addr)),
+            _ => Err(Error::Server {
+                node: addr.server.0,
+                reason: fail(addr.server, &mut Reader::new(&rest)),
+            }),
+        }
+    }
+
+    /// Whether this client holds a valid lease on `addr` (the next access is one round trip).
+    pub fn has_lease(&self, addr: GlobalAddr) -> bool {
+        self.table
+            .lock()
+            .get(&addr)
+            .is_some_and(|e| e.lease.is_valid(self.clock.now()))
+    }
+
+    /// Whether this client's lease on `addr` points at a DRAM copy.
+    pub fn cached_in_dram(&self, addr: GlobalAddr) -> bool {
+        self.table
+            .lock()
+            .get(&addr)
+            .is_some_and(|e| matches!(e.location, Location::Dram { .. }))
+    }
+}
+
+fn check_range(addr: GlobalAddr, at: usize, len: usize, size: u32) -> Result<()> {
+    if at.checked_add(len).is_none_or(|end| end > size as usize) {
+        return Err(Error::OutOfObject {
+            addr,
+            at,
+            len,
+            size: size as usize,
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,565 @@
+//! The Gengar server: an NVM pool and a DRAM buffer registered with verbs, the RPCs that hand
+//! out objects, leases and locks, and the window step that promotes hot objects into DRAM and
+//! evicts cold ones.
+//!
+//! Invariants:
+//! - The NVM copy of every object is always current (write-through: clients write DRAM *and*
+//!   NVM for a cached object, NVM only otherwise), so eviction just drops the DRAM copy.
+//! - An object's location only changes (promotion, eviction, free) while its leases are fenced
+//!   and after every lease granted on it has expired: a client holding a valid lease never
+//!   uses a stale location.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use dmkit_cache::{AccessReport, AdmissionConfig, DramCachePolicy, GlobalSelector, HotEntry};
+use dmkit_lease::{
+    Clock, LeaseConfig, LeaseError, LeaseTable, LeaseTuner, Tier, Timestamp, TunerConfig,
+};
+use dmkit_pmem_pool::{Pool, PoolOptions};
+use dmkit_verbs::wire::{Reader, WireError};
+use dmkit_verbs::{Access, Backing, Media, MemoryNode, NodeId, Peer, RegionDesc, RegionMemory};
+use parking_lot::Mutex;
+
+use crate::error::{Error, Result};
+use crate::proto::{self, LeaseGrant, Location, Status, tag};
+
+/// The remote base of the DRAM buffer region (the same on every server and every start).
+pub const DRAM_BASE: u64 = 1 << 40;
+/// The remote base of the NVM pool's data area.
+pub const NVM_BASE: u64 = 1 << 44;
+
+/// Settings of a Gengar server.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Bytes of DRAM buffer for hot objects.
+    pub dram_bytes: usize,
+    pub lease: LeaseConfig,
+    pub tuner: TunerConfig,
+    /// Objects need at least this many accesses in a window to be considered hot.
+    pub min_hot_count: u64,
+    /// Promotion hysteresis (see `dmkit_cache::AdmissionConfig`).
+    pub hysteresis: f64,
+    /// A lock not released within this time is considered abandoned (its holder died).
+    pub lock_ttl: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            dram_bytes: 16 << 20,
+            lease: LeaseConfig::default(),
+            tuner: TunerConfig::default(),
+            min_hot_count: 4,
+            hysteresis: 0.2,
+            lock_ttl: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What a server has done.
+#[derive(Debug, Default)]
+pub struct ServerStats {
+    pub promotions: AtomicU64,
+    pub evictions: AtomicU64,
+    pub leases: AtomicU64,
+    pub windows: AtomicU64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Cached {
+    offset: u64,
+    generation: u32,
+}
+
+struct PoolMem(Arc<Pool>);
+
+impl std::fmt::Debug for PoolMem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PoolMem")
+    }
+}
+
+impl Backing for PoolMem {
+    fn as_ptr(&self) -> *mut u8 {
+        self.0.data_ptr()
+    }
+    fn len(&self) -> usize {
+        self.0.data_len() / 8 * 8
+    }
+    fn media(&self) -> Media {
+        if self.0.is_persistent() {
+            Media::Nvm
+        } else {
+            Media::Dram
+        }
+    }
+    fn persist(&self, offset: usize, len: usize) -> std::io::Result<()> {
+        self.0
+            .persist(offset, len)
+            .map_err(|e| std::io::Error::other(e.to_string()))
+    }
+}
+
+/// A Gengar server. Serve its [`GengarServer::node`] with any verbs backend.
+pub struct GengarServer {
+    node: Arc<MemoryNode>,
+    nvm: Arc<Pool>,
+    nvm_region: RegionDesc,
+    nvm_mem: RegionMemory,
+    dram: Arc<Pool>,
+    dram_mem: RegionMemory,
+    leases: LeaseTable<Arc<dyn Clock>>,
+    tuner: LeaseTuner,
+    selector: GlobalSelector,
+    policy: Mutex<DramCachePolicy>,
+    cached: Mutex<HashMap<u64, Cached>>,
+    locks: Mutex<HashMap<u64, (u64, Timestamp)>>,
+    window: Mutex<()>,
+    cfg: ServerConfig,
+    stats: ServerStats,
+}
+
+impl std::fmt::Debug for GengarServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GengarServer")
+            .field("node", &self.node.id())
+            .field("nvm_free", &self.nvm.free_bytes())
+            .finish()
+    }
+}
+
+impl GengarServer {
+    /// A server on `nvm` (a persistent pool, or a DRAM pool for tests) with a fresh DRAM buffer.
+    /// Registers both regions on a new memory node `id` and installs the RPC handler.
+    pub fn new(
+        id: NodeId,
+        nvm: Pool,
+        cfg: ServerConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Arc<Self>> {
+        let setup = |e: &dyn std::fmt::Display| Error::Setup(e.to_string());
+        let dram = Pool::create_dram(
+            cfg.dram_bytes.max(1 << 20),
+            PoolOptions::default().block_size(64 << 10),
+        )
+        .map_err(|e| setup(&e))?;
+        let nvm = Arc::new(nvm);
+        let dram = Arc::new(dram);
+        let node = Arc::new(MemoryNode::new(id));
+        let nvm_region = node
+            .register(Arc::new(PoolMem(nvm.clone())), Access::ALL, Some(NVM_BASE))
+            .map_err(|e| setup(&e))?;
+        let dram_region = node
+            .register(
+                Arc::new(PoolMem(dram.clone())),
+                Access::ALL,
+                Some(DRAM_BASE),
+            )
+            .map_err(|e| setup(&e))?;
+        let nvm_mem = node.memory(nvm_region.rkey).expect("just registered");
+        let dram_mem = node.memory(dram_region.rkey).expect("just registered");
+        let policy = DramCachePolicy::new(AdmissionConfig {
+            capacity_bytes: dram.free_bytes(),
+            hysteresis: cfg.hysteresis,
+            ..AdmissionConfig::default()
+        })
+        .map_err(|e| setup(&e))?;
+        let tuner = LeaseTuner::new(cfg.tuner).map_err(|e| setup(&e))?;
+        let server = Arc::new(GengarServer {
+            leases: LeaseTable::new(clock, cfg.lease),
+            tuner,
+            selector: GlobalSelector::new(cfg.min_hot_count),
+            policy: Mutex::new(policy),
+            cached: Mutex::new(HashMap::new()),
+            locks: Mutex::new(HashMap::new()),
+            window: Mutex::new(()),
+            node: node.clone(),
+            nvm,
+            nvm_region,
+            nvm_mem,
+            dram,
+            dram_mem,
+            cfg,
+            stats: ServerStats::default(),
+        });
+        let weak = Arc::downgrade(&server);
+        node.set_rpc_handler(Arc::new(move |peer: &Peer, req: &[u8]| {
+            match weak.upgrade() {
+                Some(s) => Ok(s.handle(peer, req)),
+                None => Err("the Gengar server is shutting down".to_string()),
+            }
+        }));
+        Ok(server)
+    }
+
+    /// The memory node to serve (sim, tcp or rdma).
+    pub fn node(&self) -> &Arc<MemoryNode> {
+        &self.node
+    }
+
+    pub fn stats(&self) -> &ServerStats {
+        &self.stats
+    }
+
+    /// Free NVM and DRAM bytes.
+    pub fn free(&self) -> (u64, u64) {
+        (self.nvm.free_bytes(), self.dram.free_bytes())
+    }
+
+    /// Objects currently cached in DRAM.
+    pub fn cached_objects(&self) -> usize {
+        self.cached.lock().len()
+    }
+
+    /// Whether the object whose NVM payload is at `offset` is cached in DRAM.
+    pub fn is_cached(&self, offset: u64) -> bool {
+        self.cached.lock().contains_key(&offset)
+    }
+
+    fn head(&self, st: Status) -> dmkit_verbs::wire::Writer {
+        let (n, d) = self.free();
+        proto::reply(st, n, d)
+    }
+
+    fn handle(&self, peer: &Peer, req: &[u8]) -> Vec<u8> {
+        match self.dispatch(req) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(peer = %peer.addr, error = %e, "malformed Gengar request");
+                self.head(Status::Failed)
+                    .bytes(e.to_string().as_bytes())
+                    .finish()
+            }
+        }
+    }
+
+    fn dispatch(&self, req: &[u8]) -> std::result::Result<Vec<u8>, WireError> {
+        let mut r = Reader::new(req);
+        let t = r.u8()?;
+        let out = match t {
+            tag::ALLOC => {
+                let size = r.u32()? as usize;
+                r.finish()?;
+                self.alloc(size)
+            }
+            tag::FREE => {
+                let (off, want_gen) = (r.u64()?, r.u32()?);
+                r.finish()?;
+                self.free_object(off, want_gen)
+            }
+            tag::LEASE => {
+                let (holder, off, want_gen) = (r.u64()?, r.u64()?, r.u32()?);
+                r.finish()?;
+                self.lease(holder, off, want_gen)
+            }
+            tag::REPORT => {
+                let client = r.u64()?;
+                let window = r.u64()?;
+                let total = r.u64()?;
+                let n = r.u32()? as usize;
+                if n > r.remaining() / 16 {
+                    return Err(WireError("report entry count"));
+                }
+                let mut entries = Vec::with_capacity(n);
+                for _ in 0..n {
+                    entries.push(HotEntry {
+                        obj: r.u64()?,
+                        count: r.u64()?,
+                    });
+                }
+                r.finish()?;
+                self.report(AccessReport {
+                    client,
+                    window,
+                    total_accesses: total,
+                    entries,
+                })
+            }
+            tag::LOCK | tag::UNLOCK => {
+                let (holder, off) = (r.u64()?, r.u64()?);
+                r.finish()?;
+                if t == tag::LOCK {
+                    self.lock(holder, off)
+                } else {
+                    self.unlock(holder, off)
+                }
+            }
+            tag::STAT => {
+                r.finish()?;
+                self.head(Status::Ok)
+            }
+            _ => return Err(WireError("request kind")),
+        };
+        Ok(out.finish())
+    }
+
+    fn live(&self, off: u64, want_gen: u32) -> Option<u32> {
+        let h = self.nvm.object_header(off as usize).ok()?;
+        (h.allocated && h.generation == want_gen).then_some(h.size)
+    }
+
+    fn alloc(&self, size: usize) -> dmkit_verbs::wire::Writer {
+        if size == 0 {
+            return self
+                .head(Status::Failed)
+                .bytes(b"objects must have at least one byte");
+        }
+        match self.nvm.alloc_object(size) {
+            Ok(o) => {
+                // A reused slot holds an old object's bytes: clients must never see them.
+                let zeros = vec![0u8; size];
+                if let Err(e) = self
+                    .nvm_mem
+                    .write(o.offset, &zeros)
+                    .map_err(|f| f.to_string())
+                    .and_then(|()| self.nvm.persist(o.offset, size).map_err(|e| e.to_string()))
+                {
+                    let _ = self.nvm.free_object(o.offset);
+                    return self.head(Status::Failed).bytes(e.as_bytes());
+                }
+                self.head(Status::Ok).u64(o.offset as u64).u32(o.generation)
+            }
+            Err(dmkit_pmem_pool::Error::OutOfBlocks { .. }) => self.head(Status::OutOfSpace),
+            Err(e @ dmkit_pmem_pool::Error::ObjectTooLarge { .. }) => self
+                .head(Status::OutOfSpace)
+                .bytes(e.to_string().as_bytes()),
+            Err(e) => self.head(Status::Failed).bytes(e.to_string().as_bytes()),
+        }
+    }
+
+    fn lease(&self, holder: u64, off: u64, want_gen: u32) -> dmkit_verbs::wire::Writer {
+        let Some(size) = self.live(off, want_gen) else {
+            return self.head(Status::Freed);
+        };
+        let duration = self.tuner.duration_for(off);
+        match self.leases.grant(holder, off, duration) {
+            Ok(_) => {}
+            Err(LeaseError::Fenced { .. }) => return self.head(Status::Busy),
+            Err(e) => return self.head(Status::Failed).bytes(e.to_string().as_bytes()),
+        }
+        self.tuner.record_grants(off, 1);
+        self.stats.leases.fetch_add(1, Ordering::Relaxed);
+        // The location can only change after this lease expires (see the module invariants);
+        // if this thread was delayed past that, the location read now could be newer than the
+        // lease: check and let the client retry.
+        let location = match self.cached.lock().get(&off) {
+            Some(c) => Location::Dram {
+                offset: c.offset,
+                generation: c.generation,
+            },
+            None => Location::Nvm,
+        };
+        if !self.leases.is_valid(holder, off, self.leases.clock().now()) {
+            return self.head(Status::Busy);
+        }
+        proto::encode_grant(
+            self.head(Status::Ok),
+            &LeaseGrant {
+                size,
+                duration_ns: duration.as_nanos() as u64,
+                location,
+            },
+        )
+    }
+
+    fn free_object(&self, off: u64, want_gen: u32) -> dmkit_verbs::wire::Writer {
+        let _w = self.window.lock();
+        if self.live(off, want_gen).is_none() {
+            return self.head(Status::Freed);
+        }
+        let fence = self.leases.fence(off);
+        fence.wait_until_expired();
+        self.drop_cached(off);
+        self.policy.lock().remove(off);
+        self.tuner.forget(off);
+        self.locks.lock().remove(&off);
+        let r = self.nvm.free_object(off as usize);
+        drop(fence);
+        match r {
+            Ok(()) => self.head(Status::Ok),
+            Err(e) => self.head(Status::Failed).bytes(e.to_string().as_bytes()),
+        }
+    }
+
+    fn report(&self, report: AccessReport) -> dmkit_verbs::wire::Writer {
+        for e in &report.entries {
+            self.tuner.record_accesses(e.obj, e.count);
+        }
+        self.selector.merge(&report);
+        self.head(Status::Ok)
+    }
+
+    fn lock(&self, holder: u64, off: u64) -> dmkit_verbs::wire::Writer {
+        let now = self.leases.clock().now();
+        let mut locks = self.locks.lock();
+        match locks.get(&off) {
+            Some((h, exp)) if *h != holder && now < *exp => self.head(Status::Busy).u64(*h),
+            _ => {
+                locks.insert(off, (holder, now.saturating_add(self.cfg.lock_ttl)));
+                self.head(Status::Ok)
+            }
+        }
+    }
+
+    fn unlock(&self, holder: u64, off: u64) -> dmkit_verbs::wire::Writer {
+        let mut locks = self.locks.lock();
+        match locks.get(&off) {
+            Some((h, _)) if *h == holder => {
+                locks.remove(&off);
+                self.head(Status::Ok)
+            }
+            _ => self.head(Status::NotHolder),
+        }
+    }
+
+    fn drop_cached(&self, off: u64) -> bool {
+        let Some(c) = self.cached.lock().remove(&off) else {
+            return false;
+        };
+        if let Err(e) = self.dram.free_object(c.offset as usize) {
+            tracing::warn!(error = %e, "freeing a DRAM copy failed");
+        }
+        self.tuner.set_tier(off, Tier::Nvm);
+        true
+    }
+
+    /// One window of the hot-object cache: merge the clients' reports, select the globally
+    /// hottest objects that fit the DRAM buffer, evict and promote (each after the object's
+    /// leases expired). Returns (promoted, evicted).
+    pub fn run_window(&self) -> (usize, usize) {
+        let _w = self.window.lock();
+        let sel =
+            self.selector
+                .finish_window(self.dram.free_bytes() + self.cached_bytes(), |obj| {
+                    let h = self.nvm.object_header(obj as usize).ok()?;
+                    h.allocated.then_some(u64::from(h.size))
+                });
+        let plan = self.policy.lock().plan(&sel.hot);
+        let mut evicted = 0;
+        for obj in &plan.evict {
+            let fence = self.leases.fence(*obj);
+            fence.wait_until_expired();
+            if self.drop_cached(*obj) {
+                evicted += 1;
+            }
+        }
+        let mut promoted = 0;
+        for h in &plan.promote {
+            match self.promote(h.obj) {
+                Ok(()) => promoted += 1,
+                Err(e) => {
+                    tracing::debug!(obj = h.obj, error = %e, "promotion skipped");
+                    self.policy.lock().remove(h.obj);
+                }
+            }
+        }
+        self.tuner.end_window();
+        self.leases.prune();
+        self.stats.windows.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .promotions
+            .fetch_add(promoted as u64, Ordering::Relaxed);
+        self.stats
+            .evictions
+            .fetch_add(evicted as u64, Ordering::Relaxed);
+        metrics::counter!("dmkit_gengar_promotions_total").increment(promoted as u64);
+        metrics::counter!("dmkit_gengar_evictions_total").increment(evicted as u64);
+        (promoted, evicted)
+    }
+
+    fn cached_bytes(&self) -> u64 {
+        let cached = self.cached.lock();
+        cached
+            .keys()
+            .filter_map(|o| self.nvm.object_header(*o as usize).ok())
+            .map(|h| u64::from(h.size))
+            .sum()
+    }
+
+    /// Copies the object NVM → DRAM; the DRAM copy then holds the real data (the module
+    /// invariants say why that is safe).
+    fn promote(&self, obj: u64) -> std::result::Result<(), String> {
+        if self.cached.lock().contains_key(&obj) {
+            return Ok(());
+        }
+        let fence = self.leases.fence(obj);
+        fence.wait_until_expired();
+        let h = self
+            .nvm
+            .object_header(obj as usize)
+            .map_err(|e| e.to_string())?;
+        if !h.allocated {
+            return Err("object freed".into());
+        }
+        let size = h.size as usize;
+        let slot = self.dram.alloc_object(size).map_err(|e| e.to_string())?;
+        let mut buf = vec![0u8; size];
+        let copied = self
+            .nvm_mem
+            .read(obj as usize, &mut buf)
+            .and_then(|()| self.dram_mem.write(slot.offset, &buf));
+        if let Err(f) = copied {
+            let _ = self.dram.free_object(slot.offset);
+            return Err(f.to_string());
+        }
+        self.cached.lock().insert(
+            obj,
+            Cached {
+                offset: slot.offset as u64,
+                generation: slot.generation,
+            },
+        );
+        self.tuner.set_tier(obj, Tier::Dram);
+        drop(fence);
+        Ok(())
+    }
+
+    /// Runs [`GengarServer::run_window`] every `every` on a background thread until the
+    /// returned handle is dropped.
+    pub fn spawn_windows(self: &Arc<Self>, every: Duration) -> WindowThread {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, st) = (Arc::downgrade(self), stop.clone());
+        let handle = std::thread::Builder::new()
+            .name("gengar-window".into())
+            .spawn(move || {
+                while !st.load(Ordering::Relaxed) {
+                    std::thread::sleep(every);
+                    match s.upgrade() {
+                        Some(s) => {
+                            s.run_window();
+                        }
+                        None => return,
+                    }
+                }
+            })
+            .expect("spawn the Gengar window thread");
+        WindowThread {
+            stop,
+            handle: Some(handle),
+        }
+    }
+
+    /// The NVM region's descriptor.
+    pub fn nvm_region(&self) -> RegionDesc {
+        self.nvm_region
+    }
+}
+
+/// Stops the background window thread when dropped.
+#[derive(Debug)]
+pub struct WindowThread {
+    stop: Arc<AtomicBool>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for WindowThread {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
