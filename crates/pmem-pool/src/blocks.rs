@@ -54,6 +54,11 @@ impl BlockTable {
     }
 
     /// The lowest free blocks, without taking them.
+    /// The lowest free block satisfying `pick`.
+    pub fn first_free_where(&self, pick: impl Fn(u64) -> bool) -> Option<u64> {
+        self.free.iter().copied().find(|b| pick(*b))
+    }
+
     pub fn peek_free(&self, n: usize) -> Vec<u64> {
         self.free.iter().take(n).copied().collect()
     }

@@ -128,6 +128,14 @@ pub enum Error {
         /// Blocks in the pool.
         count: u64,
     },
+    /// The block is allocated to another owner.
+    #[error("block {block} is owned by {owner}")]
+    BlockTaken {
+        /// The block asked for.
+        block: BlockId,
+        /// Its current owner.
+        owner: u64,
+    },
     /// The block is free, so it cannot be freed.
     #[error("block {block} is not allocated")]
     BlockNotAllocated {

@@ -386,6 +386,49 @@ impl Pool {
         Ok(BlockId(b))
     }
 
+    /// Allocates the lowest free block whose id satisfies `pick` to `owner` (e.g. the stripe of
+    /// block ids a node is primary for); durable when it returns.
+    pub fn alloc_block_where(&self, owner: u64, pick: impl Fn(BlockId) -> bool) -> Result<BlockId> {
+        Self::check_owner(owner)?;
+        let mut st = self.state.lock();
+        let Some(b) = st.blocks.first_free_where(|b| pick(BlockId(b))) else {
+            return Err(Error::OutOfBlocks {
+                requested: 1,
+                free: 0,
+            });
+        };
+        self.set_block(&mut st, b, encode_owner(owner))?;
+        drop(st);
+        self.publish();
+        Ok(BlockId(b))
+    }
+
+    /// Allocates exactly `block` to `owner` (a replica mirroring another node's block); a
+    /// no-op if `owner` has it already, [`Error::BlockTaken`] if someone else has.
+    pub fn alloc_block_at(&self, block: BlockId, owner: u64) -> Result<()> {
+        Self::check_owner(owner)?;
+        self.check_block(block)?;
+        let mut st = self.state.lock();
+        match st.blocks.owner(block.0) {
+            Some(o) if o == owner => return Ok(()),
+            Some(o) => return Err(Error::BlockTaken { block, owner: o }),
+            None => {}
+        }
+        self.set_block(&mut st, block.0, encode_owner(owner))?;
+        drop(st);
+        self.publish();
+        Ok(())
+    }
+
+    /// Writes one block table entry with one durable 8-byte store.
+    fn set_block(&self, st: &mut State, b: u64, entry: u64) -> Result<()> {
+        let word = self.table_word(b);
+        self.medium.store_u64(word, entry);
+        self.medium.persist(word, 8)?;
+        st.blocks.set(b, entry);
+        Ok(())
+    }
+
     /// Takes the lowest free block with one durable 8-byte store.
     fn take_block(&self, st: &mut State, entry: u64) -> Result<u64> {
         let Some(&b) = st.blocks.peek_free(1).first() else {
@@ -394,10 +437,7 @@ impl Pool {
                 free: 0,
             });
         };
-        let word = self.table_word(b);
-        self.medium.store_u64(word, entry);
-        self.medium.persist(word, 8)?;
-        st.blocks.set(b, entry);
+        self.set_block(st, b, entry)?;
         Ok(b)
     }
 
@@ -683,6 +723,25 @@ mod tests {
 
     fn small() -> PoolOptions {
         PoolOptions::default().block_size(64 << 10)
+    }
+
+    #[test]
+    fn blocks_can_be_taken_by_stripe_and_mirrored_at_a_given_id() {
+        let pool = Pool::create_dram(4 * MIB, small()).unwrap();
+        let b = pool.alloc_block_where(5, |b| b.0 % 3 == 2).unwrap();
+        assert_eq!(b, BlockId(2));
+        let b = pool.alloc_block_where(5, |b| b.0 % 3 == 2).unwrap();
+        assert_eq!(b, BlockId(5));
+        pool.alloc_block_at(BlockId(7), 9).unwrap();
+        pool.alloc_block_at(BlockId(7), 9).unwrap();
+        assert!(matches!(
+            pool.alloc_block_at(BlockId(7), 8),
+            Err(Error::BlockTaken { owner: 9, .. })
+        ));
+        assert!(pool.alloc_block_at(BlockId(1 << 40), 9).is_err());
+        assert_eq!(pool.block_owner(BlockId(7)), Some(9));
+        let reopened_free = pool.free_blocks();
+        assert_eq!(reopened_free, pool.block_count() - 3);
     }
 
     #[test]

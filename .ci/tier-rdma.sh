@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Tier: dmkit-verbs' rdma backend, conformance suite on SoftRoCE (a QEMU guest with rdma_rxe;
+# see ../shared/softroce/README.md). Fails (non-zero) if the packages cannot be installed or
+# the guest cannot boot: never passes silently.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+RUNNER="$(realpath ../shared/softroce/run-in-softroce.sh 2>/dev/null || true)"
+if [ -z "$RUNNER" ] || [ ! -f "$RUNNER" ]; then
+  echo "tier-rdma: ../shared/softroce/run-in-softroce.sh not found" >&2
+  exit 1
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq || { echo "tier-rdma: apt-get update failed" >&2; exit 1; }
+apt-get install -y -qq --no-install-recommends \
+  qemu-system-x86 busybox-static ibverbs-providers ibverbs-utils rdmacm-utils iproute2 \
+  cpio xz-utils libibverbs-dev librdmacm-dev perftest libclang-dev pkg-config \
+  || { echo "tier-rdma: installing the SoftRoCE and rdma-core packages failed" >&2; exit 1; }
+pkg-config --exists libibverbs librdmacm \
+  || { echo "tier-rdma: libibverbs/librdmacm still missing after apt-get" >&2; exit 1; }
+
+# The guest must boot and show its rxe device before we trust a test result.
+SOFTROCE_TIMEOUT=300 bash "$RUNNER" ibv_devices | tee /tmp/tier-rdma-devices.txt
+grep -q rxe0 /tmp/tier-rdma-devices.txt \
+  || { echo "tier-rdma: the SoftRoCE guest shows no rxe0 device" >&2; exit 1; }
+
+cargo build -p dmkit-verbs --features rdma --tests
+SOFTROCE_TIMEOUT=900 CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="bash $RUNNER" \
+  cargo test -p dmkit-verbs --features rdma --test conformance_rdma

@@ -1,0 +1,774 @@
+//! The client side: an RC connection to one memory node, set up with rdma-cm.
+
+use std::collections::HashMap;
+use std::net::ToSocketAddrs;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use super::alloc::RdmaAllocator;
+use super::chan::{self, Chan, kind};
+use super::ffi::{self, CmId, Cq, EventChannel, Pd, QpSizes};
+use super::post::{self, Wr, WrKind};
+use super::wire::{self, RemoteRegion};
+use super::{RdmaConfig, device_pd, select_device, sys};
+use crate::batch::{Batch, BatchResult, Op};
+use crate::buf::{BufAllocator, MemBuf};
+use crate::conn::{Connection, Connector, PostCtx};
+use crate::error::{AccessFault, Error, Result};
+use crate::node::OpKind;
+use crate::pending::{Pending, Slot, TimeoutHook};
+use crate::types::{Media, NodeId, RegionDesc};
+
+/// Makes rdma connections. Give endpoints [`RdmaConnector::allocator`] so their buffers are
+/// registered (zero-copy); heap buffers work too, at the cost of a copy (or inline sends).
+#[derive(Debug)]
+pub struct RdmaConnector {
+    pub config: RdmaConfig,
+    alloc: OnceLock<RdmaAllocator>,
+}
+
+impl Default for RdmaConnector {
+    fn default() -> Self {
+        Self::new(RdmaConfig::default())
+    }
+}
+
+impl RdmaConnector {
+    pub fn new(config: RdmaConfig) -> Self {
+        Self {
+            config,
+            alloc: OnceLock::new(),
+        }
+    }
+
+    /// Registered buffers of the configured device (shared by every connection of it).
+    pub fn allocator(&self) -> Result<RdmaAllocator> {
+        if let Some(a) = self.alloc.get() {
+            return Ok(a.clone());
+        }
+        let (ctx, _) = select_device(&self.config)?;
+        let a = RdmaAllocator::new(device_pd(ctx)?);
+        Ok(self.alloc.get_or_init(|| a).clone())
+    }
+}
+
+impl Connector for RdmaConnector {
+    fn connect(&self, addr: &str) -> Result<Arc<dyn Connection>> {
+        let c = RdmaConnection::connect(self, addr).map_err(|e| match e {
+            Error::Connect { reason, .. } => Error::Connect {
+                addr: addr.to_string(),
+                reason,
+            },
+            e => e,
+        })?;
+        Ok(Arc::new(c))
+    }
+}
+
+struct InFlight {
+    slot: Arc<Slot<BatchResult>>,
+    node: NodeId,
+    ops: Vec<Op>,
+    bufs: Vec<MemBuf>,
+    /// (op index, bounce buffer) for reads into unregistered buffers.
+    bounce_reads: Vec<(usize, MemBuf)>,
+    /// Registered memory written by the NIC or read by it for this batch: kept until done.
+    _keep: Vec<MemBuf>,
+    /// Atomic results: (op index, offset in `atomics`).
+    atomics: Option<MemBuf>,
+    signaled_left: usize,
+    wrs: u32,
+    fault: Option<(usize, AccessFault)>,
+    persist: Vec<u8>,
+}
+
+struct Shared {
+    // Field order is drop order: the QP goes (with the last CmId Arc, held by `chan`) before
+    // the buffers in `inflight` that the NIC might still touch.
+    id: Arc<CmId>,
+    chan: Chan,
+    inflight: Mutex<HashMap<u64, InFlight>>,
+    cm: Arc<EventChannel>,
+    pd: Arc<Pd>,
+    alloc: RdmaAllocator,
+    node: NodeId,
+    peer: String,
+    regions: Mutex<Vec<RemoteRegion>>,
+    rpcs: Mutex<HashMap<u64, Arc<Slot<chan::Message>>>>,
+    next_id: AtomicU64,
+    sq_depth: u32,
+    sq_free: Mutex<u32>,
+    sq_cv: Condvar,
+    alive: AtomicBool,
+    reason: Mutex<Option<String>>,
+    op_timeout: Duration,
+    max_inline: u32,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaConnection")
+            .field("node", &self.node)
+            .field("peer", &self.peer)
+            .field("alive", &self.alive.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+/// An RC connection to one memory node.
+#[derive(Debug)]
+pub struct RdmaConnection {
+    shared: Arc<Shared>,
+}
+
+fn cerr(reason: String) -> Error {
+    Error::Connect {
+        addr: String::new(),
+        reason,
+    }
+}
+
+impl RdmaConnection {
+    fn connect(conn: &RdmaConnector, addr: &str) -> Result<Self> {
+        let cfg = &conn.config;
+        let dst = addr
+            .to_socket_addrs()
+            .map_err(|e| cerr(e.to_string()))?
+            .next()
+            .ok_or_else(|| cerr("no address".into()))?;
+        let dst = ffi::v4(dst)?;
+        let (want_ctx, src) = select_device(cfg)?;
+        let alloc = conn.allocator()?;
+        let ms = cfg.connect_timeout.as_millis().min(i32::MAX as u128) as i32;
+        let cm = EventChannel::new()?;
+        let mut id = CmId::new(&cm)?;
+        id.set_ack_timeout(cfg.ack_timeout);
+        id.resolve_addr(src.map(|ip| std::net::SocketAddrV4::new(ip, 0)), dst, ms)?;
+        cm.expect(
+            id.raw(),
+            sys::RDMA_CM_EVENT_ADDR_RESOLVED,
+            cfg.connect_timeout,
+        )?;
+        id.resolve_route(ms)?;
+        cm.expect(
+            id.raw(),
+            sys::RDMA_CM_EVENT_ROUTE_RESOLVED,
+            cfg.connect_timeout,
+        )?;
+        let ctx = id
+            .context()
+            .ok_or_else(|| cerr("rdma-cm bound no device".into()))?;
+        if cfg.device.is_some() && ctx.raw() != want_ctx.raw() {
+            return Err(cerr(format!(
+                "the route to {dst} goes through RDMA device {}, not the configured {}",
+                ctx.name(),
+                want_ctx.name()
+            )));
+        }
+        let pd = device_pd(ctx)?;
+        let caps = ctx.caps()?;
+        if !caps.atomics {
+            return Err(cerr(format!(
+                "RDMA device {} does not support atomic verbs (atomic_cap NONE)",
+                ctx.name()
+            )));
+        }
+        let cq = Cq::new(ctx, cfg.send_depth + cfg.msg_depth + 16)?;
+        let send_depth = cfg.send_depth.min(caps.max_qp_wr);
+        let max_inline = id.create_qp(
+            &pd,
+            &cq,
+            QpSizes {
+                send: send_depth,
+                recv: cfg.msg_depth,
+                inline: cfg.max_inline,
+            },
+        )?;
+        let id = Arc::new(id);
+        let chan = Chan::new(id.clone(), &pd, cfg.msg_depth, max_inline)?;
+        id.connect(caps.max_qp_rd_atom.clamp(1, 16) as u8)?;
+        cm.expect(
+            id.raw(),
+            sys::RDMA_CM_EVENT_ESTABLISHED,
+            cfg.connect_timeout,
+        )?;
+
+        // The node's first message is its region table.
+        let deadline = Instant::now() + cfg.connect_timeout;
+        let mut wcs = vec![sys::ibv_wc::default(); 16];
+        let welcome = 'outer: loop {
+            if Instant::now() > deadline {
+                return Err(cerr("the memory node sent no region table".into()));
+            }
+            let n = cq.poll(&mut wcs)?;
+            if n == 0 {
+                cq.wait(Duration::from_millis(20));
+            }
+            for wc in &wcs[..n] {
+                if wc.status != sys::IBV_WC_SUCCESS {
+                    return Err(cerr(format!(
+                        "completion error {} during the handshake",
+                        wc.status
+                    )));
+                }
+                if wc.wr_id & chan::TAG_MASK == chan::TAG_SEND {
+                    chan.on_send_done(wc.wr_id);
+                } else if let Some(m) = chan.on_recv(wc.wr_id, wc.byte_len as usize)? {
+                    if m.kind != kind::WELCOME {
+                        return Err(cerr("expected the region table".into()));
+                    }
+                    break 'outer m;
+                }
+            }
+        };
+        let (node, regions) = wire::decode(addr, &welcome.body)?;
+        let shared = Arc::new(Shared {
+            id,
+            chan,
+            inflight: Mutex::new(HashMap::new()),
+            cm,
+            pd,
+            alloc,
+            node,
+            peer: addr.to_string(),
+            regions: Mutex::new(regions),
+            rpcs: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            sq_depth: send_depth,
+            sq_free: Mutex::new(send_depth),
+            sq_cv: Condvar::new(),
+            alive: AtomicBool::new(true),
+            reason: Mutex::new(None),
+            op_timeout: cfg.op_timeout,
+            max_inline,
+        });
+        let s = Arc::downgrade(&shared);
+        std::thread::Builder::new()
+            .name(format!("dmkit-rdma-cq-{node}"))
+            .spawn(move || poll_loop(&s, &cq))?;
+        Ok(RdmaConnection { shared })
+    }
+
+    fn timeout_hook(&self) -> TimeoutHook {
+        let s = Arc::downgrade(&self.shared);
+        Arc::new(move || {
+            if let Some(s) = s.upgrade() {
+                s.kill(format!(
+                    "no completion within {:?}: node unresponsive",
+                    s.op_timeout
+                ));
+            }
+        })
+    }
+
+    fn dead(&self) -> Error {
+        Error::Disconnected {
+            node: self.shared.node,
+            reason: self
+                .shared
+                .reason
+                .lock()
+                .clone()
+                .unwrap_or_else(|| "connection closed".into()),
+        }
+    }
+
+    fn message(&self, k: u8, body: &[u8]) -> Pending<chan::Message> {
+        let s = &self.shared;
+        if !s.alive.load(Ordering::SeqCst) {
+            return Pending::ready(s.node, Err(self.dead()));
+        }
+        let id = s.next_id.fetch_add(1, Ordering::Relaxed);
+        let slot = Slot::new();
+        s.rpcs.lock().insert(id, slot.clone());
+        if let Err(e) = s.chan.send(k, id, body, s.op_timeout) {
+            s.rpcs.lock().remove(&id);
+            return Pending::ready(s.node, Err(e));
+        }
+        Pending::waiting(s.node, slot, s.op_timeout, Some(self.timeout_hook()))
+    }
+}
+
+impl Shared {
+    fn kill(&self, reason: String) {
+        if self.alive.swap(false, Ordering::SeqCst) {
+            tracing::debug!(node = %self.node, peer = %self.peer, %reason, "rdma connection down");
+            *self.reason.lock() = Some(reason.clone());
+            self.id.qp_to_error();
+            self.id.disconnect();
+        }
+        let e = || Error::Disconnected {
+            node: self.node,
+            reason: reason.clone(),
+        };
+        for (_, s) in self.rpcs.lock().drain() {
+            s.complete(Err(e()));
+        }
+        // Buffers stay in `inflight` until the flush completions say the NIC is done.
+        for f in self.inflight.lock().values() {
+            f.slot.complete(Err(e()));
+        }
+        self.sq_cv.notify_all();
+    }
+
+    fn finish(&self, mut f: InFlight) {
+        let mut olds = vec![0u64; f.ops.len()];
+        if let Some(a) = &f.atomics {
+            for (i, o) in olds.iter_mut().enumerate() {
+                let at = i * 8;
+                if matches!(f.ops[i].kind, OpKind::Cas { .. } | OpKind::Faa { .. }) {
+                    *o = u64::from_ne_bytes(a[at..at + 8].try_into().expect("8 bytes"));
+                }
+            }
+        }
+        for (i, b) in std::mem::take(&mut f.bounce_reads) {
+            if let Some(dst) = f.ops[i].buf {
+                f.bufs[dst].copy_from_slice(&b);
+            }
+        }
+        if let Some((index, fault)) = f.fault {
+            let op = f.ops[index];
+            f.slot.complete(Err(Error::RemoteAccess {
+                node: f.node,
+                index,
+                rkey: op.rkey,
+                addr: op.addr,
+                len: op.len,
+                fault,
+            }));
+            return;
+        }
+        let mut r = BatchResult::new(f.node, f.ops, f.bufs);
+        r.olds = olds;
+        f.slot.complete(Ok(r));
+    }
+
+    fn on_batch_wc(self: &Arc<Self>, wc: &sys::ibv_wc) {
+        let id = wc.wr_id >> 16;
+        if wc.status != sys::IBV_WC_SUCCESS {
+            let f = self.inflight.lock().remove(&id);
+            let reason = status_reason(wc.status);
+            if let Some(f) = f {
+                let err = match wc.status {
+                    sys::IBV_WC_RETRY_EXC_ERR => Error::Timeout {
+                        node: self.node,
+                        after: self.op_timeout,
+                    },
+                    sys::IBV_WC_REM_ACCESS_ERR => {
+                        let index = (wc.wr_id & 0xffff) as usize;
+                        let op = f.ops.get(index).copied().unwrap_or(f.ops[0]);
+                        Error::RemoteAccess {
+                            node: self.node,
+                            index,
+                            rkey: op.rkey,
+                            addr: op.addr,
+                            len: op.len,
+                            // Our table said the rkey was valid: the node dropped the region.
+                            fault: AccessFault::UnknownRkey,
+                        }
+                    }
+                    _ => Error::Disconnected {
+                        node: self.node,
+                        reason: reason.clone(),
+                    },
+                };
+                f.slot.complete(Err(err));
+            }
+            if wc.status != sys::IBV_WC_WR_FLUSH_ERR {
+                self.kill(format!("work request failed: {reason}"));
+            }
+            return;
+        }
+        let done = {
+            let mut m = self.inflight.lock();
+            let Some(f) = m.get_mut(&id) else { return };
+            f.signaled_left -= 1;
+            if f.signaled_left > 0 {
+                return;
+            }
+            m.remove(&id)
+        };
+        let Some(f) = done else { return };
+        *self.sq_free.lock() += f.wrs;
+        self.sq_cv.notify_all();
+        if f.persist.is_empty() || f.fault.is_some() {
+            self.finish(f);
+            return;
+        }
+        // Durable writes to persistent memory: the data has been flushed to the node's memory
+        // by the read-after-write; now the node persists it, then the batch completes.
+        let s = self.clone();
+        std::thread::spawn(move || {
+            let body = f.persist.clone();
+            let id = s.next_id.fetch_add(1, Ordering::Relaxed);
+            let slot = Slot::new();
+            s.rpcs.lock().insert(id, slot.clone());
+            let sent = s.chan.send(kind::PERSIST, id, &body, s.op_timeout);
+            let r = sent.and_then(|()| Pending::waiting(s.node, slot, s.op_timeout, None).wait());
+            s.rpcs.lock().remove(&id);
+            match r {
+                Ok(m) if m.body == [0] => s.finish(f),
+                Ok(_) => {
+                    let mut f = f;
+                    let index = f
+                        .ops
+                        .iter()
+                        .position(|o| matches!(o.kind, OpKind::Write { durable: true }))
+                        .unwrap_or(0);
+                    f.fault = Some((index, AccessFault::PersistFailed));
+                    s.finish(f);
+                }
+                Err(e) => f.slot.complete(Err(e)),
+            }
+        });
+    }
+}
+
+fn status_reason(status: u32) -> String {
+    // SAFETY: ibv_wc_status_str returns a static string for any status.
+    let s = unsafe { std::ffi::CStr::from_ptr(sys::ibv_wc_status_str(status)) };
+    format!("{} ({status})", s.to_string_lossy())
+}
+
+fn poll_loop(weak: &std::sync::Weak<Shared>, cq: &Cq) {
+    let mut wcs = vec![sys::ibv_wc::default(); 32];
+    let mut dead_since: Option<Instant> = None;
+    loop {
+        let Some(s) = weak.upgrade() else { return };
+        // Disconnect notices from the node.
+        while let Some(ev) = s.cm.next(Duration::ZERO) {
+            if matches!(
+                ev.kind,
+                sys::RDMA_CM_EVENT_DISCONNECTED | sys::RDMA_CM_EVENT_DEVICE_REMOVAL
+            ) {
+                s.kill(format!(
+                    "the memory node disconnected ({})",
+                    ffi::event_name(ev.kind)
+                ));
+            }
+        }
+        let n = match cq.poll(&mut wcs) {
+            Ok(n) => n,
+            Err(e) => {
+                s.kill(e.to_string());
+                0
+            }
+        };
+        for wc in &wcs[..n] {
+            let tag = wc.wr_id & chan::TAG_MASK;
+            if tag == chan::TAG_SEND {
+                s.chan.on_send_done(wc.wr_id);
+                if wc.status != sys::IBV_WC_SUCCESS && wc.status != sys::IBV_WC_WR_FLUSH_ERR {
+                    s.kill(format!("send failed: {}", status_reason(wc.status)));
+                }
+            } else if tag == chan::TAG_RECV {
+                if wc.status != sys::IBV_WC_SUCCESS {
+                    continue;
+                }
+                match s.chan.on_recv(wc.wr_id, wc.byte_len as usize) {
+                    Ok(Some(m)) => {
+                        if let Some(slot) = s.rpcs.lock().remove(&m.req) {
+                            slot.complete(Ok(m));
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(e) => s.kill(e.to_string()),
+                }
+                s.chan.maybe_return_credits();
+            } else {
+                s.on_batch_wc(wc);
+            }
+        }
+        if !s.alive.load(Ordering::SeqCst) {
+            let t = *dead_since.get_or_insert_with(Instant::now);
+            if s.inflight.lock().is_empty() || t.elapsed() > Duration::from_secs(2) {
+                return;
+            }
+        }
+        drop(s);
+        if n == 0 {
+            cq.wait(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Checks one op against the region table: the same checks, in the same order, as the soft
+/// NIC (`MemoryNode::execute`).
+fn check(regions: &[RemoteRegion], op: &Op) -> Result<RemoteRegion, AccessFault> {
+    let r = regions
+        .iter()
+        .find(|r| r.desc.rkey == op.rkey)
+        .ok_or(AccessFault::UnknownRkey)?;
+    let (need, what) = op.kind.needs();
+    if !r.desc.access.contains(need) {
+        return Err(AccessFault::NoAccess(what));
+    }
+    if !r.desc.contains(op.addr, u64::from(op.len)) {
+        return Err(AccessFault::OutOfBounds);
+    }
+    if matches!(op.kind, OpKind::Cas { .. } | OpKind::Faa { .. })
+        && (op.len != 8 || (op.addr - r.desc.base) % 8 != 0)
+    {
+        return Err(AccessFault::Misaligned);
+    }
+    Ok(*r)
+}
+
+impl Connection for RdmaConnection {
+    fn node(&self) -> NodeId {
+        self.shared.node
+    }
+
+    fn regions(&self) -> Vec<RegionDesc> {
+        self.shared.regions.lock().iter().map(|r| r.desc).collect()
+    }
+
+    fn refresh_regions(&self) -> Result<Vec<RegionDesc>> {
+        let m = self.message(kind::REGIONS, &[]).wait()?;
+        let (_, regions) = wire::decode(&self.shared.peer, &m.body)?;
+        let out = regions.iter().map(|r| r.desc).collect();
+        *self.shared.regions.lock() = regions;
+        Ok(out)
+    }
+
+    fn post(&self, batch: Batch, _ctx: PostCtx) -> Pending<BatchResult> {
+        let s = &self.shared;
+        let node = s.node;
+        if !s.alive.load(Ordering::SeqCst) {
+            return Pending::ready(node, Err(self.dead()));
+        }
+        let (_, ops, mut bufs) = batch.into_parts();
+        let regions = s.regions.lock().clone();
+        let mut fault = None;
+        let mut targets = Vec::with_capacity(ops.len());
+        for (i, op) in ops.iter().enumerate() {
+            match check(&regions, op) {
+                Ok(r) => targets.push(r),
+                Err(f) => {
+                    fault = Some((i, f));
+                    break;
+                }
+            }
+        }
+        let n = targets.len();
+        if n == 0 {
+            let r = match fault {
+                Some((index, fault)) => {
+                    let op = ops[index];
+                    Err(Error::RemoteAccess {
+                        node,
+                        index,
+                        rkey: op.rkey,
+                        addr: op.addr,
+                        len: op.len,
+                        fault,
+                    })
+                }
+                None => Ok(BatchResult::new(node, ops, bufs)),
+            };
+            return Pending::ready(node, r);
+        }
+        let id = s.next_id.fetch_add(1, Ordering::Relaxed);
+        let alloc_err = |e: Error| Pending::ready(node, Err(e));
+        let needs_atomics = ops[..n]
+            .iter()
+            .any(|o| matches!(o.kind, OpKind::Cas { .. } | OpKind::Faa { .. }));
+        let atomics = if needs_atomics {
+            match s.alloc.alloc(8 * n) {
+                Ok(b) => Some(b),
+                Err(e) => return alloc_err(e),
+            }
+        } else {
+            None
+        };
+        let mut wrs: Vec<Wr> = Vec::with_capacity(n + 1);
+        let mut bounce_reads = Vec::new();
+        let mut keep = Vec::new();
+        let mut persist = Vec::new();
+        let registered = |b: &MemBuf| b.is_registered() && s.alloc.same_pd(&s.pd);
+        for (i, (op, r)) in ops[..n].iter().zip(&targets).enumerate() {
+            let raddr = r.va + (op.addr - r.desc.base);
+            let rkey = r.nic_rkey;
+            let wid = (id << 16) | (i as u64 & 0xffff);
+            let mut wr = Wr {
+                id: wid,
+                kind: WrKind::Send,
+                addr: 0,
+                len: op.len,
+                lkey: 0,
+                signaled: false,
+                inline: false,
+            };
+            match op.kind {
+                OpKind::Read => {
+                    wr.kind = WrKind::Read { raddr, rkey };
+                    let b = &mut bufs[op.buf.expect("reads have a buffer")];
+                    if registered(b) || op.len == 0 {
+                        wr.addr = b.as_mut_ptr() as u64;
+                        wr.lkey = b.lkey();
+                    } else {
+                        let bb = match s.alloc.alloc(op.len as usize) {
+                            Ok(x) => x,
+                            Err(e) => return alloc_err(e),
+                        };
+                        wr.addr = bb.as_ptr() as u64;
+                        wr.lkey = bb.lkey();
+                        bounce_reads.push((i, bb));
+                    }
+                }
+                OpKind::Write { durable } => {
+                    wr.kind = WrKind::Write { raddr, rkey };
+                    let b = &bufs[op.buf.expect("writes have a buffer")];
+                    if registered(b) {
+                        wr.addr = b.as_ptr() as u64;
+                        wr.lkey = b.lkey();
+                        wr.inline = op.len <= s.max_inline;
+                    } else if op.len <= s.max_inline {
+                        // Inline: the NIC copies the bytes at post time, no lkey needed.
+                        wr.addr = b.as_ptr() as u64;
+                        wr.inline = true;
+                    } else {
+                        let mut bb = match s.alloc.alloc(op.len as usize) {
+                            Ok(x) => x,
+                            Err(e) => return alloc_err(e),
+                        };
+                        bb.copy_from_slice(b);
+                        wr.addr = bb.as_ptr() as u64;
+                        wr.lkey = bb.lkey();
+                        keep.push(bb);
+                    }
+                    wrs.push(wr);
+                    if durable && op.len > 0 {
+                        // Read-after-write flush: a READ on the same QP completes only after
+                        // the WRITE before it has been placed in the node's memory.
+                        let mut fb = match s.alloc.alloc(8) {
+                            Ok(x) => x,
+                            Err(e) => return alloc_err(e),
+                        };
+                        let tail = u64::from(op.len.min(8));
+                        wrs.push(Wr {
+                            id: wid,
+                            kind: WrKind::Read {
+                                raddr: raddr + u64::from(op.len) - tail,
+                                rkey,
+                            },
+                            addr: fb.as_mut_ptr() as u64,
+                            len: tail as u32,
+                            lkey: fb.lkey(),
+                            signaled: false,
+                            inline: false,
+                        });
+                        keep.push(fb);
+                        if r.desc.media == Media::Nvm {
+                            persist.extend_from_slice(&op.rkey.0.to_le_bytes());
+                            persist.extend_from_slice(&(op.addr - r.desc.base).to_le_bytes());
+                            persist.extend_from_slice(&u64::from(op.len).to_le_bytes());
+                        }
+                    }
+                    continue;
+                }
+                OpKind::Cas { expect, new } => {
+                    wr.kind = WrKind::Cas {
+                        raddr,
+                        rkey,
+                        expect,
+                        swap: new,
+                    };
+                }
+                OpKind::Faa { add } => wr.kind = WrKind::Faa { raddr, rkey, add },
+            }
+            if matches!(op.kind, OpKind::Cas { .. } | OpKind::Faa { .. }) {
+                let a = atomics.as_ref().expect("allocated above");
+                wr.addr = a.as_ptr() as u64 + 8 * i as u64;
+                wr.lkey = a.lkey();
+                wr.len = 8;
+            }
+            wrs.push(wr);
+        }
+        // Selective signalling: one signalled WR per doorbell (per chunk of at most half the
+        // send queue), the last; RC completes in order, so it implies all before it.
+        let total = wrs.len() as u32;
+        let sq_depth = s.sq_depth;
+        let chunk = (sq_depth / 2).max(1) as usize;
+        let chunks = wrs.len().div_ceil(chunk);
+        for c in wrs.chunks_mut(chunk) {
+            c.last_mut().expect("non-empty").signaled = true;
+        }
+        {
+            let deadline = Instant::now() + s.op_timeout;
+            let mut free = s.sq_free.lock();
+            while *free < total {
+                if !s.alive.load(Ordering::SeqCst)
+                    || s.sq_cv.wait_until(&mut free, deadline).timed_out()
+                {
+                    return Pending::ready(node, Err(self.dead()));
+                }
+            }
+            *free -= total;
+        }
+        let slot = Slot::new();
+        s.inflight.lock().insert(
+            id,
+            InFlight {
+                slot: slot.clone(),
+                node,
+                ops,
+                bufs,
+                bounce_reads,
+                _keep: keep,
+                atomics,
+                signaled_left: chunks,
+                wrs: total,
+                fault,
+                persist,
+            },
+        );
+        for c in wrs.chunks(chunk) {
+            // SAFETY: every local segment is a registered buffer now owned by the InFlight
+            // entry (or an inline source read during this call); the entry is removed only
+            // on the batch's last completion or a flush, and the QP is destroyed before the
+            // map is dropped, so the NIC never touches freed memory.
+            if let Err(e) = unsafe { post::post_send(s.id.qp(), c) } {
+                s.kill(format!("post failed: {e}"));
+                break;
+            }
+        }
+        Pending::waiting(node, slot, s.op_timeout, Some(self.timeout_hook()))
+    }
+
+    fn rpc(&self, req: &[u8], _ctx: PostCtx) -> Pending<Vec<u8>> {
+        let node = self.shared.node;
+        match self.message(kind::RPC, req).wait() {
+            Ok(m) if m.kind == kind::RPC_OK => Pending::ready(node, Ok(m.body)),
+            Ok(m) => Pending::ready(
+                node,
+                Err(Error::Rpc {
+                    node,
+                    reason: String::from_utf8_lossy(&m.body).into_owned(),
+                }),
+            ),
+            Err(e) => Pending::ready(node, Err(e)),
+        }
+    }
+
+    fn is_alive(&self) -> bool {
+        self.shared.alive.load(Ordering::SeqCst)
+    }
+
+    fn close(&self) {
+        self.shared.kill("connection closed by the client".into());
+    }
+
+    fn timeout(&self) -> Duration {
+        self.shared.op_timeout
+    }
+}
+
+impl Drop for RdmaConnection {
+    fn drop(&mut self) {
+        self.shared.kill("connection dropped".into());
+    }
+}

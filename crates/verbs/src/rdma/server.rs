@@ -1,0 +1,453 @@
+//! The memory-node side: listens with rdma-cm, registers the node's regions with the NIC,
+//! accepts RC connections and serves the two-sided part (region table, RPC, persist
+//! requests). One-sided verbs never reach this code: the NIC executes them.
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use super::chan::{self, Chan, Message, kind};
+use super::ffi::{CmId, Context, Cq, EventChannel, Mr, QpSizes};
+use super::wire::{self, RemoteRegion};
+use super::{RdmaConfig, device_pd, sys};
+use crate::error::{Error, Result};
+use crate::memory::RegionMemory;
+use crate::node::{MemoryNode, Peer};
+use crate::types::{Access, RKey};
+
+/// A region's memory registered with one device.
+#[derive(Debug)]
+struct NodeMr {
+    mr: Mr,
+    va: u64,
+    // Declared after `mr`: the memory outlives its registration.
+    _mem: RegionMemory,
+}
+
+struct Conn {
+    id: Arc<CmId>,
+    chan: Chan,
+    ctx: Context,
+    stop: AtomicBool,
+    saved: Mutex<Option<Box<sys::ibv_qp_attr>>>,
+    tx: Mutex<mpsc::Sender<Message>>,
+    peer: Peer,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn").field("peer", &self.peer).finish()
+    }
+}
+
+#[derive(Debug)]
+struct Shared {
+    node: Arc<MemoryNode>,
+    cfg: RdmaConfig,
+    stop: AtomicBool,
+    paused: AtomicBool,
+    conns: Mutex<HashMap<usize, Arc<Conn>>>,
+    mrs: Mutex<HashMap<(usize, RKey), Arc<NodeMr>>>,
+    next_conn: AtomicU64,
+}
+
+/// A memory node served over RDMA. Dropping it (or [`RdmaServer::shutdown`]) disconnects
+/// every client, as a crash would look to them.
+#[derive(Debug)]
+pub struct RdmaServer {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    listener: Option<JoinHandle<()>>,
+}
+
+impl RdmaServer {
+    /// Listens on `addr` (an IPv4 address of an RDMA device, port 0 for any) and serves
+    /// `node` on background threads.
+    pub fn start(addr: &str, node: Arc<MemoryNode>, cfg: RdmaConfig) -> Result<RdmaServer> {
+        let sa = addr
+            .to_socket_addrs()
+            .map_err(|e| Error::Connect {
+                addr: addr.into(),
+                reason: e.to_string(),
+            })?
+            .next()
+            .ok_or_else(|| Error::InvalidArgument(format!("{addr}: no address")))?;
+        let sa = super::ffi::v4(sa)?;
+        let with_addr = |e: Error| match e {
+            Error::Connect { reason, .. } => Error::Connect {
+                addr: addr.into(),
+                reason,
+            },
+            e => e,
+        };
+        // Fail early, with the device named, on a machine without a usable device.
+        super::select_device(&cfg).map_err(with_addr)?;
+        let channel = EventChannel::new().map_err(with_addr)?;
+        let id = CmId::new(&channel).map_err(with_addr)?;
+        id.bind(sa).map_err(with_addr)?;
+        id.listen(128).map_err(with_addr)?;
+        let port = super::bound_port(&id);
+        let local = SocketAddr::new((*sa.ip()).into(), port);
+        let shared = Arc::new(Shared {
+            node,
+            cfg,
+            stop: AtomicBool::new(false),
+            paused: AtomicBool::new(false),
+            conns: Mutex::new(HashMap::new()),
+            mrs: Mutex::new(HashMap::new()),
+            next_conn: AtomicU64::new(1),
+        });
+        let s = shared.clone();
+        let listener = std::thread::Builder::new()
+            .name(format!("dmkit-rdma-listen-{}", s.node.id()))
+            .spawn(move || listen_loop(&s, &channel, id))?;
+        tracing::info!(addr = %local, node = %shared.node.id(), "memory node serving over rdma");
+        Ok(RdmaServer {
+            shared,
+            addr: local,
+            listener: Some(listener),
+        })
+    }
+
+    /// The address listened on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn node(&self) -> &Arc<MemoryNode> {
+        &self.shared.node
+    }
+
+    /// Open client connections.
+    pub fn connections(&self) -> usize {
+        self.shared.conns.lock().len()
+    }
+
+    /// Emulates a hung node, for tests: `true` moves every connection's QP to RESET, where
+    /// the NIC drops all incoming packets, so clients' one-sided verbs and RPCs go
+    /// unanswered and their NICs retransmit; `false` brings the QPs back to RTS expecting the
+    /// same packet sequence numbers, so the retransmissions are accepted and everything
+    /// completes. (A pause longer than the clients' retry budget — ack timeout × retry
+    /// count — breaks their connections, as a real hung node would.)
+    pub fn pause(&self, paused: bool) {
+        if self.shared.paused.swap(paused, Ordering::SeqCst) == paused {
+            return;
+        }
+        for c in self.shared.conns.lock().values() {
+            if paused {
+                match c.id.suspend() {
+                    Ok(a) => *c.saved.lock() = Some(a),
+                    Err(e) => tracing::warn!(error = %e, "cannot suspend a QP"),
+                }
+            } else if let Some(a) = c.saved.lock().take() {
+                let r = c.id.restore(&a).and_then(|()| {
+                    c.chan.reset_credits();
+                    c.chan.post_all_recvs()
+                });
+                if let Err(e) = r {
+                    tracing::warn!(error = %e, "cannot resume a QP");
+                }
+            }
+        }
+    }
+
+    /// Stops accepting and disconnects every client.
+    pub fn shutdown(&mut self) {
+        if self.shared.stop.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        for (_, c) in self.shared.conns.lock().drain() {
+            c.close();
+        }
+        if let Some(h) = self.listener.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for RdmaServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+impl Conn {
+    fn close(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.id.disconnect();
+        self.id.qp_to_error();
+    }
+}
+
+fn listen_loop(shared: &Arc<Shared>, channel: &Arc<EventChannel>, _listen: CmId) {
+    while !shared.stop.load(Ordering::SeqCst) {
+        let Some(ev) = channel.next(Duration::from_millis(50)) else {
+            continue;
+        };
+        match ev.kind {
+            sys::RDMA_CM_EVENT_CONNECT_REQUEST => {
+                // SAFETY: a CONNECT_REQUEST's id is new and ours; it is on this channel.
+                let id = unsafe { CmId::adopt(ev.id, channel) };
+                if let Err(e) = accept(shared, id) {
+                    tracing::warn!(error = %e, "rejecting an rdma connection");
+                }
+            }
+            sys::RDMA_CM_EVENT_ESTABLISHED => {
+                if let Some(c) = shared.conns.lock().get(&(ev.id as usize)) {
+                    let _ = c.tx.lock().send(Message {
+                        kind: kind::WELCOME,
+                        req: 0,
+                        body: Vec::new(),
+                    });
+                }
+            }
+            sys::RDMA_CM_EVENT_DISCONNECTED
+            | sys::RDMA_CM_EVENT_CONNECT_ERROR
+            | sys::RDMA_CM_EVENT_UNREACHABLE
+            | sys::RDMA_CM_EVENT_REJECTED => {
+                if let Some(c) = shared.conns.lock().remove(&(ev.id as usize)) {
+                    tracing::debug!(peer = %c.peer.addr, "rdma client disconnected");
+                    c.close();
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+fn access_flags(a: Access) -> u32 {
+    let mut f = sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
+    if a.contains(Access::REMOTE_READ) {
+        f |= sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
+    }
+    if a.contains(Access::REMOTE_WRITE) {
+        f |= sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+    }
+    if a.contains(Access::REMOTE_ATOMIC) {
+        f |= sys::ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0;
+    }
+    f
+}
+
+/// Registers every region of the node with `ctx`'s device (once) and drops registrations of
+/// regions the node removed; returns the table clients get.
+fn region_table(shared: &Shared, ctx: Context) -> Result<Vec<RemoteRegion>> {
+    let pd = device_pd(ctx)?;
+    let descs = shared.node.regions();
+    let mut mrs = shared.mrs.lock();
+    let c = ctx.raw() as usize;
+    mrs.retain(|(dc, rkey), _| *dc != c || descs.iter().any(|d| d.rkey == *rkey));
+    let mut out = Vec::with_capacity(descs.len());
+    for d in descs {
+        let key = (c, d.rkey);
+        let m = match mrs.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                let Some(mem) = shared.node.memory(d.rkey) else {
+                    continue;
+                };
+                let ptr = mem.backing().as_ptr();
+                let len = mem.len();
+                // SAFETY: `mem` keeps the backing (and so the memory) alive as long as the
+                // NodeMr, which drops the registration first; every CPU access to registered
+                // memory goes through `RegionMemory`'s atomics, so the NIC's DMA races
+                // nothing that Rust considers non-atomic.
+                let mr = unsafe { Mr::register(&pd, ptr, len, access_flags(d.access)) }?;
+                v.insert(Arc::new(NodeMr {
+                    mr,
+                    va: ptr as u64,
+                    _mem: mem,
+                }))
+            }
+        };
+        out.push(RemoteRegion {
+            desc: d,
+            nic_rkey: m.mr.rkey(),
+            va: m.va,
+        });
+    }
+    Ok(out)
+}
+
+fn accept(shared: &Arc<Shared>, mut id: CmId) -> Result<()> {
+    let cfg = &shared.cfg;
+    let ctx = match id.context() {
+        Some(c) => c,
+        None => {
+            id.reject();
+            return Err(Error::Connect {
+                addr: "rdma".into(),
+                reason: "connect request without a device".into(),
+            });
+        }
+    };
+    let setup = (|| {
+        let pd = device_pd(ctx)?;
+        let caps = ctx.caps()?;
+        let cq = Cq::new(ctx, cfg.send_depth + cfg.msg_depth + 16)?;
+        let inline = id.create_qp(
+            &pd,
+            &cq,
+            QpSizes {
+                send: cfg.send_depth.min(caps.max_qp_wr),
+                recv: cfg.msg_depth,
+                inline: cfg.max_inline,
+            },
+        )?;
+        // Register now, so the table is ready when the connection is established.
+        region_table(shared, ctx)?;
+        let resources = caps.max_qp_rd_atom.clamp(1, 16) as u8;
+        Ok::<_, Error>((pd, cq, inline, resources))
+    })();
+    let (pd, cq, inline, resources) = match setup {
+        Ok(v) => v,
+        Err(e) => {
+            id.reject();
+            return Err(e);
+        }
+    };
+    let id = Arc::new(id);
+    let chan = match Chan::new(id.clone(), &pd, cfg.msg_depth, inline) {
+        Ok(c) => c,
+        Err(e) => {
+            id.reject();
+            return Err(e);
+        }
+    };
+    let (tx, rx) = mpsc::channel();
+    let conn_id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
+    let conn = Arc::new(Conn {
+        id: id.clone(),
+        chan,
+        ctx,
+        stop: AtomicBool::new(false),
+        saved: Mutex::new(None),
+        tx: Mutex::new(tx),
+        peer: Peer {
+            conn_id,
+            addr: format!("rdma-conn-{conn_id}"),
+        },
+    });
+    shared.conns.lock().insert(id.raw() as usize, conn.clone());
+    let (c1, c2, s2) = (conn.clone(), conn.clone(), shared.clone());
+    std::thread::Builder::new()
+        .name(format!("dmkit-rdma-cq-{conn_id}"))
+        .spawn(move || poll_loop(&c1, &cq))?;
+    std::thread::Builder::new()
+        .name(format!("dmkit-rdma-srv-{conn_id}"))
+        .spawn(move || worker(&s2, &c2, &rx))?;
+    if let Err(e) = id.accept(resources) {
+        shared.conns.lock().remove(&(id.raw() as usize));
+        conn.close();
+        return Err(e);
+    }
+    Ok(())
+}
+
+fn poll_loop(conn: &Conn, cq: &Cq) {
+    let mut wcs = vec![sys::ibv_wc::default(); 32];
+    while !conn.stop.load(Ordering::SeqCst) {
+        let n = match cq.poll(&mut wcs) {
+            Ok(0) => {
+                cq.wait(Duration::from_millis(50));
+                continue;
+            }
+            Ok(n) => n,
+            Err(_) => break,
+        };
+        for wc in &wcs[..n] {
+            let tag = wc.wr_id & chan::TAG_MASK;
+            if tag == chan::TAG_SEND {
+                conn.chan.on_send_done(wc.wr_id);
+                continue;
+            }
+            if tag != chan::TAG_RECV || wc.status != sys::IBV_WC_SUCCESS {
+                // Flushed receives (disconnect) or a reset QP: nothing to deliver.
+                continue;
+            }
+            match conn.chan.on_recv(wc.wr_id, wc.byte_len as usize) {
+                Ok(Some(m)) => {
+                    let _ = conn.tx.lock().send(m);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(peer = %conn.peer.addr, error = %e, "closing rdma connection");
+                    conn.close();
+                    return;
+                }
+            }
+            conn.chan.maybe_return_credits();
+        }
+    }
+    // Give the QP time to flush so its buffers are not reused while the NIC might write them.
+    conn.id.qp_to_error();
+}
+
+fn worker(shared: &Shared, conn: &Conn, rx: &mpsc::Receiver<Message>) {
+    let timeout = shared.cfg.op_timeout;
+    while !conn.stop.load(Ordering::SeqCst) {
+        let Ok(m) = rx.recv_timeout(Duration::from_millis(100)) else {
+            continue;
+        };
+        while shared.paused.load(Ordering::SeqCst) && !conn.stop.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let (k, body) = match m.kind {
+            kind::WELCOME | kind::REGIONS => {
+                let k = if m.kind == kind::WELCOME {
+                    kind::WELCOME
+                } else {
+                    kind::REGIONS_RESP
+                };
+                match region_table(shared, conn.ctx) {
+                    Ok(t) => (k, wire::encode(shared.node.id(), &t)),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot register the node's regions");
+                        conn.close();
+                        return;
+                    }
+                }
+            }
+            kind::RPC => match shared.node.rpc(&conn.peer, &m.body) {
+                Ok(r) => (kind::RPC_OK, r),
+                Err(e) => (kind::RPC_ERR, e.into_bytes()),
+            },
+            kind::PERSIST => (
+                kind::PERSIST_RESP,
+                vec![u8::from(!persist(shared, &m.body))],
+            ),
+            _ => {
+                tracing::warn!(peer = %conn.peer.addr, kind = m.kind, "unexpected message");
+                continue;
+            }
+        };
+        if let Err(e) = conn.chan.send(k, m.req, &body, timeout) {
+            tracing::warn!(peer = %conn.peer.addr, error = %e, "cannot reply; closing");
+            conn.close();
+            return;
+        }
+    }
+}
+
+/// Persists the ranges `(rkey u32, off u64, len u64)*` a client wrote durably; false if any
+/// failed or is not a range of a region.
+fn persist(shared: &Shared, body: &[u8]) -> bool {
+    body.chunks(20).all(|e| {
+        if e.len() != 20 {
+            return false;
+        }
+        let rkey = RKey(u32::from_le_bytes(e[0..4].try_into().expect("4")));
+        let off = u64::from_le_bytes(e[4..12].try_into().expect("8")) as usize;
+        let len = u64::from_le_bytes(e[12..20].try_into().expect("8")) as usize;
+        shared
+            .node
+            .memory(rkey)
+            .is_some_and(|m| m.persist(off, len).is_ok())
+    })
+}

@@ -1,0 +1,96 @@
+//! The region table a memory node sends at connect (and on refresh): each region's
+//! descriptor plus what the NIC needs to reach it — the real virtual address and the NIC's
+//! rkey. Remote addresses in the verbs API are region-relative (`RegionDesc::base`); the
+//! client translates `base + off` to `va + off` when posting.
+
+use crate::error::{Error, Result};
+use crate::types::{Access, Media, NodeId, RKey, RegionDesc};
+
+/// A region as a client of the rdma backend knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RemoteRegion {
+    pub desc: RegionDesc,
+    pub nic_rkey: u32,
+    pub va: u64,
+}
+
+const ENTRY: usize = 4 + 8 + 8 + 1 + 1 + 4 + 8;
+
+pub(crate) fn encode(node: NodeId, regions: &[RemoteRegion]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(6 + regions.len() * ENTRY);
+    out.extend_from_slice(&node.0.to_le_bytes());
+    out.extend_from_slice(&(regions.len() as u32).to_le_bytes());
+    for r in regions {
+        out.extend_from_slice(&r.desc.rkey.0.to_le_bytes());
+        out.extend_from_slice(&r.desc.base.to_le_bytes());
+        out.extend_from_slice(&r.desc.len.to_le_bytes());
+        out.push(r.desc.access.bits());
+        out.push(u8::from(r.desc.media == Media::Nvm));
+        out.extend_from_slice(&r.nic_rkey.to_le_bytes());
+        out.extend_from_slice(&r.va.to_le_bytes());
+    }
+    out
+}
+
+pub(crate) fn decode(peer: &str, b: &[u8]) -> Result<(NodeId, Vec<RemoteRegion>)> {
+    let bad = || Error::Protocol {
+        peer: peer.to_string(),
+        reason: "malformed region table".into(),
+    };
+    if b.len() < 6 {
+        return Err(bad());
+    }
+    let node = NodeId(u16::from_le_bytes([b[0], b[1]]));
+    let n = u32::from_le_bytes(b[2..6].try_into().map_err(|_| bad())?) as usize;
+    if b.len() != 6 + n * ENTRY {
+        return Err(bad());
+    }
+    let u32at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4"));
+    let u64at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8"));
+    let regions = (0..n)
+        .map(|i| {
+            let o = 6 + i * ENTRY;
+            RemoteRegion {
+                desc: RegionDesc {
+                    node,
+                    rkey: RKey(u32at(o)),
+                    base: u64at(o + 4),
+                    len: u64at(o + 12),
+                    access: Access::from_bits(b[o + 20]),
+                    media: if b[o + 21] == 1 {
+                        Media::Nvm
+                    } else {
+                        Media::Dram
+                    },
+                },
+                nic_rkey: u32at(o + 22),
+                va: u64at(o + 26),
+            }
+        })
+        .collect();
+    Ok((node, regions))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn region_tables_round_trip() {
+        let r = RemoteRegion {
+            desc: RegionDesc {
+                node: NodeId(4),
+                rkey: RKey(0xdead_beef),
+                base: 1 << 40,
+                len: 4096,
+                access: Access::REMOTE_READ,
+                media: Media::Nvm,
+            },
+            nic_rkey: 77,
+            va: 0x7f00_0000_1000,
+        };
+        let b = encode(NodeId(4), &[r, r]);
+        assert_eq!(decode("p", &b).unwrap(), (NodeId(4), vec![r, r]));
+        assert!(decode("p", &b[..b.len() - 1]).is_err());
+    }
+}
