@@ -58,11 +58,20 @@ pub fn read_secret(path: &std::path::Path) -> Result<Vec<u8>, CliError> {
 }
 
 pub fn run(args: MemnodeArgs) -> Result<(), CliError> {
-    if args.backend != Backend::Tcp {
-        return Err(CliError::usage(format!(
-            "backend '{}' cannot serve a memory node from this build (use --backend tcp)",
-            args.backend
-        )));
+    match args.backend {
+        Backend::Tcp => {}
+        #[cfg(feature = "rdma")]
+        Backend::Rdma => {}
+        b => {
+            return Err(CliError::usage(format!(
+                "backend '{b}' cannot serve a memory node from this build (use --backend tcp{})",
+                if b == Backend::Rdma {
+                    ", or build dmkit with --features rdma"
+                } else {
+                    ""
+                }
+            )));
+        }
     }
     if args.size.is_some() && args.pool.is_none() {
         return Err(CliError::usage(

@@ -47,4 +47,10 @@ pub trait Connection: Send + Sync + std::fmt::Debug {
 pub trait Connector: Send + Sync + std::fmt::Debug {
     /// Connects to the node at `addr`, runs the handshake and learns its regions.
     fn connect(&self, addr: &str) -> Result<Arc<dyn Connection>>;
+
+    /// Registered buffers for endpoints using this connector, when the NIC needs them
+    /// (rdma); `None` means heap memory will do.
+    fn buf_allocator(&self) -> Result<Option<Arc<dyn crate::BufAllocator>>> {
+        Ok(None)
+    }
 }

@@ -82,7 +82,10 @@ impl Endpoint {
     /// Connects to every `(expected id, address)` with `connector`. Fails on the first node
     /// that cannot be reached or that reports another id.
     pub fn connect(connector: &dyn Connector, nodes: &[(NodeId, String)]) -> Result<Self> {
-        let ep = Self::default();
+        let ep = match connector.buf_allocator()? {
+            Some(a) => Self::with_allocator(EndpointConfig::default(), a),
+            None => Self::default(),
+        };
         for (id, addr) in nodes {
             let c = connector.connect(addr)?;
             if c.node() != *id {

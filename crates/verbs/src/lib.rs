@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | `sim` | in-process, with fault injection and a virtual-time latency model | [`sim`] |
 //! | `tcp` | processes over TCP: a soft NIC on the memory node executes the verbs | [`tcp`] |
-//! | `rdma` | libibverbs + librdmacm (feature `rdma`) | — |
+//! | `rdma` | libibverbs + librdmacm (feature `rdma`) | `rdma` |
 //!
 //! A memory node ([`MemoryNode`]) registers memory ([`Backing`]) and gets a descriptor with an
 //! unpredictable rkey; a client ([`Endpoint`]) connects to nodes and posts [`Batch`]es. Every
@@ -62,11 +62,11 @@ pub mod wire;
 pub mod conformance;
 
 pub use batch::{Batch, BatchResult, OpIdx};
-pub use buf::{BufAllocator, HeapAllocator, MemBuf};
+pub use buf::{BufAllocator, ChunkOwner, HeapAllocator, MemBuf};
 pub use conn::{Connection, Connector, PostCtx};
 pub use endpoint::{Endpoint, EndpointConfig, WriteConfirm};
 pub use error::{AccessFault, Error, Result};
-pub use memory::{Backing, DramBacking, RegionMemory};
+pub use memory::{Backing, DramBacking, FnBacking, RegionMemory};
 pub use node::{MemoryNode, Peer, RpcHandler};
 pub use pending::Pending;
 pub use stats::{Stats, Tag, TagStats};

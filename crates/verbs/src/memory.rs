@@ -107,6 +107,83 @@ impl Backing for DramBacking {
     }
 }
 
+type PersistFn = Box<dyn Fn(usize, usize) -> std::io::Result<()> + Send + Sync>;
+
+/// Memory owned elsewhere (a mapped pool, say), registered through a pointer, a length and a
+/// persist function. The owner is kept alive for as long as the backing is.
+///
+/// ```
+/// use std::sync::Arc;
+/// use dmkit_verbs::{Backing, FnBacking, Media};
+/// let owner = Arc::new(vec![0u64; 512]);
+/// let ptr = owner.as_ptr() as *mut u8;
+/// // SAFETY (of the example): `owner` keeps the 4096 bytes alive and is only accessed through
+/// // the verbs layer from now on.
+/// let b = unsafe { FnBacking::new(owner, ptr, 4096, Media::Dram, |_, _| Ok(())) };
+/// assert_eq!(b.len(), 4096);
+/// ```
+pub struct FnBacking {
+    _owner: Arc<dyn std::any::Any + Send + Sync>,
+    ptr: *mut u8,
+    len: usize,
+    media: Media,
+    persist: PersistFn,
+}
+
+// SAFETY: the memory is owned by `_owner` (Send + Sync) and only accessed through atomics or
+// the NIC; the persist function is Send + Sync.
+unsafe impl Send for FnBacking {}
+// SAFETY: as above.
+unsafe impl Sync for FnBacking {}
+
+impl FnBacking {
+    /// Wraps `len` bytes at `ptr`, owned by `owner`; `persist(offset, len)` makes a range
+    /// durable.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must stay valid for as long as `owner` lives, and must not be accessed
+    /// other than through atomics (or by the NIC) while registered.
+    pub unsafe fn new(
+        owner: Arc<dyn std::any::Any + Send + Sync>,
+        ptr: *mut u8,
+        len: usize,
+        media: Media,
+        persist: impl Fn(usize, usize) -> std::io::Result<()> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            _owner: owner,
+            ptr,
+            len,
+            media,
+            persist: Box::new(persist),
+        }
+    }
+}
+
+impl std::fmt::Debug for FnBacking {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FnBacking")
+            .field("len", &self.len)
+            .field("media", &self.media)
+            .finish()
+    }
+}
+
+impl Backing for FnBacking {
+    fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn media(&self) -> Media {
+        self.media
+    }
+    fn persist(&self, offset: usize, len: usize) -> std::io::Result<()> {
+        (self.persist)(offset, len)
+    }
+}
+
 /// A word-atomic view of a [`Backing`]. Cloning shares the memory.
 #[derive(Debug, Clone)]
 pub struct RegionMemory {

@@ -3,6 +3,7 @@
 //! Every bench measures ours and its baseline side by side in one run and reports ratios, so
 //! a noisy shared machine moves both sides together.
 
+pub mod perftest;
 pub mod verbs;
 
 use std::io::IsTerminal;

@@ -34,6 +34,9 @@ pub struct VerbsArgs {
     /// Node id of the memory node at --addr.
     #[arg(long, default_value_t = 0)]
     pub node_id: u16,
+    /// RDMA device (rdma; default: the first with an active port and an IPv4 GID).
+    #[arg(long)]
+    pub device: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,6 +85,15 @@ pub fn run(args: VerbsArgs) -> Result<(), CliError> {
             lat_ops: 2_000_000,
             batches: 200_000,
         },
+        // Emulated RDMA (SoftRoCE under QEMU) runs about 2k round trips a second.
+        (Backend::Rdma, true) => Plan {
+            lat_ops: 400,
+            batches: 150,
+        },
+        (Backend::Rdma, false) => Plan {
+            lat_ops: 3_000,
+            batches: 1_000,
+        },
         (_, true) => Plan {
             lat_ops: 8_000,
             batches: 2_000,
@@ -98,6 +110,10 @@ pub fn run(args: VerbsArgs) -> Result<(), CliError> {
     report.config("latency_ops", plan.lat_ops);
     report.config("batches", plan.batches);
 
+    #[cfg_attr(not(feature = "rdma"), allow(unused_mut))]
+    let mut perftest_target: Option<super::perftest::Target> = None;
+    #[cfg(feature = "rdma")]
+    let mut _rdma_server = None;
     let (ep, region, _server, _cluster) = match args.backend {
         Backend::Sim => {
             let cluster = SimCluster::new(SimConfig::default());
@@ -136,9 +152,56 @@ pub fn run(args: VerbsArgs) -> Result<(), CliError> {
                 })?;
             (ep, r, server, None)
         }
+        #[cfg(feature = "rdma")]
+        Backend::Rdma => {
+            use dmkit_verbs::rdma::{RdmaConfig, RdmaConnector, RdmaServer, first_active_device};
+            let rt = |e: dmkit_verbs::Error| CliError::runtime(e.to_string());
+            let mut cfg = RdmaConfig::from_env().map_err(|e| CliError::usage(e.to_string()))?;
+            if let Some(d) = &args.device {
+                cfg.device = Some(d.clone());
+            }
+            let info = first_active_device().map_err(rt)?;
+            let device = cfg.device.clone().unwrap_or(info.device.clone());
+            let (addr, id) = match &args.addr {
+                Some(a) => (a.clone(), NodeId(args.node_id)),
+                None => {
+                    let node = Arc::new(MemoryNode::new(NodeId(0)));
+                    node.register(Arc::new(DramBacking::new(1 << 20)), Access::ALL, None)
+                        .map_err(rt)?;
+                    let s = RdmaServer::start(&format!("{}:0", info.ipv4), node, cfg.clone())
+                        .map_err(rt)?;
+                    let a = s.local_addr().to_string();
+                    _rdma_server = Some(s);
+                    (a, NodeId(0))
+                }
+            };
+            let ip = addr
+                .rsplit_once(':')
+                .map_or(addr.clone(), |(h, _)| h.to_string());
+            perftest_target = Some(super::perftest::Target {
+                device: device.clone(),
+                port: cfg.port,
+                gid_index: cfg.gid_index.unwrap_or(info.gid_index),
+                ip,
+            });
+            report.config("device", device);
+            report.config("memnode", addr.clone());
+            let connector = RdmaConnector::new(cfg);
+            let ep = Endpoint::connect(&connector, &[(id, addr)]).map_err(rt)?;
+            let r = ep
+                .regions(id)
+                .map_err(rt)?
+                .into_iter()
+                .find(|r| r.access == Access::ALL && r.len >= 1 << 16)
+                .ok_or_else(|| {
+                    CliError::runtime("the memory node has no writable region of 64KiB or more")
+                })?;
+            (ep, r, None, None)
+        }
+        #[cfg(not(feature = "rdma"))]
         Backend::Rdma => {
             return Err(CliError::usage(
-                "this build has no rdma backend (build with --features rdma)",
+                "this build has no rdma backend (build dmkit with --features rdma)",
             ));
         }
     };
@@ -150,9 +213,29 @@ pub fn run(args: VerbsArgs) -> Result<(), CliError> {
         let m = ours_latency(&ep, &region, op, plan.lat_ops);
         report.results.push(m);
         pb.inc(1);
-        let m = ours_batched(&ep, &region, op, plan.batches);
+        let window = if args.backend == Backend::Rdma { 4 } else { 1 };
+        let m = ours_batched(&ep, &region, op, plan.batches, window);
         report.results.push(m);
         pb.inc(1);
+    }
+    if let Some(t) = &perftest_target {
+        pb.set_message("perftest");
+        perftest_baselines(&mut report, t, &plan)?;
+        pb.finish_and_clear();
+        let p50 = |r: &Report, n: &str| r.result(n).map(|m| m.p50_us).unwrap_or(f64::NAN);
+        let tput = |r: &Report, n: &str| r.result(n).map(|m| m.ops_per_sec).unwrap_or(f64::NAN);
+        let lat = p50(&report, "read64") / p50(&report, "perftest_ib_read_lat_64");
+        report.ratio("rdma_read64_latency_vs_perftest", lat, Some("<= 1.25"));
+        let thr = tput(&report, "write64_batch16") / tput(&report, "perftest_ib_write_bw_64");
+        report.ratio("rdma_write64_throughput_vs_perftest", thr, Some(">= 0.8"));
+        let cas = tput(&report, "cas_batch16") / tput(&report, "perftest_ib_atomic_bw_cas");
+        report.ratio("rdma_cas_throughput_vs_perftest", cas, None);
+        report.print_table();
+        if let Some(p) = &args.json {
+            report.write_json(p).map_err(CliError::runtime)?;
+            eprintln!("wrote {}", p.display());
+        }
+        return Ok(());
     }
     let base = match args.backend {
         Backend::Sim => "memcpy",
@@ -215,6 +298,77 @@ pub fn run(args: VerbsArgs) -> Result<(), CliError> {
     Ok(())
 }
 
+/// perftest on the same device: READ latency, WRITE and CAS message rates with 64 work
+/// requests in flight (ours keeps 4 batches of 16 in flight).
+fn perftest_baselines(
+    report: &mut Report,
+    t: &super::perftest::Target,
+    plan: &Plan,
+) -> Result<(), CliError> {
+    use super::perftest::{msg_rate_per_sec, run_pair, typical_latency_us};
+    let rt = |e: String| CliError::runtime(format!("perftest baseline: {e}"));
+    let n = |x: u64| x.to_string();
+    let lat_out = run_pair(
+        "ib_read_lat",
+        t,
+        &[
+            "-s".into(),
+            "64".into(),
+            "-n".into(),
+            n(plan.lat_ops.max(5)),
+        ],
+        18515,
+    )
+    .map_err(rt)?;
+    let lat = typical_latency_us(&lat_out, 64)
+        .ok_or_else(|| rt(format!("unreadable ib_read_lat report: {lat_out}")))?;
+    let mut m = Recorder::new().measurement("perftest_ib_read_lat_64", 1.0);
+    m.p50_us = lat;
+    m.p99_us = lat;
+    m.ops_per_sec = 1e6 / lat;
+    report.results.push(m);
+    let iters = n((plan.batches * BATCH as u64).max(64));
+    let bw_out = run_pair(
+        "ib_write_bw",
+        t,
+        &[
+            "-s".into(),
+            "64".into(),
+            "-n".into(),
+            iters.clone(),
+            "-t".into(),
+            "64".into(),
+        ],
+        18516,
+    )
+    .map_err(rt)?;
+    let rate = msg_rate_per_sec(&bw_out, 64)
+        .ok_or_else(|| rt(format!("unreadable ib_write_bw report: {bw_out}")))?;
+    let mut m = Recorder::new().measurement("perftest_ib_write_bw_64", 1.0 / 64.0);
+    m.ops_per_sec = rate;
+    report.results.push(m);
+    let at_out = run_pair(
+        "ib_atomic_bw",
+        t,
+        &[
+            "-A".into(),
+            "CMP_AND_SWAP".into(),
+            "-n".into(),
+            iters,
+            "-t".into(),
+            "64".into(),
+        ],
+        18517,
+    )
+    .map_err(rt)?;
+    let rate = msg_rate_per_sec(&at_out, 8)
+        .ok_or_else(|| rt(format!("unreadable ib_atomic_bw report: {at_out}")))?;
+    let mut m = Recorder::new().measurement("perftest_ib_atomic_bw_cas", 1.0 / 64.0);
+    m.ops_per_sec = rate;
+    report.results.push(m);
+    Ok(())
+}
+
 fn tag(op: Op, batched: bool) -> &'static str {
     match (op, batched) {
         (Op::Read64, false) => "bench_read64",
@@ -272,19 +426,36 @@ fn ours_latency(ep: &Endpoint, r: &RegionDesc, op: Op, n: u64) -> super::Measure
     rec.measurement(op.name(), d.round_trips as f64 / n as f64)
 }
 
-fn ours_batched(ep: &Endpoint, r: &RegionDesc, op: Op, batches: u64) -> super::Measurement {
+/// Batches of 16, with `window` batches in flight (1: post, wait, post ...).
+fn ours_batched(
+    ep: &Endpoint,
+    r: &RegionDesc,
+    op: Op,
+    batches: u64,
+    window: usize,
+) -> super::Measurement {
     let t = tag(op, true);
     let data = vec![0x5Au8; 4096];
     let mut rec = Recorder::new();
     let run = |rec: Option<&mut Recorder>, count: u64| {
         let mut rec = rec;
+        let mut inflight = std::collections::VecDeque::new();
         for i in 0..count {
-            let s = Instant::now();
             let mut b = ep.batch(r.node);
             for j in 0..BATCH as u64 {
                 push(ep, &mut b, r, op, i * BATCH as u64 + j, &data);
             }
-            black_box(ep.execute(t, b).ok());
+            inflight.push_back((Instant::now(), ep.post(t, b)));
+            if inflight.len() >= window {
+                let (s, p) = inflight.pop_front().expect("non-empty");
+                black_box(ep.wait(p).ok());
+                if let Some(rec) = rec.as_deref_mut() {
+                    rec.record(s.elapsed().as_nanos() as u64, BATCH as u64);
+                }
+            }
+        }
+        for (s, p) in inflight {
+            black_box(ep.wait(p).ok());
             if let Some(rec) = rec.as_deref_mut() {
                 rec.record(s.elapsed().as_nanos() as u64, BATCH as u64);
             }

@@ -66,6 +66,10 @@ impl Connector for RdmaConnector {
         })?;
         Ok(Arc::new(c))
     }
+
+    fn buf_allocator(&self) -> Result<Option<Arc<dyn crate::BufAllocator>>> {
+        Ok(Some(Arc::new(self.allocator()?)))
+    }
 }
 
 struct InFlight {
