@@ -20,7 +20,7 @@ use dmkit_lease::{
 };
 use dmkit_pmem_pool::{Pool, PoolOptions};
 use dmkit_verbs::wire::{Reader, WireError};
-use dmkit_verbs::{Access, Backing, Media, MemoryNode, NodeId, Peer, RegionDesc, RegionMemory};
+use dmkit_verbs::{Access, FnBacking, Media, MemoryNode, NodeId, Peer, RegionDesc, RegionMemory};
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
@@ -74,32 +74,27 @@ struct Cached {
     generation: u32,
 }
 
-struct PoolMem(Arc<Pool>);
-
-impl std::fmt::Debug for PoolMem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("PoolMem")
-    }
-}
-
-impl Backing for PoolMem {
-    fn as_ptr(&self) -> *mut u8 {
-        self.0.data_ptr()
-    }
-    fn len(&self) -> usize {
-        self.0.data_len() / 8 * 8
-    }
-    fn media(&self) -> Media {
-        if self.0.is_persistent() {
-            Media::Nvm
-        } else {
-            Media::Dram
-        }
-    }
-    fn persist(&self, offset: usize, len: usize) -> std::io::Result<()> {
-        self.0
-            .persist(offset, len)
-            .map_err(|e| std::io::Error::other(e.to_string()))
+/// A pool's data area as verbs-registrable memory.
+fn pool_backing(pool: &Arc<Pool>) -> FnBacking {
+    let media = if pool.is_persistent() {
+        Media::Nvm
+    } else {
+        Media::Dram
+    };
+    let p = pool.clone();
+    // SAFETY: the data area stays mapped while the pool lives and the backing owns an Arc of
+    // it; the area is only accessed through the verbs layer's atomic views.
+    unsafe {
+        FnBacking::new(
+            pool.clone(),
+            pool.data_ptr(),
+            pool.data_len() / 8 * 8,
+            media,
+            move |off, len| {
+                p.persist(off, len)
+                    .map_err(|e| std::io::Error::other(e.to_string()))
+            },
+        )
     }
 }
 
@@ -150,14 +145,10 @@ impl GengarServer {
         let dram = Arc::new(dram);
         let node = Arc::new(MemoryNode::new(id));
         let nvm_region = node
-            .register(Arc::new(PoolMem(nvm.clone())), Access::ALL, Some(NVM_BASE))
+            .register(Arc::new(pool_backing(&nvm)), Access::ALL, Some(NVM_BASE))
             .map_err(|e| setup(&e))?;
         let dram_region = node
-            .register(
-                Arc::new(PoolMem(dram.clone())),
-                Access::ALL,
-                Some(DRAM_BASE),
-            )
+            .register(Arc::new(pool_backing(&dram)), Access::ALL, Some(DRAM_BASE))
             .map_err(|e| setup(&e))?;
         let nvm_mem = node.memory(nvm_region.rkey).expect("just registered");
         let dram_mem = node.memory(dram_region.rkey).expect("just registered");
