@@ -79,6 +79,14 @@ impl<T> Slot<T> {
 /// whose retry count is exceeded).
 pub(crate) type TimeoutHook = Arc<dyn Fn() + Send + Sync>;
 
+/// Drives the backend's completion queue from the waiting thread (true if it found
+/// something). Backends whose completions need polling (rdma) give one, so a waiter polls
+/// instead of sleeping until another thread wakes it: one thread handoff less per verb.
+pub(crate) type Progress = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// How long a waiter with a progress hook polls before it also sleeps between polls.
+const SPIN: Duration = Duration::from_micros(200);
+
 enum State<T> {
     Ready(Result<T>),
     Waiting(Arc<Slot<T>>),
@@ -91,6 +99,7 @@ pub struct Pending<T> {
     node: NodeId,
     timeout: Duration,
     on_timeout: Option<TimeoutHook>,
+    progress: Option<Progress>,
     /// Modeled completion time in virtual nanoseconds (sim with a latency model).
     pub(crate) modeled_done: Option<u64>,
 }
@@ -111,6 +120,7 @@ impl<T: Send + 'static> Pending<T> {
             node,
             timeout: Duration::MAX,
             on_timeout: None,
+            progress: None,
             modeled_done: None,
         }
     }
@@ -126,6 +136,7 @@ impl<T: Send + 'static> Pending<T> {
             node,
             timeout,
             on_timeout,
+            progress: None,
             modeled_done: None,
         }
     }
@@ -156,10 +167,32 @@ impl<T: Send + 'static> Pending<T> {
             State::Ready(r) => r,
             State::Done => Err(Error::InvalidArgument("completion already taken".into())),
             State::Waiting(slot) => {
-                let deadline = Instant::now()
+                let start = Instant::now();
+                let deadline = start
                     .checked_add(timeout)
-                    .unwrap_or_else(|| Instant::now() + Duration::from_secs(86400 * 365));
-                match slot.wait_until(deadline) {
+                    .unwrap_or_else(|| start + Duration::from_secs(86400 * 365));
+                let got = match &self.progress {
+                    None => slot.wait_until(deadline),
+                    Some(p) => loop {
+                        if let Some(r) = slot.take() {
+                            break Some(r);
+                        }
+                        let busy = p();
+                        let now = Instant::now();
+                        if now >= deadline {
+                            break slot.take();
+                        }
+                        if !busy && now - start > SPIN {
+                            let nap = (now + Duration::from_micros(500)).min(deadline);
+                            if let Some(r) = slot.wait_until(nap) {
+                                break Some(r);
+                            }
+                        } else {
+                            std::hint::spin_loop();
+                        }
+                    },
+                };
+                match got {
                     Some(r) => r,
                     None => {
                         // Deliver the timeout through the slot: callbacks (staging release)
@@ -180,6 +213,12 @@ impl<T: Send + 'static> Pending<T> {
                 }
             }
         }
+    }
+
+    /// Lets the waiter drive completions itself (see [`Progress`]).
+    pub(crate) fn with_progress(mut self, p: Progress) -> Self {
+        self.progress = Some(p);
+        self
     }
 
     /// Runs `cb` when the completion arrives (at once if it already has), on whichever thread

@@ -19,7 +19,7 @@ use crate::buf::{BufAllocator, MemBuf};
 use crate::conn::{Connection, Connector, PostCtx};
 use crate::error::{AccessFault, Error, Result};
 use crate::node::OpKind;
-use crate::pending::{Pending, Slot, TimeoutHook};
+use crate::pending::{Pending, Progress, Slot, TimeoutHook};
 use crate::types::{Media, NodeId, RegionDesc};
 
 /// Makes rdma connections. Give endpoints [`RdmaConnector::allocator`] so their buffers are
@@ -110,6 +110,14 @@ struct Shared {
     reason: Mutex<Option<String>>,
     op_timeout: Duration,
     max_inline: u32,
+    /// The completion queue (QPs hold their own Arc, so it outlives them either way) and who
+    /// is polling it: the poll thread, or a waiter driving its own completion.
+    cq: Arc<Cq>,
+    poll_lock: Mutex<()>,
+    /// When a waiter last polled the CQ itself (ns since `epoch`): while waiters poll, the
+    /// poll thread stays off the CPU instead of waking on every completion event.
+    last_spin: AtomicU64,
+    epoch: Instant,
 }
 
 impl std::fmt::Debug for Shared {
@@ -248,12 +256,30 @@ impl RdmaConnection {
             reason: Mutex::new(None),
             op_timeout: cfg.op_timeout,
             max_inline,
+            cq: cq.clone(),
+            poll_lock: Mutex::new(()),
+            last_spin: AtomicU64::new(0),
+            epoch: Instant::now(),
         });
         let s = Arc::downgrade(&shared);
         std::thread::Builder::new()
             .name(format!("dmkit-rdma-cq-{node}"))
             .spawn(move || poll_loop(&s, &cq))?;
         Ok(RdmaConnection { shared })
+    }
+
+    /// Lets a waiter poll the CQ itself (when no one else is polling it).
+    fn progress(&self) -> Progress {
+        let s = Arc::downgrade(&self.shared);
+        Arc::new(move || {
+            let Some(s) = s.upgrade() else { return false };
+            s.last_spin
+                .store(s.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            let Some(_g) = s.poll_lock.try_lock() else {
+                return false;
+            };
+            poll_once(&s, &s.cq) > 0
+        })
     }
 
     fn timeout_hook(&self) -> TimeoutHook {
@@ -437,64 +463,82 @@ fn status_reason(status: u32) -> String {
     format!("{} ({status})", s.to_string_lossy())
 }
 
+/// Polls the CQ once and delivers what it finds; the number of completions. Callers hold
+/// `poll_lock`.
+fn poll_once(s: &Arc<Shared>, cq: &Cq) -> usize {
+    let mut wcs = [sys::ibv_wc::default(); 16];
+    // Disconnect notices from the node.
+    while let Some(ev) = s.cm.next(Duration::ZERO) {
+        if matches!(
+            ev.kind,
+            sys::RDMA_CM_EVENT_DISCONNECTED | sys::RDMA_CM_EVENT_DEVICE_REMOVAL
+        ) {
+            s.kill(format!(
+                "the memory node disconnected ({})",
+                ffi::event_name(ev.kind)
+            ));
+        }
+    }
+    let n = match cq.poll(&mut wcs) {
+        Ok(n) => n,
+        Err(e) => {
+            s.kill(e.to_string());
+            0
+        }
+    };
+    for wc in &wcs[..n] {
+        let tag = wc.wr_id & chan::TAG_MASK;
+        if tag == chan::TAG_SEND {
+            s.chan.on_send_done(wc.wr_id);
+            if wc.status != sys::IBV_WC_SUCCESS && wc.status != sys::IBV_WC_WR_FLUSH_ERR {
+                s.kill(format!("send failed: {}", status_reason(wc.status)));
+            }
+        } else if tag == chan::TAG_RECV {
+            if wc.status != sys::IBV_WC_SUCCESS {
+                continue;
+            }
+            match s.chan.on_recv(wc.wr_id, wc.byte_len as usize) {
+                Ok(Some(m)) => {
+                    if let Some(slot) = s.rpcs.lock().remove(&m.req) {
+                        slot.complete(Ok(m));
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => s.kill(e.to_string()),
+            }
+            s.chan.maybe_return_credits();
+        } else {
+            s.on_batch_wc(wc);
+        }
+    }
+    n
+}
+
 fn poll_loop(weak: &std::sync::Weak<Shared>, cq: &Cq) {
-    let mut wcs = vec![sys::ibv_wc::default(); 32];
     let mut dead_since: Option<Instant> = None;
     loop {
         let Some(s) = weak.upgrade() else { return };
-        // Disconnect notices from the node.
-        while let Some(ev) = s.cm.next(Duration::ZERO) {
-            if matches!(
-                ev.kind,
-                sys::RDMA_CM_EVENT_DISCONNECTED | sys::RDMA_CM_EVENT_DEVICE_REMOVAL
-            ) {
-                s.kill(format!(
-                    "the memory node disconnected ({})",
-                    ffi::event_name(ev.kind)
-                ));
-            }
-        }
-        let n = match cq.poll(&mut wcs) {
-            Ok(n) => n,
-            Err(e) => {
-                s.kill(e.to_string());
-                0
-            }
+        let n = {
+            let _g = s.poll_lock.lock();
+            poll_once(&s, cq)
         };
-        for wc in &wcs[..n] {
-            let tag = wc.wr_id & chan::TAG_MASK;
-            if tag == chan::TAG_SEND {
-                s.chan.on_send_done(wc.wr_id);
-                if wc.status != sys::IBV_WC_SUCCESS && wc.status != sys::IBV_WC_WR_FLUSH_ERR {
-                    s.kill(format!("send failed: {}", status_reason(wc.status)));
-                }
-            } else if tag == chan::TAG_RECV {
-                if wc.status != sys::IBV_WC_SUCCESS {
-                    continue;
-                }
-                match s.chan.on_recv(wc.wr_id, wc.byte_len as usize) {
-                    Ok(Some(m)) => {
-                        if let Some(slot) = s.rpcs.lock().remove(&m.req) {
-                            slot.complete(Ok(m));
-                        }
-                    }
-                    Ok(None) => {}
-                    Err(e) => s.kill(e.to_string()),
-                }
-                s.chan.maybe_return_credits();
-            } else {
-                s.on_batch_wc(wc);
-            }
-        }
         if !s.alive.load(Ordering::SeqCst) {
             let t = *dead_since.get_or_insert_with(Instant::now);
             if s.inflight.lock().is_empty() || t.elapsed() > Duration::from_secs(2) {
                 return;
             }
         }
+        let now = s.epoch.elapsed().as_nanos() as u64;
+        let spinning = now < s.last_spin.load(Ordering::Relaxed) + 5_000_000;
         drop(s);
         if n == 0 {
-            cq.wait(Duration::from_millis(20));
+            if spinning {
+                // A waiter is driving the CQ: only back it up for completions nobody waits
+                // for (proxied writes), without waking on each event.
+                std::thread::sleep(Duration::from_millis(1));
+            } else {
+                cq.wait(Duration::from_millis(20));
+            }
         }
     }
 }
@@ -741,6 +785,7 @@ impl Connection for RdmaConnection {
             }
         }
         Pending::waiting(node, slot, s.op_timeout, Some(self.timeout_hook()))
+            .with_progress(self.progress())
     }
 
     fn rpc(&self, req: &[u8], _ctx: PostCtx) -> Pending<Vec<u8>> {
