@@ -216,6 +216,7 @@ impl<T: Send + 'static> Pending<T> {
     }
 
     /// Lets the waiter drive completions itself (see [`Progress`]).
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
     pub(crate) fn with_progress(mut self, p: Progress) -> Self {
         self.progress = Some(p);
         self

@@ -1,0 +1,43 @@
+//! The crate's one error type.
+
+use std::time::Duration;
+
+use dmkit_verbs::NodeId;
+
+/// Everything that can go wrong in the index. Remote data is never trusted: a bucket, header
+/// or directory entry that does not decode is [`Error::Corrupt`], never a panic.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A verb failed (node failure, timeout, remote access error, ...).
+    #[error(transparent)]
+    Verbs(#[from] dmkit_verbs::Error),
+    /// Something read from remote memory does not decode.
+    #[error("corrupt index data on node {node}: {what}")]
+    Corrupt { node: NodeId, what: String },
+    /// The replica space holds no formatted index (bad magic) or one of another version.
+    #[error("no index formatted in the space on node {node}: {reason}")]
+    NotFormatted { node: NodeId, reason: String },
+    /// The configuration or the replica spaces cannot work (the message says why).
+    #[error("invalid index configuration: {0}")]
+    InvalidConfig(String),
+    /// A slot value or object pointer that cannot be encoded.
+    #[error("invalid slot: {0}")]
+    InvalidSlot(String),
+    /// The index cannot grow further: no space for another subtable, or the directory is at
+    /// its maximum depth.
+    #[error("the index is full: {0}")]
+    Full(String),
+    /// A SNAPSHOT loser waited this long and the primary slot never changed (the winner may
+    /// have crashed between repairing the backups and swapping the primary).
+    #[error("SNAPSHOT round stalled: the primary slot did not change within {waited:?}")]
+    SnapshotStalled { waited: Duration },
+    /// Waited this long for another client's split (or for the split lock) to finish.
+    #[error("split did not finish within {waited:?} (its owner may have crashed)")]
+    SplitStalled { waited: Duration },
+    /// The key verifier failed (reading the KV objects).
+    #[error("key verifier failed: {0}")]
+    Verifier(String),
+}
+
+/// The index's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,215 @@
+//! What a KV layer built on the index (FUSEE) needs beyond plain operations: hooks into the
+//! write protocol, slot positions for its address cache, and resuming a crashed writer's
+//! round during recovery.
+
+use std::time::Instant;
+
+use dmkit_verbs::{Batch, RemoteAddr};
+
+use crate::error::Result;
+use crate::index::{Backoff, RaceIndex};
+use crate::layout::SlotPos;
+use crate::slot::{Slot, is_frozen, thaw};
+use crate::snapshot::decide;
+use crate::verifier::KeyVerifier;
+
+/// Hooks into the write protocol of INSERT, UPDATE and DELETE.
+pub trait WriteHooks: Sync {
+    /// Batches posted together with the operation's first bucket read (the same round trip):
+    /// FUSEE writes the KV object to its data replicas here. Called once per operation.
+    fn first_round(&self) -> Vec<Batch> {
+        Vec::new()
+    }
+
+    /// This writer is the last writer and is about to swap the primary, whose value it
+    /// replaces is `old` (raw; 0 = empty). FUSEE writes its log entry's commit record here.
+    /// An error abandons the operation before the primary changes.
+    fn before_primary(&self, old: u64) -> Result<()> {
+        let _ = old;
+        Ok(())
+    }
+}
+
+/// No hooks.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoHooks;
+
+impl WriteHooks for NoHooks {}
+
+/// How [`RaceIndex::resume`] found a crashed writer's round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResumeOutcome {
+    /// The primary already held the writer's value: its operation had completed.
+    AlreadyDone,
+    /// The writer's value was in some backups and the rules make it the last writer: the
+    /// round was finished now (backups repaired, primary swapped from `old`).
+    Won { old: u64 },
+    /// The writer's value was in some backups but another writer wins the round; that writer
+    /// finished it.
+    Lost,
+    /// The writer's value is nowhere in the key's buckets: it never reached the index (or it
+    /// was replaced since).
+    NotStarted,
+}
+
+pub(crate) const RESUME: &str = "kv_index.resume";
+
+impl RaceIndex {
+    /// SEARCH that also says where the key's slot is (for an address cache).
+    pub fn search_at<V: KeyVerifier + ?Sized>(
+        &self,
+        verifier: &V,
+        key: &[u8],
+    ) -> Result<Option<(Slot, SlotPos)>> {
+        let kh = self.hash(key);
+        let start = Instant::now();
+        let mut backoff = Backoff::new(self.wait_timeout);
+        loop {
+            let view = self.read_view(crate::tags::SEARCH, &kh)?;
+            let cands = view.candidates(&kh)?;
+            let slots: Vec<Slot> = cands.iter().map(|c| c.2).collect();
+            if !slots.is_empty() {
+                if let Some(i) = verifier.find(&self.ep, key, &slots)? {
+                    if i < slots.len() {
+                        return Ok(Some((slots[i], cands[i].0)));
+                    }
+                }
+            }
+            if !view.splitting {
+                return Ok(None);
+            }
+            if !backoff.pause() {
+                return Err(crate::Error::SplitStalled {
+                    waited: start.elapsed(),
+                });
+            }
+        }
+    }
+
+    /// The primary copy of the slot at `pos`: read it (8 bytes) to check a cached address.
+    pub fn primary_slot_addr(&self, pos: SlotPos) -> RemoteAddr {
+        self.slot_addr(0, pos)
+    }
+
+    /// Recovery of a crashed writer of `key` whose new slot value was `new` (0 for a DELETE):
+    /// finds where the round stands on the primary and the backups and finishes it — as the
+    /// winner if the SNAPSHOT rules say so (calling `hooks.before_primary` before the swap),
+    /// otherwise by waiting for the winner.
+    pub fn resume<V: KeyVerifier + ?Sized>(
+        &self,
+        verifier: &V,
+        key: &[u8],
+        new: u64,
+        hooks: &dyn WriteHooks,
+    ) -> Result<ResumeOutcome> {
+        let kh = self.hash(key);
+        let start = Instant::now();
+        let mut backoff = Backoff::new(self.wait_timeout);
+        loop {
+            let view = self.read_view(RESUME, &kh)?;
+            let frozen = view.slots(&kh).any(|(_, raw)| is_frozen(raw));
+            if view.splitting || frozen {
+                if !backoff.pause() {
+                    return Err(crate::Error::SplitStalled {
+                        waited: start.elapsed(),
+                    });
+                }
+                continue;
+            }
+            // Which position is the round about?
+            let positions: Vec<(SlotPos, u64)> = view.slots(&kh).collect();
+            let target: Option<(SlotPos, u64)> = if new != 0 {
+                if positions.iter().any(|(_, raw)| thaw(*raw) == new) {
+                    return Ok(ResumeOutcome::AlreadyDone);
+                }
+                None
+            } else {
+                // A DELETE: the key's current slot, if the key is still there.
+                let cands = view.candidates(&kh)?;
+                let slots: Vec<Slot> = cands.iter().map(|c| c.2).collect();
+                match (!slots.is_empty())
+                    .then(|| verifier.find(&self.ep, key, &slots))
+                    .transpose()?
+                    .flatten()
+                {
+                    Some(i) if i < cands.len() => Some((cands[i].0, cands[i].1)),
+                    _ => return Ok(ResumeOutcome::NotStarted),
+                }
+            };
+            if self.spaces.len() == 1 {
+                return Ok(ResumeOutcome::NotStarted);
+            }
+            // The backups' words at every candidate position (one round trip).
+            let look: Vec<(SlotPos, u64)> = match target {
+                Some(t) => vec![t],
+                None => positions,
+            };
+            let batches: Vec<_> = (1..self.spaces.len())
+                .map(|k| {
+                    let mut b = self.ep.batch(self.spaces[k].region.node);
+                    let idx: Vec<_> = look
+                        .iter()
+                        .map(|(pos, _)| b.read(self.slot_addr(k, *pos), 8))
+                        .collect();
+                    (b, idx)
+                })
+                .collect();
+            let (batches, idx): (Vec<_>, Vec<_>) = batches.into_iter().unzip();
+            let mut backups = vec![Vec::with_capacity(self.spaces.len() - 1); look.len()];
+            for (res, idx) in self.ep.execute_many(RESUME, batches).into_iter().zip(idx) {
+                let res = res?;
+                for (j, i) in idx.into_iter().enumerate() {
+                    let w = res.read(i);
+                    backups[j].push(u64::from_le_bytes(w.try_into().unwrap_or([0; 8])));
+                }
+            }
+            let hit = look
+                .iter()
+                .zip(&backups)
+                .find(|(_, olds)| olds.contains(&new));
+            let Some(((pos, expected), olds)) = hit else {
+                return Ok(ResumeOutcome::NotStarted);
+            };
+            let (pos, expected) = (*pos, *expected);
+            // Backups already holding our value are the CASes we won before crashing.
+            let seen: Vec<u64> = olds
+                .iter()
+                .map(|&o| if o == new { expected } else { o })
+                .collect();
+            match decide(expected, new, &seen) {
+                Some(_) => {
+                    let repairs: Vec<_> = olds
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, o)| **o != new)
+                        .map(|(k, &o)| {
+                            let mut b = self.ep.batch(self.spaces[k + 1].region.node);
+                            b.cas(self.slot_addr(k + 1, pos), o, new);
+                            b
+                        })
+                        .collect();
+                    if !repairs.is_empty() {
+                        for r in self.ep.execute_many(RESUME, repairs) {
+                            r?;
+                        }
+                    }
+                    hooks.before_primary(expected)?;
+                    let (ok, _, _) = self.cas_primary(RESUME, pos, expected, new, &[])?;
+                    if ok {
+                        return Ok(ResumeOutcome::Won { old: expected });
+                    }
+                    // The primary moved under us (a split, or the master): look again.
+                }
+                None => {
+                    self.wait_change(RESUME, pos, expected)?;
+                    return Ok(ResumeOutcome::Lost);
+                }
+            }
+            if !backoff.pause() {
+                return Err(crate::Error::SnapshotStalled {
+                    waited: start.elapsed(),
+                });
+            }
+        }
+    }
+}

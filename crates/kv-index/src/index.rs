@@ -1,0 +1,851 @@
+//! The client: a cached directory, bucket reads, and the four operations.
+
+use std::time::{Duration, Instant};
+
+use dmkit_verbs::{Batch, Endpoint, NodeId, RemoteAddr, Tag};
+use parking_lot::RwLock;
+
+use crate::error::{Error, Result};
+use crate::hooks::{NoHooks, WriteHooks};
+use crate::layout::{
+    COMBINED_BYTES, DIR_OFFSET, DirEntry, HDR_CAPACITY, HDR_GLOBAL_DEPTH, HDR_PARAMS, HDR_SEED,
+    HEADER_WORD, IndexReplicaSpace, KeyHash, Layout, MAGIC, SLOTS_PER_BUCKET, SlotPos, VERSION,
+    check_spaces, combined_first_bucket,
+};
+use crate::slot::{Header, Slot, is_frozen, thaw};
+use crate::snapshot::{RawOutcome, Rule};
+use crate::verifier::KeyVerifier;
+
+/// Tags under which the index accounts its round trips ([`Endpoint::stats`]).
+pub mod tags {
+    /// SEARCH: bucket reads (and re-reads while a split is in progress).
+    pub const SEARCH: &str = "kv_index.search";
+    /// INSERT: bucket read, SNAPSHOT round (backups, repair, primary), loser waits.
+    pub const INSERT: &str = "kv_index.insert";
+    /// UPDATE: as INSERT.
+    pub const UPDATE: &str = "kv_index.update";
+    /// DELETE: as INSERT.
+    pub const DELETE: &str = "kv_index.delete";
+    /// Directory reads (cache misses: a stale cached directory detected from bucket headers).
+    pub const DIRECTORY: &str = "kv_index.directory";
+    /// Formatting the index (once, at cluster initialisation).
+    pub const FORMAT: &str = "kv_index.format";
+    /// Everything a split does (lock, allocation, freeze, copies, directory writes).
+    pub const SPLIT: &str = "kv_index.split";
+}
+
+/// Settings fixed when the index is formatted.
+#[derive(Debug, Clone)]
+pub struct IndexConfig {
+    /// log2 of the bucket groups per subtable (each group is 3 buckets of 64 bytes).
+    pub groups_per_subtable_log2: u8,
+    /// The deepest the directory may grow (it has `2^max_global_depth` entries).
+    pub max_global_depth: u8,
+    /// Seed of the xxh64 hashes.
+    pub seed: u64,
+}
+
+impl Default for IndexConfig {
+    fn default() -> Self {
+        Self {
+            groups_per_subtable_log2: 10,
+            max_global_depth: 12,
+            seed: 0x00D3_C0DE_5EED,
+        }
+    }
+}
+
+/// How an UPDATE or DELETE ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SnapshotOutcome {
+    /// This writer is the last writer; the primary now holds its value.
+    Won(Rule),
+    /// Another writer of the same round won; the primary now holds `now` (`None`: empty).
+    Lost { now: Option<Slot> },
+}
+
+/// The result of an UPDATE or DELETE that found its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Modified {
+    /// The slot value this operation replaced (what FUSEE's embedded log records).
+    pub old: Slot,
+    /// Where the key's slot is.
+    pub pos: SlotPos,
+    pub outcome: SnapshotOutcome,
+}
+
+/// The result of an INSERT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InsertOutcome {
+    /// The key was absent and now maps to the new slot.
+    Inserted { pos: SlotPos, rule: Rule },
+    /// The key is present (with this slot); nothing was written.
+    AlreadyExists { slot: Slot },
+}
+
+/// Bounded exponential backoff for the waits of the protocol.
+#[derive(Debug)]
+pub(crate) struct Backoff {
+    deadline: Instant,
+    step: u32,
+}
+
+impl Backoff {
+    pub fn new(limit: Duration) -> Self {
+        Self {
+            deadline: Instant::now() + limit,
+            step: 0,
+        }
+    }
+
+    /// Waits a little longer each time; false once the deadline has passed.
+    pub fn pause(&mut self) -> bool {
+        if Instant::now() >= self.deadline {
+            return false;
+        }
+        if self.step < 4 {
+            std::thread::yield_now();
+        } else {
+            let us = 1u64 << (self.step - 4).min(10);
+            std::thread::sleep(Duration::from_micros(us));
+        }
+        self.step += 1;
+        true
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct DirCache {
+    pub global_depth: u8,
+    pub entries: Vec<DirEntry>,
+}
+
+/// A client of one RACE index: its replicas, its cached directory, its endpoint.
+///
+/// Operations are `&self` and may run from many threads; each client task would normally
+/// open its own (the directory cache is per handle and cheap to refresh).
+#[derive(Debug)]
+pub struct RaceIndex {
+    pub(crate) ep: Endpoint,
+    pub(crate) spaces: Vec<IndexReplicaSpace>,
+    pub(crate) layout: Layout,
+    pub(crate) dir: RwLock<DirCache>,
+    pub(crate) wait_timeout: Duration,
+}
+
+/// Two combined buckets of a key, as read from the primary.
+#[derive(Debug)]
+pub(crate) struct View {
+    pub subtable: u32,
+    /// 16 words per combined bucket: slots 0..7, header, slots 0..7, header.
+    pub words: [[u64; 16]; 2],
+    pub splitting: bool,
+    /// The deepest local depth among the headers read.
+    pub depth: u8,
+}
+
+impl View {
+    fn pos(&self, kh: &KeyHash, c: usize, w: usize) -> SlotPos {
+        let (g, side) = kh.cands[c];
+        SlotPos {
+            subtable: self.subtable,
+            bucket: combined_first_bucket(g, side) + (w / 8) as u64,
+            slot: (w % 8) as u8,
+        }
+    }
+
+    /// Every slot word with its position (headers excluded).
+    pub(crate) fn slots<'a>(
+        &'a self,
+        kh: &'a KeyHash,
+    ) -> impl Iterator<Item = (SlotPos, u64)> + 'a {
+        (0..2).flat_map(move |c| {
+            (0..16)
+                .filter(|w| w % 8 != HEADER_WORD)
+                .map(move |w| (self.pos(kh, c, w), self.words[c][w]))
+        })
+    }
+
+    /// Non-empty slots whose fingerprint matches, frozen or not.
+    pub(crate) fn candidates(&self, kh: &KeyHash) -> Result<Vec<(SlotPos, u64, Slot)>> {
+        let mut v = Vec::new();
+        for (pos, raw) in self.slots(kh) {
+            if let Some(s) = Slot::from_raw(raw)? {
+                if s.fingerprint() == kh.fp && !v.iter().any(|(p, _, _)| *p == pos) {
+                    v.push((pos, raw, s));
+                }
+            }
+        }
+        Ok(v)
+    }
+
+    /// Whether either combined bucket has an empty slot.
+    pub fn has_free_slot(&self) -> bool {
+        self.words
+            .iter()
+            .any(|c| (0..16).any(|w| w % 8 != HEADER_WORD && c[w] == 0))
+    }
+
+    /// The first empty slot of the combined bucket with more empty slots (main bucket first).
+    fn free_slot(&self, kh: &KeyHash) -> Option<SlotPos> {
+        let free = |c: usize| {
+            (0..16)
+                .filter(|w| w % 8 != HEADER_WORD && self.words[c][*w] == 0)
+                .collect::<Vec<_>>()
+        };
+        let (f0, f1) = (free(0), free(1));
+        let (c, f) = if f1.len() > f0.len() {
+            (1, f1)
+        } else {
+            (0, f0)
+        };
+        let (_, side) = kh.cands[c];
+        // The main bucket is the first of the pair for side 0 and the second for side 1:
+        // fill it before the shared overflow bucket.
+        f.into_iter()
+            .min_by_key(|&w| (w / 8 != usize::from(side), w))
+            .map(|w| self.pos(kh, c, w))
+    }
+}
+
+impl RaceIndex {
+    /// Formats a fresh index over `spaces` (primary first, then the backups): one subtable,
+    /// global depth 0. What FUSEE's master runs once at cluster initialisation.
+    pub fn format(
+        ep: &Endpoint,
+        config: &IndexConfig,
+        spaces: &[IndexReplicaSpace],
+    ) -> Result<RaceIndex> {
+        check_spaces(spaces)?;
+        if !(1..=20).contains(&config.groups_per_subtable_log2) {
+            return Err(Error::InvalidConfig(format!(
+                "groups_per_subtable_log2 {} is outside 1..=20",
+                config.groups_per_subtable_log2
+            )));
+        }
+        if config.max_global_depth > 24 {
+            return Err(Error::InvalidConfig(format!(
+                "max_global_depth {} is above 24",
+                config.max_global_depth
+            )));
+        }
+        let mut layout = Layout {
+            groups_log2: config.groups_per_subtable_log2,
+            max_depth: config.max_global_depth,
+            replicas: spaces.len() as u8,
+            seed: config.seed,
+            capacity: 0,
+        };
+        layout.capacity = spaces
+            .iter()
+            .map(|s| layout.capacity_of(s.len))
+            .min()
+            .unwrap_or(0)
+            .min(u64::from(u32::MAX));
+        if layout.capacity == 0 {
+            return Err(Error::InvalidConfig(format!(
+                "a replica space holds no subtable: need at least {} bytes",
+                layout.area_offset() + layout.subtable_bytes()
+            )));
+        }
+        let image = subtable_image(&layout, Header::normal(0, 0), &[]);
+        let mut hdr = Vec::with_capacity(48);
+        for w in [layout.params_word(), layout.seed, 0, 1, 0, layout.capacity] {
+            hdr.extend_from_slice(&w.to_le_bytes());
+        }
+        let batches = spaces
+            .iter()
+            .map(|s| {
+                let mut b = ep.batch(s.region.node);
+                b.write(s.at(layout.subtable_off(0)), &image);
+                b.write(
+                    s.at(layout.dir_off(0)),
+                    &DirEntry {
+                        subtable: 0,
+                        local_depth: 0,
+                    }
+                    .encode()
+                    .to_le_bytes(),
+                );
+                b.write(s.at(HDR_PARAMS), &hdr);
+                // The magic goes last: a space is formatted only once everything is there.
+                b.write(s.at(0), &MAGIC.to_le_bytes());
+                b
+            })
+            .collect();
+        for r in ep.execute_many(tags::FORMAT, batches) {
+            r?;
+        }
+        metrics::gauge!("dmkit_kv_index_subtables").set(1.0);
+        Self::open(ep, spaces)
+    }
+
+    /// Opens a formatted index (a client joining the cluster): checks every replica's header
+    /// and reads the directory from the primary.
+    pub fn open(ep: &Endpoint, spaces: &[IndexReplicaSpace]) -> Result<RaceIndex> {
+        check_spaces(spaces)?;
+        let batches: Vec<_> = spaces
+            .iter()
+            .map(|s| {
+                let mut b = ep.batch(s.region.node);
+                let i = b.read(s.at(0), 64);
+                (b, i)
+            })
+            .collect();
+        let (batches, idx): (Vec<_>, Vec<_>) = batches.into_iter().unzip();
+        let mut layout = None;
+        for (k, r) in ep
+            .execute_many(tags::DIRECTORY, batches)
+            .into_iter()
+            .enumerate()
+        {
+            let r = r?;
+            let node = spaces[k].region.node;
+            let w = words(r.read(idx[k]));
+            let bad = |reason: String| Error::NotFormatted { node, reason };
+            if w.len() < 8 || w[0] != MAGIC {
+                return Err(bad("bad magic".into()));
+            }
+            let params = w[1];
+            if params >> 24 != VERSION {
+                return Err(bad(format!("layout version {}", params >> 24)));
+            }
+            let l = Layout {
+                groups_log2: params as u8,
+                max_depth: (params >> 8) as u8,
+                replicas: (params >> 16) as u8,
+                seed: w[(HDR_SEED / 8) as usize],
+                capacity: w[(HDR_CAPACITY / 8) as usize],
+            };
+            if usize::from(l.replicas) != spaces.len() {
+                return Err(bad(format!(
+                    "formatted for {} replicas, opened with {}",
+                    l.replicas,
+                    spaces.len()
+                )));
+            }
+            if !(1..=20).contains(&l.groups_log2)
+                || l.max_depth > 24
+                || l.capacity == 0
+                || l.capacity > l.capacity_of(spaces[k].len)
+            {
+                return Err(bad(format!("implausible parameters {params:#x}")));
+            }
+            match layout {
+                None => layout = Some(l),
+                Some(p) if p == l => {}
+                Some(_) => return Err(bad("replica headers disagree with the primary".into())),
+            }
+        }
+        let layout = layout.ok_or_else(|| Error::InvalidConfig("no replica spaces".into()))?;
+        let idx = RaceIndex {
+            ep: ep.clone(),
+            spaces: spaces.to_vec(),
+            layout,
+            dir: RwLock::new(DirCache {
+                global_depth: 0,
+                entries: Vec::new(),
+            }),
+            wait_timeout: Duration::from_secs(10),
+        };
+        idx.refresh_directory()?;
+        Ok(idx)
+    }
+
+    /// Sets how long the protocol's waits may last (a SNAPSHOT loser for the primary to
+    /// change, a writer for a split to finish) before they fail. Default 10 s.
+    pub fn with_wait_timeout(mut self, d: Duration) -> Self {
+        self.wait_timeout = d;
+        self
+    }
+
+    /// The endpoint this client uses.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.ep
+    }
+
+    /// Number of index replicas (r).
+    pub fn replicas(&self) -> usize {
+        self.spaces.len()
+    }
+
+    /// The global depth of the cached directory.
+    pub fn global_depth(&self) -> u8 {
+        self.dir.read().global_depth
+    }
+
+    /// Distinct subtables the cached directory names.
+    pub fn subtables(&self) -> usize {
+        let d = self.dir.read();
+        let mut v: Vec<u32> = d.entries.iter().map(|e| e.subtable).collect();
+        v.sort_unstable();
+        v.dedup();
+        v.len()
+    }
+
+    /// The fingerprint the index files `key` under (to build its [`Slot`]).
+    pub fn fingerprint(&self, key: &[u8]) -> u8 {
+        self.hash(key).fp
+    }
+
+    /// The slot for `key` pointing at `ptr`.
+    pub fn slot_for(&self, key: &[u8], ptr: crate::ObjPtr) -> Result<Slot> {
+        Slot::new(self.fingerprint(key), ptr)
+    }
+
+    pub(crate) fn hash(&self, key: &[u8]) -> KeyHash {
+        KeyHash::new(key, self.layout.seed, self.layout.groups_log2)
+    }
+
+    pub(crate) fn primary_node(&self) -> NodeId {
+        self.spaces[0].region.node
+    }
+
+    pub(crate) fn corrupt(&self, what: impl Into<String>) -> Error {
+        Error::Corrupt {
+            node: self.primary_node(),
+            what: what.into(),
+        }
+    }
+
+    /// Re-reads the directory from the primary (one round trip, two if it doubled).
+    pub fn refresh_directory(&self) -> Result<()> {
+        self.refresh_directory_tagged(tags::DIRECTORY)
+    }
+
+    pub(crate) fn refresh_directory_tagged(&self, tag: Tag) -> Result<()> {
+        metrics::counter!("dmkit_kv_index_directory_refreshes_total").increment(1);
+        let p = &self.spaces[0];
+        let mut known = self.dir.read().global_depth;
+        loop {
+            let len = DIR_OFFSET + 8 * (1u64 << known);
+            let bytes = self.ep.read(tag, p.at(0), len as usize)?;
+            let w = words(&bytes);
+            if w.len() as u64 != len / 8 || w[0] != MAGIC {
+                return Err(self.corrupt("space header lost its magic"));
+            }
+            let g = w[(HDR_GLOBAL_DEPTH / 8) as usize];
+            if g > u64::from(self.layout.max_depth) {
+                return Err(self.corrupt(format!("global depth {g}")));
+            }
+            let g = g as u8;
+            if g > known {
+                known = g;
+                continue;
+            }
+            let mut entries = Vec::with_capacity(1 << g);
+            for (i, &raw) in w[(DIR_OFFSET / 8) as usize..][..1 << g].iter().enumerate() {
+                let e = DirEntry::decode(raw)
+                    .filter(|e| u64::from(e.subtable) < self.layout.capacity && e.local_depth <= g)
+                    .ok_or_else(|| self.corrupt(format!("directory entry {i}: {raw:#x}")))?;
+                entries.push(e);
+            }
+            *self.dir.write() = DirCache {
+                global_depth: g,
+                entries,
+            };
+            return Ok(());
+        }
+    }
+
+    fn lookup(&self, kh: &KeyHash) -> DirEntry {
+        let d = self.dir.read();
+        d.entries[kh.dir_index(d.global_depth) as usize]
+    }
+
+    fn combined_addr(&self, st: u32, g: u64, side: u8) -> RemoteAddr {
+        self.spaces[0].at(self.layout.bucket_off(st, combined_first_bucket(g, side)))
+    }
+
+    pub(crate) fn post_reads(&self, st: u32, kh: &KeyHash) -> [(RemoteAddr, usize); 2] {
+        kh.cands
+            .map(|(g, s)| (self.combined_addr(st, g, s), COMBINED_BYTES as usize))
+    }
+
+    /// Parses two combined buckets; `None` when a header does not cover the key (the cached
+    /// directory is stale, or the write landed in a subtable the key has left).
+    pub(crate) fn parse_view(
+        &self,
+        st: u32,
+        kh: &KeyHash,
+        bytes: [&[u8]; 2],
+    ) -> Result<Option<View>> {
+        let mut view = View {
+            subtable: st,
+            words: [[0; 16]; 2],
+            splitting: false,
+            depth: 0,
+        };
+        let mut covered = true;
+        for (dst, src) in view.words.iter_mut().zip(bytes) {
+            let w = words(src);
+            if w.len() != 16 {
+                return Err(self.corrupt("short bucket read"));
+            }
+            dst.copy_from_slice(&w);
+            for h in [w[HEADER_WORD], w[8 + HEADER_WORD]] {
+                let h = Header::decode(h).ok_or_else(|| {
+                    self.corrupt(format!("subtable {st}: bucket header {h:#018x}"))
+                })?;
+                covered &= h.covers(kh.dir);
+                view.splitting |= h.splitting;
+                view.depth = view.depth.max(h.local_depth);
+            }
+        }
+        Ok(covered.then_some(view))
+    }
+
+    /// Reads the key's two combined buckets from the primary (one round trip on a fresh
+    /// cache), refreshing the directory when the bucket headers say it is stale.
+    pub(crate) fn read_view(&self, tag: Tag, kh: &KeyHash) -> Result<View> {
+        self.read_view_with(tag, kh, Vec::new())
+    }
+
+    /// [`Self::read_view`] with the caller's batches (to other nodes, or the same one)
+    /// posted in the same round trip, once.
+    pub(crate) fn read_view_with(
+        &self,
+        tag: Tag,
+        kh: &KeyHash,
+        mut extra: Vec<Batch>,
+    ) -> Result<View> {
+        let mut backoff = Backoff::new(self.wait_timeout);
+        loop {
+            let e = self.lookup(kh);
+            let mut b = self.ep.batch(self.primary_node());
+            let [r0, r1] = self.post_reads(e.subtable, kh).map(|(a, l)| b.read(a, l));
+            let res = if extra.is_empty() {
+                self.ep.execute(tag, b)?
+            } else {
+                let mut all = vec![b];
+                all.append(&mut extra);
+                let mut results = self.ep.execute_many(tag, all).into_iter();
+                let res = results.next().expect("the bucket batch")?;
+                for r in results {
+                    r?;
+                }
+                res
+            };
+            if let Some(v) = self.parse_view(e.subtable, kh, [res.read(r0), res.read(r1)])? {
+                return Ok(v);
+            }
+            self.refresh_directory()?;
+            if self.lookup(kh) == e && !backoff.pause() {
+                return Err(self.corrupt(format!(
+                    "subtable {} does not cover the keys its directory entries send to it",
+                    e.subtable
+                )));
+            }
+        }
+    }
+
+    fn wait_split(&self, backoff: &mut Backoff, start: Instant) -> Result<()> {
+        if backoff.pause() {
+            Ok(())
+        } else {
+            Err(Error::SplitStalled {
+                waited: start.elapsed(),
+            })
+        }
+    }
+
+    /// SEARCH: the slot `key` maps to. One round trip for the buckets on a fresh directory
+    /// cache, plus the verifier's object reads when a fingerprint matches.
+    pub fn search<V: KeyVerifier + ?Sized>(
+        &self,
+        verifier: &V,
+        key: &[u8],
+    ) -> Result<Option<Slot>> {
+        let kh = self.hash(key);
+        let start = Instant::now();
+        let mut backoff = Backoff::new(self.wait_timeout);
+        loop {
+            let view = self.read_view(tags::SEARCH, &kh)?;
+            let cands = view.candidates(&kh)?;
+            let slots: Vec<Slot> = cands.iter().map(|c| c.2).collect();
+            if let Some(i) = self.find(verifier, key, &slots)? {
+                return Ok(Some(slots[i]));
+            }
+            if !view.splitting {
+                return Ok(None);
+            }
+            // A split may have moved the key between our slot reads and header reads.
+            self.wait_split(&mut backoff, start)?;
+        }
+    }
+
+    fn find<V: KeyVerifier + ?Sized>(
+        &self,
+        verifier: &V,
+        key: &[u8],
+        slots: &[Slot],
+    ) -> Result<Option<usize>> {
+        if slots.is_empty() {
+            return Ok(None);
+        }
+        match verifier.find(&self.ep, key, slots)? {
+            Some(i) if i >= slots.len() => Err(Error::Verifier(format!(
+                "returned candidate {i} of {}",
+                slots.len()
+            ))),
+            r => Ok(r),
+        }
+    }
+
+    /// INSERT: files `key → slot` unless the key is present. No duplicates: concurrent
+    /// inserts of one key yield exactly one `Inserted`. Three round trips with r ≥ 2 and no
+    /// conflict (bucket read, backup CAS, primary CAS), two with r = 1; a full subtable is
+    /// split first.
+    pub fn insert<V: KeyVerifier + ?Sized>(
+        &self,
+        verifier: &V,
+        key: &[u8],
+        slot: Slot,
+    ) -> Result<InsertOutcome> {
+        self.insert_hooked(verifier, key, slot, &NoHooks)
+    }
+
+    /// INSERT with the caller's [`WriteHooks`] (FUSEE: the object write in the first round
+    /// trip, the commit record before the primary swap).
+    pub fn insert_hooked<V: KeyVerifier + ?Sized>(
+        &self,
+        verifier: &V,
+        key: &[u8],
+        slot: Slot,
+        hooks: &dyn WriteHooks,
+    ) -> Result<InsertOutcome> {
+        let kh = self.hash(key);
+        if slot.fingerprint() != kh.fp {
+            return Err(Error::InvalidSlot(
+                "the slot's fingerprint is not the key's (build it with RaceIndex::slot_for)"
+                    .into(),
+            ));
+        }
+        let start = Instant::now();
+        let mut backoff = Backoff::new(self.wait_timeout);
+        let mut first = hooks.first_round();
+        loop {
+            let view = self.read_view_with(tags::INSERT, &kh, std::mem::take(&mut first))?;
+            if view.splitting {
+                self.wait_split(&mut backoff, start)?;
+                continue;
+            }
+            let cands = view.candidates(&kh)?;
+            let slots: Vec<Slot> = cands.iter().map(|c| c.2).collect();
+            if let Some(i) = self.find(verifier, key, &slots)? {
+                return Ok(InsertOutcome::AlreadyExists { slot: slots[i] });
+            }
+            let Some(pos) = view.free_slot(&kh) else {
+                self.split(verifier, &kh)?;
+                continue;
+            };
+            let post = self.post_reads(view.subtable, &kh);
+            let (out, bytes) = self.snapshot(tags::INSERT, pos, 0, slot.raw(), &post, hooks)?;
+            let RawOutcome::Won(rule) = out else {
+                // The slot went to another writer (maybe of the same key): look again.
+                metrics::counter!("dmkit_kv_index_retries_total", "op" => "insert").increment(1);
+                continue;
+            };
+            let after = self.parse_view(view.subtable, &kh, [&bytes[0], &bytes[1]])?;
+            let Some(after) = after else {
+                // A whole split ran between our read and our CAS, and the key now belongs to
+                // the new subtable: take the stranded entry back and start over.
+                self.retract(tags::INSERT, &kh, pos, slot.raw())?;
+                continue;
+            };
+            // Duplicate check on the buckets as they were right after our CAS: another
+            // insert of this key that got in first makes us yield.
+            let others: Vec<Slot> = after
+                .candidates(&kh)?
+                .into_iter()
+                .filter(|c| c.0 != pos)
+                .map(|c| c.2)
+                .collect();
+            if self.find(verifier, key, &others)?.is_some() {
+                metrics::counter!("dmkit_kv_index_duplicates_resolved_total").increment(1);
+                self.retract(tags::INSERT, &kh, pos, slot.raw())?;
+                continue;
+            }
+            return Ok(InsertOutcome::Inserted { pos, rule });
+        }
+    }
+
+    /// Takes our own value out of a slot again (SNAPSHOT `value → 0`).
+    fn retract(&self, tag: Tag, kh: &KeyHash, pos: SlotPos, value: u64) -> Result<()> {
+        if let RawOutcome::Won(_) = self.snapshot(tag, pos, value, 0, &[], &NoHooks)?.0 {
+            return Ok(());
+        }
+        // A split froze or moved it: find it again where the key lives now.
+        let start = Instant::now();
+        let mut backoff = Backoff::new(self.wait_timeout);
+        loop {
+            let view = self.read_view(tag, kh)?;
+            let Some((at, raw)) = view.slots(kh).find(|(_, raw)| thaw(*raw) == value) else {
+                // Gone; or stranded outside the key's subtable, never visible to anyone,
+                // where the next split of that subtable drops it.
+                return Ok(());
+            };
+            if view.splitting || is_frozen(raw) {
+                self.wait_split(&mut backoff, start)?;
+                continue;
+            }
+            if let RawOutcome::Won(_) = self.snapshot(tag, at, raw, 0, &[], &NoHooks)?.0 {
+                return Ok(());
+            }
+        }
+    }
+
+    /// UPDATE: swaps the key's slot for `new` by SNAPSHOT. `None` if the key is absent.
+    pub fn update<V: KeyVerifier + ?Sized>(
+        &self,
+        verifier: &V,
+        key: &[u8],
+        new: Slot,
+    ) -> Result<Option<Modified>> {
+        let kh = self.hash(key);
+        if new.fingerprint() != kh.fp {
+            return Err(Error::InvalidSlot(
+                "the slot's fingerprint is not the key's".into(),
+            ));
+        }
+        self.modify(tags::UPDATE, verifier, key, &kh, new.raw(), &NoHooks)
+    }
+
+    /// UPDATE with the caller's [`WriteHooks`].
+    pub fn update_hooked<V: KeyVerifier + ?Sized>(
+        &self,
+        verifier: &V,
+        key: &[u8],
+        new: Slot,
+        hooks: &dyn WriteHooks,
+    ) -> Result<Option<Modified>> {
+        let kh = self.hash(key);
+        if new.fingerprint() != kh.fp {
+            return Err(Error::InvalidSlot(
+                "the slot's fingerprint is not the key's".into(),
+            ));
+        }
+        self.modify(tags::UPDATE, verifier, key, &kh, new.raw(), hooks)
+    }
+
+    /// DELETE with the caller's [`WriteHooks`].
+    pub fn delete_hooked<V: KeyVerifier + ?Sized>(
+        &self,
+        verifier: &V,
+        key: &[u8],
+        hooks: &dyn WriteHooks,
+    ) -> Result<Option<Modified>> {
+        let kh = self.hash(key);
+        self.modify(tags::DELETE, verifier, key, &kh, 0, hooks)
+    }
+
+    /// DELETE: empties the key's slot by SNAPSHOT. `None` if the key is absent.
+    pub fn delete<V: KeyVerifier + ?Sized>(
+        &self,
+        verifier: &V,
+        key: &[u8],
+    ) -> Result<Option<Modified>> {
+        let kh = self.hash(key);
+        self.modify(tags::DELETE, verifier, key, &kh, 0, &NoHooks)
+    }
+
+    fn modify<V: KeyVerifier + ?Sized>(
+        &self,
+        tag: Tag,
+        verifier: &V,
+        key: &[u8],
+        kh: &KeyHash,
+        new: u64,
+        hooks: &dyn WriteHooks,
+    ) -> Result<Option<Modified>> {
+        let start = Instant::now();
+        let mut backoff = Backoff::new(self.wait_timeout);
+        let mut first = hooks.first_round();
+        loop {
+            let view = self.read_view_with(tag, kh, std::mem::take(&mut first))?;
+            let cands = view.candidates(kh)?;
+            let slots: Vec<Slot> = cands.iter().map(|c| c.2).collect();
+            let Some(i) = self.find(verifier, key, &slots)? else {
+                if view.splitting {
+                    self.wait_split(&mut backoff, start)?;
+                    continue;
+                }
+                return Ok(None);
+            };
+            let (pos, raw, old) = cands[i];
+            if view.splitting || is_frozen(raw) {
+                self.wait_split(&mut backoff, start)?;
+                continue;
+            }
+            match self.snapshot(tag, pos, raw, new, &[], hooks)?.0 {
+                RawOutcome::Won(rule) => {
+                    return Ok(Some(Modified {
+                        old,
+                        pos,
+                        outcome: SnapshotOutcome::Won(rule),
+                    }));
+                }
+                RawOutcome::Lost(now) if is_frozen(now) => {
+                    // Lost to a split freezing the subtable, not to a writer: redo after it.
+                    metrics::counter!("dmkit_kv_index_retries_total", "op" => tag).increment(1);
+                    self.wait_split(&mut backoff, start)?;
+                }
+                RawOutcome::Lost(now) if now == raw => {
+                    // The round was abandoned (its winner lost the primary to a split).
+                    metrics::counter!("dmkit_kv_index_retries_total", "op" => tag).increment(1);
+                }
+                RawOutcome::Lost(now) if self.moved_by_split(tag, kh, &view)? => {
+                    // The backups held the key's old slot no more because a split moved
+                    // it to another subtable (or re-homed it): not a writer, redo.
+                    let _ = now;
+                    metrics::counter!("dmkit_kv_index_retries_total", "op" => tag).increment(1);
+                }
+                RawOutcome::Lost(now) => {
+                    return Ok(Some(Modified {
+                        old,
+                        pos,
+                        outcome: SnapshotOutcome::Lost {
+                            now: Slot::from_raw(now)?,
+                        },
+                    }));
+                }
+            }
+        }
+    }
+}
+
+impl RaceIndex {
+    /// Whether the key's subtable was split since `view` was read (one round trip).
+    fn moved_by_split(&self, tag: Tag, kh: &KeyHash, view: &View) -> Result<bool> {
+        let again = self.read_view(tag, kh)?;
+        Ok(again.subtable != view.subtable || again.depth != view.depth)
+    }
+}
+
+/// The little-endian words of `bytes` (a trailing partial word is dropped).
+pub(crate) fn words(bytes: &[u8]) -> Vec<u64> {
+    bytes
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+        .collect()
+}
+
+/// A subtable image: every bucket header `hdr`, slots from `slots` (word index → raw value).
+pub(crate) fn subtable_image(layout: &Layout, hdr: Header, slots: &[(usize, u64)]) -> Vec<u8> {
+    let n = (layout.subtable_bytes() / 8) as usize;
+    let mut w = vec![0u64; n];
+    let h = hdr.encode();
+    for b in 0..layout.buckets() as usize {
+        w[b * 8 + HEADER_WORD] = h;
+    }
+    for &(i, v) in slots {
+        w[i] = v;
+    }
+    let mut out = Vec::with_capacity(n * 8);
+    for v in w {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out
+}
+
+const _: () = assert!(SLOTS_PER_BUCKET == HEADER_WORD);

@@ -1,0 +1,385 @@
+//! SNAPSHOT: last-writer-wins replication of one slot over r replicas, without a lock.
+//!
+//! A writer knows the primary's current value `expected` (from its bucket read). It CASes
+//! every backup `expected → new` in one round trip, and judges from the old values:
+//!
+//! 1. it won **all** backups → it is the last writer;
+//! 2. it won a **majority** of the backups → it is the last writer;
+//! 3. nobody holds a majority and its value is the **smallest** among the values now in the
+//!    backups (and it won at least one) → it is the last writer.
+//!
+//! The winner repairs the backups it lost (CAS the value it saw → its value), then CASes the
+//! primary `expected → new`: the primary only changes once every backup agrees. Losers wait
+//! until the primary changes and report it. With r = 1 the primary CAS alone decides.
+//!
+//! Hardening beyond the paper: a rule-3 winner first re-reads the primary. If it no longer
+//! holds `expected`, the round ended before some of this writer's backup CASes ran, so the
+//! values they returned belong to a later round and the judgment is void; the writer loses
+//! instead of "repairing" a backup that a later round owns. Rules 1 and 2 need no check: the
+//! round cannot end before its winner swaps the primary.
+
+use std::time::Instant;
+
+use dmkit_verbs::{RemoteAddr, Tag};
+
+use crate::error::{Error, Result};
+use crate::hooks::{NoHooks, WriteHooks};
+use crate::index::{Backoff, RaceIndex};
+use crate::layout::SlotPos;
+
+/// Which SNAPSHOT rule made a writer the last writer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Rule {
+    /// r = 1: the primary CAS alone decided.
+    PrimaryOnly,
+    /// Rule 1: won every backup.
+    AllBackups,
+    /// Rule 2: won a majority of the backups.
+    Majority,
+    /// Rule 3: no majority anywhere; this writer's value is the smallest one voted.
+    SmallestValue,
+}
+
+impl Rule {
+    fn label(self) -> &'static str {
+        match self {
+            Rule::PrimaryOnly => "primary_only",
+            Rule::AllBackups => "all_backups",
+            Rule::Majority => "majority",
+            Rule::SmallestValue => "smallest_value",
+        }
+    }
+}
+
+/// How a SNAPSHOT round ended for this writer (raw slot words; 0 is empty).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RawOutcome {
+    Won(Rule),
+    /// Lost; the primary now holds this word.
+    Lost(u64),
+}
+
+/// Judges a round from the backups' old values.
+pub(crate) fn decide(expected: u64, new: u64, olds: &[u64]) -> Option<Rule> {
+    let b = olds.len();
+    let wins = olds.iter().filter(|&&o| o == expected).count();
+    if wins == b {
+        return Some(Rule::AllBackups);
+    }
+    if 2 * wins > b {
+        return Some(Rule::Majority);
+    }
+    if wins == 0 {
+        return None;
+    }
+    let view: Vec<u64> = olds
+        .iter()
+        .map(|&o| if o == expected { new } else { o })
+        .collect();
+    let someone_has_majority = view
+        .iter()
+        .any(|v| 2 * view.iter().filter(|w| *w == v).count() > b);
+    if someone_has_majority {
+        return None;
+    }
+    (view.iter().min() == Some(&new)).then_some(Rule::SmallestValue)
+}
+
+fn record(outcome: &RawOutcome) {
+    match outcome {
+        RawOutcome::Won(r) => {
+            metrics::counter!("dmkit_kv_index_snapshot_rounds_total", "outcome" => "won", "rule" => r.label())
+                .increment(1);
+        }
+        RawOutcome::Lost(_) => {
+            metrics::counter!("dmkit_kv_index_snapshot_rounds_total", "outcome" => "lost", "rule" => "none")
+                .increment(1);
+        }
+    }
+}
+
+impl RaceIndex {
+    pub(crate) fn slot_addr(&self, replica: usize, pos: SlotPos) -> RemoteAddr {
+        self.spaces[replica].at(self.layout.slot_off(pos))
+    }
+
+    /// One SNAPSHOT round on one slot. `post` are READs (on the primary) appended to the
+    /// primary CAS batch; their bytes come back when this writer swapped the primary.
+    pub(crate) fn snapshot(
+        &self,
+        tag: Tag,
+        pos: SlotPos,
+        expected: u64,
+        new: u64,
+        post: &[(RemoteAddr, usize)],
+        hooks: &dyn WriteHooks,
+    ) -> Result<(RawOutcome, Vec<Vec<u8>>)> {
+        let r = if self.spaces.len() == 1 {
+            hooks.before_primary(expected)?;
+            let (ok, now, bytes) = self.cas_primary(tag, pos, expected, new, post)?;
+            if ok {
+                (RawOutcome::Won(Rule::PrimaryOnly), bytes)
+            } else {
+                (RawOutcome::Lost(now), Vec::new())
+            }
+        } else {
+            let olds = self.cas_backups(tag, &[(pos, expected, new)])?;
+            self.finish_round(tag, pos, expected, new, &olds[0], post, hooks)?
+        };
+        record(&r.0);
+        Ok(r)
+    }
+
+    /// CAS on the primary plus trailing READs in the same batch: one round trip.
+    pub(crate) fn cas_primary(
+        &self,
+        tag: Tag,
+        pos: SlotPos,
+        expected: u64,
+        new: u64,
+        post: &[(RemoteAddr, usize)],
+    ) -> Result<(bool, u64, Vec<Vec<u8>>)> {
+        let mut b = self.ep.batch(self.primary_node());
+        let c = b.cas(self.slot_addr(0, pos), expected, new);
+        let reads: Vec<_> = post.iter().map(|(a, l)| b.read(*a, *l)).collect();
+        let res = self.ep.execute(tag, b)?;
+        let old = res.old(c);
+        let bytes = if old == expected {
+            reads.into_iter().map(|i| res.read(i).to_vec()).collect()
+        } else {
+            Vec::new()
+        };
+        Ok((old == expected, old, bytes))
+    }
+
+    /// CASes every backup of every item `expected → new`, all backups in parallel: one round
+    /// trip. Returns, per item, the old values in backup order.
+    pub(crate) fn cas_backups(
+        &self,
+        tag: Tag,
+        items: &[(SlotPos, u64, u64)],
+    ) -> Result<Vec<Vec<u64>>> {
+        let mut batches = Vec::with_capacity(self.spaces.len() - 1);
+        let mut idx = Vec::with_capacity(self.spaces.len() - 1);
+        for k in 1..self.spaces.len() {
+            let mut b = self.ep.batch(self.spaces[k].region.node);
+            idx.push(
+                items
+                    .iter()
+                    .map(|(pos, e, n)| b.cas(self.slot_addr(k, *pos), *e, *n))
+                    .collect::<Vec<_>>(),
+            );
+            batches.push(b);
+        }
+        let results = self.ep.execute_many(tag, batches);
+        let mut out = vec![Vec::with_capacity(self.spaces.len() - 1); items.len()];
+        for (res, idx) in results.into_iter().zip(idx) {
+            let res = res?;
+            for (o, i) in out.iter_mut().zip(idx) {
+                o.push(res.old(i));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Judges a round from the backups' old values and finishes it: repair and swap the
+    /// primary if this writer won, wait for the primary to change if it lost.
+    pub(crate) fn finish_round(
+        &self,
+        tag: Tag,
+        pos: SlotPos,
+        expected: u64,
+        new: u64,
+        olds: &[u64],
+        post: &[(RemoteAddr, usize)],
+        hooks: &dyn WriteHooks,
+    ) -> Result<(RawOutcome, Vec<Vec<u8>>)> {
+        let Some(rule) = decide(expected, new, olds) else {
+            return Ok((
+                RawOutcome::Lost(self.wait_change(tag, pos, expected)?),
+                Vec::new(),
+            ));
+        };
+        if rule == Rule::SmallestValue {
+            let now = self.read_primary_slot(tag, pos)?;
+            if now != expected {
+                return Ok((RawOutcome::Lost(now), Vec::new()));
+            }
+        }
+        if rule != Rule::AllBackups {
+            let mut batches = Vec::new();
+            for (k, &old) in olds.iter().enumerate() {
+                if old != expected {
+                    let mut b = self.ep.batch(self.spaces[k + 1].region.node);
+                    b.cas(self.slot_addr(k + 1, pos), old, new);
+                    batches.push(b);
+                }
+            }
+            for r in self.ep.execute_many(tag, batches) {
+                r?;
+            }
+        }
+        hooks.before_primary(expected)?;
+        let (ok, now, bytes) = self.cas_primary(tag, pos, expected, new, post)?;
+        if ok {
+            return Ok((RawOutcome::Won(rule), bytes));
+        }
+        // The primary moved without a round winner: a split froze it after our backup CASes
+        // ran on backups it had already unfrozen (the value came back: A-B-A). Take our
+        // value out of the backups again, so they agree with the primary, and let the
+        // round's other writers see it abandoned.
+        let batches = (1..self.spaces.len())
+            .map(|k| {
+                let mut b = self.ep.batch(self.spaces[k].region.node);
+                b.cas(self.slot_addr(k, pos), new, expected);
+                b
+            })
+            .collect();
+        for r in self.ep.execute_many(tag, batches) {
+            r?;
+        }
+        metrics::counter!("dmkit_kv_index_snapshot_abandoned_total").increment(1);
+        Ok((RawOutcome::Lost(now), Vec::new()))
+    }
+
+    pub(crate) fn read_primary_slot(&self, tag: Tag, pos: SlotPos) -> Result<u64> {
+        let v = self.ep.read(tag, self.slot_addr(0, pos), 8)?;
+        Ok(u64::from_le_bytes(v[..8].try_into().map_err(|_| {
+            Error::Corrupt {
+                node: self.primary_node(),
+                what: "short slot read".into(),
+            }
+        })?))
+    }
+
+    /// A loser waits until the primary no longer holds `expected`; returns what it holds.
+    /// Returns `expected` itself when the round was abandoned (every backup holds `expected`
+    /// again: the winner took its value back, see [`Self::finish_round`]).
+    pub(crate) fn wait_change(&self, tag: Tag, pos: SlotPos, expected: u64) -> Result<u64> {
+        let start = Instant::now();
+        let mut backoff = Backoff::new(self.wait_timeout);
+        loop {
+            let (batches, idx): (Vec<_>, Vec<_>) = (0..self.spaces.len())
+                .map(|k| {
+                    let mut b = self.ep.batch(self.spaces[k].region.node);
+                    let i = b.read(self.slot_addr(k, pos), 8);
+                    (b, i)
+                })
+                .unzip();
+            let mut vals = Vec::with_capacity(self.spaces.len());
+            for (r, i) in self.ep.execute_many(tag, batches).into_iter().zip(idx) {
+                let r = r?;
+                let w = crate::index::words(r.read(i));
+                vals.push(
+                    w.first()
+                        .copied()
+                        .ok_or_else(|| self.corrupt("short slot read"))?,
+                );
+            }
+            if vals[0] != expected {
+                return Ok(vals[0]);
+            }
+            if vals[1..].iter().all(|&v| v == expected) {
+                return Ok(expected);
+            }
+            if !backoff.pause() {
+                return Err(Error::SnapshotStalled {
+                    waited: start.elapsed(),
+                });
+            }
+        }
+    }
+
+    /// Runs SNAPSHOT rounds for many slots at once (a split freezing a subtable): every
+    /// item ends with the primary holding `retarget(v)` for the value `v` it last held.
+    pub(crate) fn snapshot_many(
+        &self,
+        tag: Tag,
+        mut items: Vec<(SlotPos, u64, u64)>,
+        retarget: impl Fn(u64) -> u64,
+    ) -> Result<()> {
+        let start = Instant::now();
+        let mut backoff = Backoff::new(self.wait_timeout);
+        while !items.is_empty() {
+            let mut again = Vec::new();
+            if self.spaces.len() == 1 {
+                let mut b = self.ep.batch(self.primary_node());
+                let idx: Vec<_> = items
+                    .iter()
+                    .map(|(pos, e, n)| b.cas(self.slot_addr(0, *pos), *e, *n))
+                    .collect();
+                let res = self.ep.execute(tag, b)?;
+                for (it, i) in items.iter().zip(idx) {
+                    let old = res.old(i);
+                    if old != it.1 {
+                        again.push((it.0, old, retarget(old)));
+                    }
+                }
+            } else {
+                let olds = self.cas_backups(tag, &items)?;
+                let mut rule1 = Vec::new();
+                for (it, o) in items.iter().zip(&olds) {
+                    if o.iter().all(|&v| v == it.1) {
+                        rule1.push(*it);
+                    } else {
+                        match self
+                            .finish_round(tag, it.0, it.1, it.2, o, &[], &NoHooks)?
+                            .0
+                        {
+                            RawOutcome::Won(_) => {}
+                            RawOutcome::Lost(now) => again.push((it.0, now, retarget(now))),
+                        }
+                    }
+                }
+                if !rule1.is_empty() {
+                    let mut b = self.ep.batch(self.primary_node());
+                    let idx: Vec<_> = rule1
+                        .iter()
+                        .map(|(pos, e, n)| b.cas(self.slot_addr(0, *pos), *e, *n))
+                        .collect();
+                    let res = self.ep.execute(tag, b)?;
+                    for (it, i) in rule1.iter().zip(idx) {
+                        let old = res.old(i);
+                        if old != it.1 {
+                            again.push((it.0, old, retarget(old)));
+                        }
+                    }
+                }
+            }
+            if !again.is_empty() && !backoff.pause() {
+                return Err(Error::SnapshotStalled {
+                    waited: start.elapsed(),
+                });
+            }
+            items = again;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rules_pick_one_winner() {
+        // r = 3: two backups.
+        assert_eq!(decide(0, 5, &[0, 0]), Some(Rule::AllBackups));
+        // Split vote: the smaller value wins, the larger loses.
+        assert_eq!(decide(0, 5, &[0, 9]), Some(Rule::SmallestValue));
+        assert_eq!(decide(0, 9, &[5, 0]), None);
+        assert_eq!(decide(0, 9, &[5, 5]), None);
+        // r = 5: four backups.
+        assert_eq!(decide(0, 5, &[0, 0, 0, 7]), Some(Rule::Majority));
+        assert_eq!(decide(0, 7, &[5, 5, 5, 0]), None);
+        // 2-2 tie between two writers: smallest wins.
+        assert_eq!(decide(0, 5, &[0, 0, 7, 7]), Some(Rule::SmallestValue));
+        assert_eq!(decide(0, 7, &[5, 5, 0, 0]), None);
+        // Three writers 2-1-1: nobody has a majority (3 of 4); smallest voted value wins.
+        assert_eq!(decide(0, 3, &[0, 8, 9, 8]), Some(Rule::SmallestValue));
+        assert_eq!(decide(0, 8, &[3, 0, 9, 0]), None);
+        // r = 2: one backup.
+        assert_eq!(decide(0, 5, &[0]), Some(Rule::AllBackups));
+        assert_eq!(decide(0, 5, &[4]), None);
+    }
+}
