@@ -39,7 +39,7 @@ impl WriteHooks for NoHooks {}
 /// How [`RaceIndex::resume`] found a crashed writer's round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ResumeOutcome {
-    /// The primary already held the writer's value: its operation had completed.
+    /// The primary already held the writer's value (for a DELETE: the key is absent).
     AlreadyDone,
     /// The writer's value was in some backups and the rules make it the last writer: the
     /// round was finished now (backups repaired, primary swapped from `old`).
@@ -133,7 +133,8 @@ impl RaceIndex {
                     .flatten()
                 {
                     Some(i) if i < cands.len() => Some((cands[i].0, cands[i].1)),
-                    _ => return Ok(ResumeOutcome::NotStarted),
+                    // The key is gone: deleted (by this writer, or another).
+                    _ => return Ok(ResumeOutcome::AlreadyDone),
                 }
             };
             if self.spaces.len() == 1 {

@@ -184,6 +184,9 @@ impl RaceIndex {
 
     /// Judges a round from the backups' old values and finishes it: repair and swap the
     /// primary if this writer won, wait for the primary to change if it lost.
+    // The round's identity (slot, expected, new), its judgment input (olds) and what rides on
+    // the primary swap (post reads, hooks): splitting them into structs would only rename them.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn finish_round(
         &self,
         tag: Tag,

@@ -1,0 +1,746 @@
+//! The FUSEE client: INSERT, SEARCH, UPDATE and DELETE over the replicated RACE index, with
+//! r data replicas per KV object, the embedded operation log, two-level memory management and
+//! an adaptive address cache.
+//!
+//! A write (INSERT, UPDATE, DELETE) runs the paper's four phases, each one round trip:
+//!
+//! 1. write the KV object (with its log entry, commit record empty) to its r data replicas,
+//!    and read the key's buckets — together;
+//! 2. CAS the index backups (SNAPSHOT);
+//! 3. if this writer is the last writer: write the commit record (the primary's old value
+//!    and the old object's generation, with a crc32c) to the log entry;
+//! 4. CAS the index primary.
+//!
+//! Then, off the critical path (the client's background thread): free the replaced object
+//! (one FAA on its block's bitmap, with its "outdated" flag set for cached readers) and mark
+//! the log entry finished. A writer that lost the round, or found nothing to update, takes
+//! its object back *before* returning, so a crash can never redo an operation whose outcome
+//! was already reported.
+
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use dmkit_cache::{AddressCache, AddressCacheConfig};
+use dmkit_kv_index::{
+    InsertOutcome, Modified, ObjPtr, RaceIndex, Slot, SlotPos, SnapshotOutcome, WriteHooks,
+};
+use dmkit_verbs::{Batch, Endpoint, NodeId};
+use parking_lot::Mutex;
+
+use crate::alloc::{self, Allocation, FreeLists};
+use crate::cluster::{self, ClusterView, MAX_CLIENT_ID};
+use crate::error::{Error, Result};
+use crate::object::{self, Addr, Commit, Op};
+use crate::verifier::{Verifier, slot_addr};
+
+/// Operation tags of FUSEE's own verbs (the index and the verifier have theirs).
+pub mod tags {
+    pub const WRITE_KV: &str = "fusee_write_kv";
+    pub const COMMIT: &str = "fusee_commit";
+    pub const SEARCH: &str = "fusee_search";
+    pub const RECLAIM: &str = "fusee_reclaim";
+    pub const CLEANUP: &str = "fusee_cleanup";
+    pub const BLOCKS: &str = "fusee_blocks";
+}
+
+/// Settings of a client.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// This client's id (unique; it owns blocks and logs under it). Below
+    /// [`cluster::MAX_CLIENT_ID`].
+    pub id: u64,
+    /// The address cache (key → slot position and value) and its adaptive bypass.
+    pub cache: AddressCacheConfig,
+    /// Fetch a new block for a size class when fewer free objects remain.
+    pub prefetch_below: usize,
+    /// Reclaim freed objects (read the blocks' bitmaps) every this many allocations.
+    pub reclaim_every: u64,
+}
+
+impl ClientConfig {
+    pub fn new(id: u64) -> Self {
+        Self {
+            id,
+            cache: AddressCacheConfig {
+                capacity: 1 << 16,
+                name: "fusee",
+                ..AddressCacheConfig::default()
+            },
+            prefetch_below: 16,
+            reclaim_every: 256,
+        }
+    }
+}
+
+/// What an INSERT did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InsertResult {
+    Inserted,
+    AlreadyExists,
+}
+
+/// What an UPDATE did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpdateResult {
+    Updated,
+    NotFound,
+}
+
+/// What a DELETE did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeleteResult {
+    Deleted,
+    NotFound,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct CachedAddr {
+    slot: Slot,
+    pos: SlotPos,
+    /// The object's generation when cached: a reused slot never passes for it.
+    generation: u32,
+}
+
+/// Work done after an operation returned.
+#[derive(Debug)]
+pub(crate) enum Job {
+    /// A won write: free what it replaced, then mark its log entry finished.
+    Cleanup {
+        ours: Addr,
+        ours_len: usize,
+        op: Op,
+        old: Option<(Slot, u32)>,
+        class: usize,
+        generation: u32,
+    },
+    /// Make sure `class` has free objects ahead of need.
+    Prefetch(usize),
+    /// Read the bitmaps and take back freed objects.
+    Reclaim,
+    /// Reply when everything queued before is done.
+    Flush(mpsc::Sender<Result<()>>),
+}
+
+pub(crate) struct Inner {
+    pub ep: Endpoint,
+    pub id: u64,
+    pub view: ClusterView,
+    pub index: RaceIndex,
+    pub free: Mutex<FreeLists>,
+    cache: AddressCache<Vec<u8>, CachedAddr>,
+    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    allocs: std::sync::atomic::AtomicU64,
+    cfg: ClientConfig,
+    /// One block acquisition at a time.
+    pub(crate) block_lock: Mutex<u64>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").field("id", &self.id).finish()
+    }
+}
+
+/// A FUSEE client. Cheap to clone; clones share connections, free lists and cache, and may
+/// run operations from many threads at once.
+#[derive(Debug, Clone)]
+pub struct Client {
+    pub(crate) inner: Arc<Inner>,
+}
+
+/// Hooks that put FUSEE's object write into the index's first round trip and its commit
+/// record before the primary swap.
+pub(crate) struct Hooks<'a> {
+    inner: &'a Inner,
+    first: Mutex<Option<Vec<Batch>>>,
+    ours: &'a Allocation,
+    op: Op,
+    verifier: &'a Verifier<'a>,
+}
+
+impl WriteHooks for Hooks<'_> {
+    fn first_round(&self) -> Vec<Batch> {
+        self.first.lock().take().unwrap_or_default()
+    }
+
+    fn before_primary(&self, old: u64) -> dmkit_kv_index::Result<()> {
+        let known = self
+            .verifier
+            .found
+            .lock()
+            .as_ref()
+            .filter(|(s, _)| s.raw() == old)
+            .map(|(_, o)| o.generation);
+        let old_gen = match known {
+            Some(g) => g,
+            // Recovery resumes rounds without having read the object it replaces: read its
+            // generation now (one round trip, only on that path).
+            None => self.inner.generation_of(old).map_err(|e| match e {
+                Error::Verbs(v) => dmkit_kv_index::Error::from(v),
+                e => dmkit_kv_index::Error::Verifier(e.to_string()),
+            })?,
+        };
+        self.inner
+            .write_commit(self.ours, self.op, Commit { old, old_gen }, old)
+            .map_err(|e| match e {
+                Error::Verbs(v) => dmkit_kv_index::Error::from(v),
+                e => dmkit_kv_index::Error::Verifier(e.to_string()),
+            })
+    }
+}
+
+impl Client {
+    /// Joins the cluster whose memory nodes `ep` is connected to (`nodes` in ring order).
+    pub fn connect(ep: Endpoint, nodes: &[NodeId], cfg: ClientConfig) -> Result<Client> {
+        let (c, rx) = Self::open(ep, nodes, cfg)?;
+        c.start_worker(rx);
+        Ok(c)
+    }
+
+    pub(crate) fn open(
+        ep: Endpoint,
+        nodes: &[NodeId],
+        cfg: ClientConfig,
+    ) -> Result<(Client, mpsc::Receiver<Job>)> {
+        if cfg.id >= MAX_CLIENT_ID {
+            return Err(Error::Config(format!(
+                "client id {} is reserved (use ids below {MAX_CLIENT_ID})",
+                cfg.id
+            )));
+        }
+        let view = cluster::open(&ep, nodes)?;
+        let index = RaceIndex::open(&ep, &view.index_spaces())?;
+        let cache =
+            AddressCache::new(cfg.cache.clone()).map_err(|e| Error::Config(e.to_string()))?;
+        let (tx, rx) = mpsc::channel();
+        let inner = Arc::new(Inner {
+            id: cfg.id,
+            ep,
+            view,
+            index,
+            free: Mutex::new(FreeLists::default()),
+            cache,
+            jobs: Mutex::new(Some(tx)),
+            allocs: std::sync::atomic::AtomicU64::new(0),
+            cfg,
+            block_lock: Mutex::new(0),
+        });
+        Ok((Client { inner }, rx))
+    }
+
+    /// Starts the background thread (cleanup, prefetch, reclaim).
+    pub(crate) fn start_worker(&self, rx: mpsc::Receiver<Job>) {
+        let weak = Arc::downgrade(&self.inner);
+        std::thread::Builder::new()
+            .name(format!("fusee-bg-{}", self.inner.id))
+            .spawn(move || worker(weak, rx))
+            .expect("spawn the FUSEE background thread");
+    }
+
+    pub fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.inner.ep
+    }
+
+    pub fn view(&self) -> &ClusterView {
+        &self.inner.view
+    }
+
+    /// The address cache's statistics.
+    pub fn cache_stats(&self) -> dmkit_cache::AddressCacheStats {
+        self.inner.cache.stats()
+    }
+
+    /// Blocks this client owns (data blocks, across the cluster).
+    pub fn owned_blocks(&self) -> usize {
+        self.inner.free.lock().blocks.len()
+    }
+
+    /// The size class of each data block this client owns.
+    pub fn owned_block_classes(&self) -> Vec<usize> {
+        self.inner
+            .free
+            .lock()
+            .blocks
+            .iter()
+            .map(|b| b.class)
+            .collect()
+    }
+
+    /// Free objects on this client's lists.
+    pub fn free_objects(&self) -> usize {
+        self.inner.free.lock().total()
+    }
+
+    /// Waits until every background job queued so far (cleanups, reclaims) is done.
+    pub fn flush(&self) -> Result<()> {
+        let (tx, rx) = mpsc::channel();
+        if !self.inner.send(Job::Flush(tx)) {
+            return Ok(());
+        }
+        rx.recv_timeout(Duration::from_secs(60))
+            .map_err(|_| Error::Config("the background thread did not answer".into()))?
+    }
+
+    /// Takes back freed objects now (normally done every `reclaim_every` allocations).
+    pub fn reclaim(&self) -> Result<usize> {
+        self.inner.reclaim()
+    }
+
+    fn check_key(key: &[u8]) -> Result<()> {
+        if key.is_empty() {
+            return Err(Error::EmptyKey);
+        }
+        Ok(())
+    }
+
+    /// SEARCH: the value of `key`. One round trip on an address-cache hit (the slot and the
+    /// object read together), two otherwise (buckets, then object).
+    pub fn search(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        Self::check_key(key)?;
+        let inner = &self.inner;
+        let k = key.to_vec();
+        if !inner.cache.should_bypass() {
+            if let Some(c) = inner.cache.get(&k) {
+                match inner.cached_search(key, c)? {
+                    Some(v) => return Ok(Some(v)),
+                    None => inner.cache.report_stale(&k),
+                }
+            }
+        }
+        let v = Verifier::new(&inner.view);
+        match inner.index.search_at(&v, key)? {
+            Some((slot, pos)) => {
+                let Some((s, obj)) = v.take() else {
+                    return Err(Error::Corrupt(
+                        "index matched a key the verifier did not".into(),
+                    ));
+                };
+                if s != slot {
+                    return Err(Error::Corrupt("verifier matched another slot".into()));
+                }
+                inner.cache.insert(
+                    k,
+                    CachedAddr {
+                        slot,
+                        pos,
+                        generation: obj.generation,
+                    },
+                );
+                Ok(Some(obj.value))
+            }
+            None => {
+                inner.cache.remove(&k);
+                Ok(None)
+            }
+        }
+    }
+
+    /// INSERT: `key → value` unless the key is present.
+    pub fn insert(&self, key: &[u8], value: &[u8]) -> Result<InsertResult> {
+        Self::check_key(key)?;
+        let inner = &self.inner;
+        let a = inner.allocate(object::object_len(key.len(), value.len()))?;
+        let res = (|| {
+            let bytes = object::encode(key, value, a.next, a.prev, a.generation, Op::Insert)?;
+            let slot = inner.slot_of(key, &a, bytes.len())?;
+            let v = Verifier::new(&inner.view);
+            let hooks = inner.hooks(&a, &bytes, Op::Insert, &v);
+            Ok((
+                inner.index.insert_hooked(&v, key, slot, &hooks)?,
+                slot,
+                bytes.len(),
+            ))
+        })();
+        match res {
+            Ok((InsertOutcome::Inserted { pos, .. }, slot, len)) => {
+                inner.cache.insert(
+                    key.to_vec(),
+                    CachedAddr {
+                        slot,
+                        pos,
+                        generation: a.generation,
+                    },
+                );
+                inner.enqueue_cleanup(&a, len, Op::Insert, None);
+                Ok(InsertResult::Inserted)
+            }
+            Ok((InsertOutcome::AlreadyExists { .. }, _, _)) => {
+                inner.take_back(&a)?;
+                Ok(InsertResult::AlreadyExists)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// UPDATE: replaces the value of a present key.
+    pub fn update(&self, key: &[u8], value: &[u8]) -> Result<UpdateResult> {
+        Self::check_key(key)?;
+        let inner = &self.inner;
+        let a = inner.allocate(object::object_len(key.len(), value.len()))?;
+        let bytes = object::encode(key, value, a.next, a.prev, a.generation, Op::Update)?;
+        let slot = inner.slot_of(key, &a, bytes.len())?;
+        let v = Verifier::new(&inner.view);
+        let hooks = inner.hooks(&a, &bytes, Op::Update, &v);
+        let m = inner.index.update_hooked(&v, key, slot, &hooks)?;
+        let found = v.take();
+        match m {
+            None => {
+                inner.take_back(&a)?;
+                inner.cache.remove(&key.to_vec());
+                Ok(UpdateResult::NotFound)
+            }
+            Some(Modified {
+                old,
+                pos,
+                outcome: SnapshotOutcome::Won(_),
+            }) => {
+                inner.cache.insert(
+                    key.to_vec(),
+                    CachedAddr {
+                        slot,
+                        pos,
+                        generation: a.generation,
+                    },
+                );
+                let old_gen = found
+                    .filter(|(s, _)| *s == old)
+                    .map(|(_, o)| o.generation)
+                    .unwrap_or(0);
+                inner.enqueue_cleanup(&a, bytes.len(), Op::Update, Some((old, old_gen)));
+                Ok(UpdateResult::Updated)
+            }
+            Some(Modified {
+                outcome: SnapshotOutcome::Lost { .. },
+                ..
+            }) => {
+                // Linearized just before the winner's write: done, and overwritten at once.
+                inner.take_back(&a)?;
+                inner.cache.remove(&key.to_vec());
+                Ok(UpdateResult::Updated)
+            }
+        }
+    }
+
+    /// DELETE: removes a present key.
+    pub fn delete(&self, key: &[u8]) -> Result<DeleteResult> {
+        Self::check_key(key)?;
+        let inner = &self.inner;
+        loop {
+            // The log entry of a DELETE lives in a temporary object holding the key.
+            let a = inner.allocate(object::object_len(key.len(), 0))?;
+            let bytes = object::encode(key, &[], a.next, a.prev, a.generation, Op::Delete)?;
+            let v = Verifier::new(&inner.view);
+            let hooks = inner.hooks(&a, &bytes, Op::Delete, &v);
+            let m = inner.index.delete_hooked(&v, key, &hooks)?;
+            let found = v.take();
+            inner.cache.remove(&key.to_vec());
+            match m {
+                None => {
+                    inner.take_back(&a)?;
+                    return Ok(DeleteResult::NotFound);
+                }
+                Some(Modified {
+                    old,
+                    outcome: SnapshotOutcome::Won(_),
+                    ..
+                }) => {
+                    let old_gen = found
+                        .filter(|(s, _)| *s == old)
+                        .map(|(_, o)| o.generation)
+                        .unwrap_or(0);
+                    inner.enqueue_cleanup(&a, bytes.len(), Op::Delete, Some((old, old_gen)));
+                    return Ok(DeleteResult::Deleted);
+                }
+                Some(Modified {
+                    outcome: SnapshotOutcome::Lost { now },
+                    ..
+                }) => {
+                    inner.take_back(&a)?;
+                    if now.is_none() {
+                        // Another DELETE won: ours comes after it and finds nothing.
+                        return Ok(DeleteResult::NotFound);
+                    }
+                    // An UPDATE won: a DELETE cannot be linearized before it; try again.
+                }
+            }
+        }
+    }
+
+    /// SET semantics: update if present, insert otherwise.
+    pub fn upsert(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        loop {
+            if self.update(key, value)? == UpdateResult::Updated {
+                return Ok(());
+            }
+            if self.insert(key, value)? == InsertResult::Inserted {
+                return Ok(());
+            }
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.jobs.lock().take();
+    }
+}
+
+impl Inner {
+    /// SEARCH through the address cache: the slot word and the object it should point to,
+    /// read together (one round trip). `None` when the cache entry is stale.
+    fn cached_search(&self, key: &[u8], c: CachedAddr) -> Result<Option<Vec<u8>>> {
+        let slot_at = self.index.primary_slot_addr(c.pos);
+        let obj = slot_addr(c.slot);
+        let Some(region) = self.view.region(obj.node) else {
+            return Ok(None);
+        };
+        let obj_at = region.at(obj.offset);
+        let (batches, si, oi, same) = if slot_at.node == obj.node {
+            let mut b = self.ep.batch(obj.node);
+            let si = b.read(slot_at, 8);
+            let oi = b.read(obj_at, c.slot.object_len());
+            (vec![b], si, oi, true)
+        } else {
+            let mut b1 = self.ep.batch(slot_at.node);
+            let si = b1.read(slot_at, 8);
+            let mut b2 = self.ep.batch(obj.node);
+            let oi = b2.read(obj_at, c.slot.object_len());
+            (vec![b1, b2], si, oi, false)
+        };
+        let mut res = self.ep.execute_many(tags::SEARCH, batches);
+        let r_obj = if same {
+            None
+        } else {
+            Some(res.pop().expect("two")?)
+        };
+        let r_slot = res.pop().expect("one")?;
+        let word = u64::from_le_bytes(r_slot.read(si).try_into().unwrap_or([0; 8]));
+        if Slot::from_raw(word).ok().flatten() != Some(c.slot) {
+            return Ok(None);
+        }
+        let bytes = match &r_obj {
+            Some(r) => r.read(oi),
+            None => r_slot.read(oi),
+        };
+        Ok(object::decode(bytes, obj)
+            .filter(|o| o.key == key && o.generation == c.generation)
+            .filter(|o| o.flags & object::FLAG_OUTDATED == 0)
+            .map(|o| o.value))
+    }
+
+    /// The generation of the object a raw slot value points to (0 for an empty slot).
+    pub(crate) fn generation_of(&self, raw: u64) -> Result<u32> {
+        let Some(s) = Slot::from_raw(raw)? else {
+            return Ok(0);
+        };
+        let a = slot_addr(s);
+        let Some(region) = self.view.region(a.node) else {
+            return Ok(0);
+        };
+        let h = self
+            .ep
+            .read(tags::COMMIT, region.at(a.offset), object::HEADER_LEN)?;
+        Ok(object::decode_header(&h).map(|h| h.generation).unwrap_or(0))
+    }
+
+    pub(crate) fn cfg(&self) -> &ClientConfig {
+        &self.cfg
+    }
+
+    fn send(&self, j: Job) -> bool {
+        match self.jobs.lock().as_ref() {
+            Some(tx) => tx.send(j).is_ok(),
+            None => false,
+        }
+    }
+
+    pub(crate) fn slot_of(&self, key: &[u8], a: &Allocation, len: usize) -> Result<Slot> {
+        let ptr = ObjPtr {
+            node: a.addr.node,
+            offset: a.addr.offset,
+            len_class: ObjPtr::len_class_of(len)
+                .ok_or(Error::ObjectTooLarge(len, alloc::MAX_OBJECT))?,
+        };
+        Ok(self.index.slot_for(key, ptr)?)
+    }
+
+    fn hooks<'a>(
+        &'a self,
+        a: &'a Allocation,
+        bytes: &[u8],
+        op: Op,
+        v: &'a Verifier<'a>,
+    ) -> Hooks<'a> {
+        let batches = a
+            .replicas
+            .iter()
+            .map(|r| {
+                let mut b = self.ep.batch(r.node);
+                let region = self.view.region(r.node).expect("replica in the cluster");
+                b.write_durable(region.at(r.offset), bytes);
+                b
+            })
+            .collect();
+        Hooks {
+            inner: self,
+            first: Mutex::new(Some(batches)),
+            ours: a,
+            op,
+            verifier: v,
+        }
+    }
+
+    /// Hooks for an operation whose object is already written (recovery).
+    pub(crate) fn hooks_for_redo<'a>(
+        &'a self,
+        a: &'a Allocation,
+        op: Op,
+        v: &'a Verifier<'a>,
+    ) -> Hooks<'a> {
+        Hooks {
+            inner: self,
+            first: Mutex::new(None),
+            ours: a,
+            op,
+            verifier: v,
+        }
+    }
+
+    /// Phase 3: the commit record, on every data replica, and the replaced object marked
+    /// outdated — one round trip. The mark goes on *before* the primary swap, so an object
+    /// that left the index by replacement always carries it: recovery tells "completed, then
+    /// replaced by someone" (marked) from "never swapped in" (not marked).
+    fn write_commit(&self, a: &Allocation, op: Op, c: Commit, old_raw: u64) -> Result<()> {
+        let rec = object::encode_commit(&c, a.generation, op, a.addr);
+        let at = a.log_offset + object::COMMIT_OFF as u64;
+        let mut batches: Vec<_> = a
+            .replicas
+            .iter()
+            .map(|r| {
+                let mut b = self.ep.batch(r.node);
+                let region = self.view.region(r.node).expect("replica in the cluster");
+                b.write_durable(region.at(r.offset + at), &rec);
+                b
+            })
+            .collect();
+        if let Some(old) = Slot::from_raw(old_raw)? {
+            let o = slot_addr(old);
+            if let Some(region) = self.view.region(o.node) {
+                let flag = region.at(o.offset + object::FLAGS_OFF as u64);
+                match batches.iter_mut().find(|b| b.node() == o.node) {
+                    Some(b) => {
+                        b.write(flag, &[object::FLAG_OUTDATED]);
+                    }
+                    None => {
+                        let mut b = self.ep.batch(o.node);
+                        b.write(flag, &[object::FLAG_OUTDATED]);
+                        batches.push(b);
+                    }
+                }
+            }
+        }
+        for r in self.ep.execute_many(tags::COMMIT, batches) {
+            r?;
+        }
+        Ok(())
+    }
+
+    /// Gives back an object that never made it into the index (reclaimed flag first, then the
+    /// free list): before the operation returns, so recovery never redoes it.
+    fn take_back(&self, a: &Allocation) -> Result<()> {
+        let region = self.view.region(a.addr.node).expect("in the cluster");
+        self.ep.write(
+            tags::RECLAIM,
+            region.at(a.addr.offset + object::FLAGS_OFF as u64),
+            &[object::FLAG_RECLAIMED],
+        )?;
+        self.free.lock().push(
+            a.class,
+            alloc::FreeObject {
+                addr: a.addr,
+                generation: a.generation,
+            },
+        );
+        Ok(())
+    }
+
+    fn enqueue_cleanup(&self, a: &Allocation, len: usize, op: Op, old: Option<(Slot, u32)>) {
+        let job = Job::Cleanup {
+            ours: a.addr,
+            ours_len: len,
+            op,
+            old,
+            class: a.class,
+            generation: a.generation,
+        };
+        if !self.send(job) {
+            tracing::warn!("FUSEE background thread gone; cleanup left to recovery");
+        }
+    }
+
+    /// One object for `len` bytes, from the local free lists (fetching a block if empty).
+    fn allocate(&self, len: usize) -> Result<Allocation> {
+        let class = alloc::class_of(len)?;
+        let n = self
+            .allocs
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        if n % self.cfg.reclaim_every == 0 {
+            self.send(Job::Reclaim);
+        }
+        loop {
+            {
+                let mut f = self.free.lock();
+                // Keep one spare so the next pointer is always known.
+                if f.len(class) >= 2 {
+                    let mut a = f.pop(&self.view, class).expect("non-empty");
+                    a.log_offset = object::log_offset_for_len(len) as u64;
+                    if f.len(class) < self.cfg.prefetch_below {
+                        drop(f);
+                        self.send(Job::Prefetch(class));
+                    }
+                    return Ok(a);
+                }
+            }
+            self.acquire_block(class)?;
+        }
+    }
+}
+
+/// The background thread: cleanups in order, prefetches, reclaims.
+fn worker(inner: std::sync::Weak<Inner>, rx: mpsc::Receiver<Job>) {
+    while let Ok(job) = rx.recv() {
+        let Some(inner) = inner.upgrade() else { return };
+        let r = match job {
+            Job::Cleanup {
+                ours,
+                ours_len,
+                op,
+                old,
+                class,
+                generation,
+            } => inner.cleanup(ours, ours_len, op, old, class, generation),
+            Job::Prefetch(class) => {
+                let low = inner.free.lock().len(class) < inner.cfg.prefetch_below;
+                if low {
+                    inner.acquire_block(class)
+                } else {
+                    Ok(())
+                }
+            }
+            Job::Reclaim => inner.reclaim().map(drop),
+            Job::Flush(tx) => {
+                let _ = tx.send(Ok(()));
+                Ok(())
+            }
+        };
+        if let Err(e) = r {
+            tracing::warn!(client = inner.id, error = %e, "FUSEE background job failed");
+        }
+    }
+}

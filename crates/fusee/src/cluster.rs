@@ -1,0 +1,333 @@
+//! The cluster: which memory nodes, how many index and data replicas, and where everything
+//! lives in each node's pool. Formatted once (by the master, or `Cluster::format` in tests);
+//! every client reads the superblock when it joins.
+//!
+//! Each node's pool data area:
+//!
+//! | blocks | what |
+//! |---|---|
+//! | 0 | the cluster superblock (owner [`SUPER_OWNER`]) |
+//! | 1 ..= K | this node's index replica space, if it holds one (owner [`INDEX_OWNER`]) |
+//! | K+1 .. | data blocks, striped over the nodes (see [`crate::memnode`]) |
+
+use dmkit_kv_index::{IndexConfig, IndexReplicaSpace, RaceIndex};
+use dmkit_pmem_pool::MAX_OWNER;
+use dmkit_verbs::wire::{Reader, Writer};
+use dmkit_verbs::{Endpoint, NodeId, RegionDesc};
+
+use crate::error::{Error, Result};
+use crate::memnode::{POOL_BASE, status, tag};
+
+/// Owner id of block 0 (the superblock) in every node's block table.
+pub const SUPER_OWNER: u64 = MAX_OWNER;
+/// Owner id of the index blocks.
+pub const INDEX_OWNER: u64 = MAX_OWNER - 1;
+/// Client ids must be below this.
+pub const MAX_CLIENT_ID: u64 = MAX_OWNER - 2;
+
+const MAGIC: u64 = u64::from_le_bytes(*b"FUSEEcl1");
+const VERSION: u32 = 1;
+pub(crate) const TAG: &str = "fusee_cluster";
+
+/// The shape of a cluster, fixed at format time.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// The memory nodes, in ring order.
+    pub nodes: Vec<NodeId>,
+    /// Index replicas (on the first `index_replicas` nodes), 1..=5.
+    pub index_replicas: usize,
+    /// Data replicas of every KV object, 1..=number of nodes.
+    pub data_replicas: usize,
+    /// Bytes reserved for each index replica (rounded up to whole blocks).
+    pub index_bytes: u64,
+    /// Index geometry.
+    pub index: IndexConfig,
+}
+
+impl ClusterConfig {
+    pub fn new(nodes: Vec<NodeId>, index_replicas: usize, data_replicas: usize) -> Self {
+        Self {
+            nodes,
+            index_replicas,
+            data_replicas,
+            index_bytes: 16 << 20,
+            index: IndexConfig {
+                groups_per_subtable_log2: 8,
+                max_global_depth: 12,
+                ..IndexConfig::default()
+            },
+        }
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let n = self.nodes.len();
+        let bad = |m: String| Err(Error::Config(m));
+        if n == 0 {
+            return bad("a cluster needs at least one memory node".into());
+        }
+        if !(1..=5).contains(&self.index_replicas) || self.index_replicas > n {
+            return bad(format!(
+                "index_replicas = {} must be within 1..=5 and at most the {n} memory nodes",
+                self.index_replicas
+            ));
+        }
+        if self.data_replicas == 0 || self.data_replicas > n {
+            return bad(format!(
+                "data_replicas = {} must be within 1..={n} (the memory nodes)",
+                self.data_replicas
+            ));
+        }
+        let mut ids = self.nodes.clone();
+        ids.sort();
+        ids.dedup();
+        if ids.len() != n {
+            return bad("memory node ids must be distinct".into());
+        }
+        if self.nodes.iter().any(|id| id.0 > 255) {
+            return bad("memory node ids must be below 256 (index slots hold 8 bits)".into());
+        }
+        Ok(())
+    }
+}
+
+/// What a client knows of the cluster after reading the superblock.
+#[derive(Debug, Clone)]
+pub struct ClusterView {
+    pub nodes: Vec<NodeId>,
+    pub index_replicas: usize,
+    pub data_replicas: usize,
+    pub block_size: u64,
+    pub index_blocks: u64,
+    /// Each node's pool region.
+    pub regions: Vec<RegionDesc>,
+}
+
+impl ClusterView {
+    /// The first data block id.
+    pub fn first_data_block(&self) -> u64 {
+        1 + self.index_blocks
+    }
+
+    /// The node at ring position `pos`.
+    pub fn node_at(&self, pos: usize) -> NodeId {
+        self.nodes[pos % self.nodes.len()]
+    }
+
+    /// Ring position of `node`.
+    pub fn position(&self, node: NodeId) -> Option<usize> {
+        self.nodes.iter().position(|n| *n == node)
+    }
+
+    /// The region of `node`.
+    pub fn region(&self, node: NodeId) -> Option<RegionDesc> {
+        self.regions.iter().find(|r| r.node == node).copied()
+    }
+
+    /// The data replicas of block `b`: its primary first.
+    pub fn block_replicas(&self, b: u64) -> Vec<NodeId> {
+        let n = self.nodes.len() as u64;
+        (0..self.data_replicas as u64)
+            .map(|i| self.node_at(((b % n) + i) as usize))
+            .collect()
+    }
+
+    /// The index replica spaces, primary first.
+    pub fn index_spaces(&self) -> Vec<IndexReplicaSpace> {
+        (0..self.index_replicas)
+            .map(|i| IndexReplicaSpace {
+                region: self.region(self.nodes[i]).expect("every node has a region"),
+                offset: self.block_size,
+                len: self.index_blocks * self.block_size,
+            })
+            .collect()
+    }
+}
+
+fn pool_region(ep: &Endpoint, node: NodeId) -> Result<RegionDesc> {
+    ep.regions(node)?
+        .into_iter()
+        .find(|r| r.base == POOL_BASE)
+        .ok_or_else(|| Error::Node {
+            node,
+            reason: "not a FUSEE memory node (no pool region)".into(),
+        })
+}
+
+fn rpc(ep: &Endpoint, node: NodeId, req: Vec<u8>) -> Result<Vec<u8>> {
+    let reply = ep.rpc(TAG, node, &req)?;
+    let mut r = Reader::new(&reply);
+    let st = r.u8().map_err(|e| Error::Node {
+        node,
+        reason: e.to_string(),
+    })?;
+    if st != status::OK {
+        let msg = r
+            .bytes()
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .unwrap_or_else(|_| format!("status {st}"));
+        return Err(Error::Node { node, reason: msg });
+    }
+    Ok(reply[1..].to_vec())
+}
+
+fn encode_super(cfg: &ClusterConfig, block_size: u64, index_blocks: u64) -> Vec<u8> {
+    let mut w = Writer::new()
+        .u64(MAGIC)
+        .u32(VERSION)
+        .u16(cfg.nodes.len() as u16)
+        .u8(cfg.index_replicas as u8)
+        .u8(cfg.data_replicas as u8)
+        .u64(block_size)
+        .u64(index_blocks);
+    for n in &cfg.nodes {
+        w = w.u16(n.0);
+    }
+    let mut b = w.finish();
+    let crc = crc32c::crc32c(&b);
+    b.extend_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// Formats a fresh cluster over the nodes `ep` is connected to: reserves the superblock and
+/// index blocks on every node, formats the index, then writes the superblocks (durably, last).
+pub fn format(ep: &Endpoint, cfg: &ClusterConfig) -> Result<ClusterView> {
+    cfg.validate()?;
+    let mut block_size = 0;
+    for node in &cfg.nodes {
+        let st = rpc(ep, *node, Writer::new().u8(tag::STAT).finish())?;
+        let mut r = Reader::new(&st);
+        let bs = r.u64().map_err(|e| Error::Node {
+            node: *node,
+            reason: e.to_string(),
+        })?;
+        if block_size != 0 && bs != block_size {
+            return Err(Error::Config(format!(
+                "memory node {node} has {bs}-byte blocks, others {block_size}: pools must share a block size"
+            )));
+        }
+        block_size = bs;
+    }
+    let index_blocks = cfg.index_bytes.div_ceil(block_size).max(1);
+    for node in &cfg.nodes {
+        let reserve = |owner: u64, first: u64, count: u64| {
+            rpc(
+                ep,
+                *node,
+                Writer::new()
+                    .u8(tag::RESERVE)
+                    .u64(owner)
+                    .u64(first)
+                    .u64(count)
+                    .finish(),
+            )
+        };
+        reserve(SUPER_OWNER, 0, 1)?;
+        reserve(INDEX_OWNER, 1, index_blocks)?;
+    }
+    let view = ClusterView {
+        nodes: cfg.nodes.clone(),
+        index_replicas: cfg.index_replicas,
+        data_replicas: cfg.data_replicas,
+        block_size,
+        index_blocks,
+        regions: cfg
+            .nodes
+            .iter()
+            .map(|n| pool_region(ep, *n))
+            .collect::<Result<_>>()?,
+    };
+    RaceIndex::format(ep, &cfg.index, &view.index_spaces())?;
+    let sb = encode_super(cfg, block_size, index_blocks);
+    let batches = view
+        .regions
+        .iter()
+        .map(|r| {
+            let mut b = ep.batch(r.node);
+            b.write_durable(r.at(0), &sb);
+            b
+        })
+        .collect();
+    for r in ep.execute_many(TAG, batches) {
+        r?;
+    }
+    Ok(view)
+}
+
+/// Reads the superblock from the first node that answers and checks it against `nodes`.
+pub fn open(ep: &Endpoint, nodes: &[NodeId]) -> Result<ClusterView> {
+    let mut last = None;
+    for node in nodes {
+        let region = match pool_region(ep, *node) {
+            Ok(r) => r,
+            Err(e) => {
+                last = Some(e);
+                continue;
+            }
+        };
+        let raw = match ep.read(TAG, region.at(0), 4096) {
+            Ok(b) => b,
+            Err(e) => {
+                last = Some(e.into());
+                continue;
+            }
+        };
+        let view = decode_super(&raw).map_err(|m| {
+            Error::Cluster(format!(
+                "memory node {node}: {m} (is the cluster formatted?)"
+            ))
+        })?;
+        let (nodes_sb, index_replicas, data_replicas, block_size, index_blocks) = view;
+        let mut a = nodes_sb.clone();
+        let mut b = nodes.to_vec();
+        a.sort();
+        b.sort();
+        if a != b {
+            return Err(Error::Cluster(format!(
+                "the cluster was formatted with memory nodes {nodes_sb:?}, not {nodes:?}"
+            )));
+        }
+        return Ok(ClusterView {
+            regions: nodes_sb
+                .iter()
+                .map(|n| pool_region(ep, *n))
+                .collect::<Result<_>>()?,
+            nodes: nodes_sb,
+            index_replicas,
+            data_replicas,
+            block_size,
+            index_blocks,
+        });
+    }
+    Err(last.unwrap_or_else(|| Error::Cluster("no memory nodes".into())))
+}
+
+type Super = (Vec<NodeId>, usize, usize, u64, u64);
+
+fn decode_super(b: &[u8]) -> std::result::Result<Super, String> {
+    let mut r = Reader::new(b);
+    let bad = |e: dmkit_verbs::wire::WireError| e.to_string();
+    if r.u64().map_err(bad)? != MAGIC {
+        return Err("no FUSEE superblock".into());
+    }
+    let v = r.u32().map_err(bad)?;
+    if v != VERSION {
+        return Err(format!(
+            "superblock version {v}, this build reads {VERSION}"
+        ));
+    }
+    let n = r.u16().map_err(bad)? as usize;
+    let ir = r.u8().map_err(bad)? as usize;
+    let dr = r.u8().map_err(bad)? as usize;
+    let bs = r.u64().map_err(bad)?;
+    let ib = r.u64().map_err(bad)?;
+    let mut nodes = Vec::with_capacity(n);
+    for _ in 0..n {
+        nodes.push(NodeId(r.u16().map_err(bad)?));
+    }
+    let used = b.len() - r.remaining();
+    let crc = r.u32().map_err(bad)?;
+    if crc != crc32c::crc32c(&b[..used]) {
+        return Err("superblock checksum mismatch".into());
+    }
+    Ok((nodes, ir, dr, bs, ib))
+}

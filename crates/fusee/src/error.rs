@@ -1,0 +1,36 @@
+use dmkit_verbs::NodeId;
+
+/// What can go wrong in FUSEE.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Verbs(#[from] dmkit_verbs::Error),
+    #[error(transparent)]
+    Index(#[from] dmkit_kv_index::Error),
+    #[error("key of {0} bytes is too long")]
+    KeyTooLong(usize),
+    #[error("value of {0} bytes is too long")]
+    ValueTooLong(usize),
+    #[error("keys must not be empty")]
+    EmptyKey,
+    /// The KV pair does not fit the largest size class.
+    #[error("a KV pair of {0} bytes exceeds the largest object of {1} bytes")]
+    ObjectTooLarge(usize, usize),
+    /// No memory node could hand out a block.
+    #[error("out of memory: {0}")]
+    OutOfMemory(String),
+    /// A memory node answered something this client cannot use.
+    #[error("memory node {node}: {reason}")]
+    Node { node: NodeId, reason: String },
+    /// The cluster is not formatted (or formatted by an incompatible version).
+    #[error("cluster: {0}")]
+    Cluster(String),
+    /// Remote data that is not what it should be (a corrupt object or header).
+    #[error("corrupt remote data: {0}")]
+    Corrupt(String),
+    /// Bad settings.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,140 @@
+//! A whole FUSEE cluster in one process on the `sim` backend: memory nodes on DRAM pools,
+//! formatted, ready for clients. What `dmkit demo`, the examples and the tests start from.
+
+use std::sync::Arc;
+
+use dmkit_pmem_pool::{Pool, PoolOptions};
+use dmkit_verbs::sim::{SimCluster, SimConfig};
+use dmkit_verbs::tcp::{TcpConnector, TcpServer, TcpServerConfig};
+use dmkit_verbs::{Endpoint, NodeId};
+
+use crate::client::{Client, ClientConfig};
+use crate::cluster::{self, ClusterConfig, ClusterView};
+use crate::error::{Error, Result};
+use crate::memnode::Memnode;
+use crate::recovery::RecoveryReport;
+
+/// Settings of an in-process cluster.
+#[derive(Debug, Clone)]
+pub struct LocalConfig {
+    pub cluster: ClusterConfig,
+    /// Pool bytes per memory node.
+    pub pool_bytes: usize,
+    /// Pool block size.
+    pub block_size: usize,
+    pub sim: SimConfig,
+}
+
+impl LocalConfig {
+    /// `nodes` memory nodes with `replicas` index and data replicas each.
+    pub fn new(nodes: u16, replicas: usize) -> Self {
+        let mut cluster = ClusterConfig::new((0..nodes).map(NodeId).collect(), replicas, replicas);
+        cluster.index_bytes = 4 << 20;
+        Self {
+            cluster,
+            pool_bytes: 64 << 20,
+            block_size: 256 << 10,
+            sim: SimConfig::default(),
+        }
+    }
+}
+
+/// A running in-process cluster.
+#[derive(Debug)]
+pub struct LocalCluster {
+    pub sim: SimCluster,
+    pub memnodes: Vec<Arc<Memnode>>,
+    pub view: ClusterView,
+    /// With [`LocalCluster::start_tcp`]: the memory nodes' TCP servers on loopback.
+    pub tcp: Vec<TcpServer>,
+    cfg: LocalConfig,
+}
+
+impl LocalCluster {
+    /// Starts the memory nodes and formats the cluster.
+    pub fn start(cfg: LocalConfig) -> Result<LocalCluster> {
+        cfg.cluster.validate()?;
+        let sim = SimCluster::new(cfg.sim.clone());
+        let mut memnodes = Vec::new();
+        for id in &cfg.cluster.nodes {
+            let pool = Pool::create_dram(
+                cfg.pool_bytes,
+                PoolOptions::default().block_size(cfg.block_size),
+            )
+            .map_err(|e| Error::Config(format!("pool for memory node {id}: {e}")))?;
+            let m = Memnode::new(*id, pool)?;
+            sim.add_node(m.node().clone());
+            memnodes.push(m);
+        }
+        // The formatting client (the master's role) uses an id of its own.
+        let ep = sim.endpoint(u64::MAX - 16)?;
+        let view = cluster::format(&ep, &cfg.cluster)?;
+        Ok(LocalCluster {
+            sim,
+            memnodes,
+            view,
+            tcp: Vec::new(),
+            cfg,
+        })
+    }
+
+    /// Like [`LocalCluster::start`], but clients reach the memory nodes over TCP on loopback.
+    pub fn start_tcp(cfg: LocalConfig) -> Result<LocalCluster> {
+        let mut c = Self::start(cfg)?;
+        for m in &c.memnodes {
+            c.tcp.push(TcpServer::start(
+                "127.0.0.1:0",
+                m.node().clone(),
+                TcpServerConfig::default(),
+            )?);
+        }
+        Ok(c)
+    }
+
+    /// An endpoint for client `id` over the cluster's transport.
+    pub fn endpoint(&self, id: u64) -> Result<Endpoint> {
+        if self.tcp.is_empty() {
+            return Ok(self.sim.endpoint(id)?);
+        }
+        let nodes: Vec<_> = self
+            .tcp
+            .iter()
+            .map(|s| (s.node().id(), s.local_addr().to_string()))
+            .collect();
+        Ok(Endpoint::connect(&TcpConnector::default(), &nodes)?)
+    }
+
+    /// A client with id `id` (on sim, its crash faults are injected through
+    /// [`LocalCluster::sim`]).
+    pub fn client(&self, id: u64) -> Result<Client> {
+        self.client_with(ClientConfig::new(id))
+    }
+
+    /// A client with explicit settings.
+    pub fn client_with(&self, cfg: ClientConfig) -> Result<Client> {
+        Client::connect(self.endpoint(cfg.id)?, &self.cfg.cluster.nodes, cfg)
+    }
+
+    /// Restarts crashed client `id` and recovers it.
+    pub fn recover(&self, id: u64) -> Result<(Client, RecoveryReport)> {
+        self.sim.restart_client(id);
+        let sim = self.sim.clone();
+        Client::recover(
+            move || Ok(sim.endpoint(id)?),
+            &self.cfg.cluster.nodes,
+            ClientConfig::new(id),
+        )
+    }
+
+    pub fn nodes(&self) -> &[NodeId] {
+        &self.cfg.cluster.nodes
+    }
+
+    /// Data blocks allocated across the cluster (all owners).
+    pub fn allocated_blocks(&self) -> usize {
+        self.memnodes
+            .iter()
+            .map(|m| m.pool().block_count() - m.pool().free_blocks())
+            .sum()
+    }
+}

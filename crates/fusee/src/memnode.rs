@@ -1,0 +1,194 @@
+//! The FUSEE memory node: a pool's data area registered for one-sided access, and the one
+//! thing its CPU does — hand out coarse blocks by RPC, recording each block's owner in the
+//! pool's persistent block table (so a crashed client's blocks can be found again).
+//!
+//! Block striping: with `N` memory nodes, block `b`'s primary is node position `b mod N` and
+//! its data replicas are the next positions around the ring; the replicas hold the *same block
+//! id*. A primary only hands out blocks of its own stripe, so mirroring a block at the same id
+//! on the replicas never collides.
+
+use std::sync::Arc;
+
+use dmkit_pmem_pool::{BlockId, Pool};
+use dmkit_verbs::wire::{Reader, WireError, Writer};
+use dmkit_verbs::{Access, FnBacking, Media, MemoryNode, NodeId, Peer, RegionDesc};
+
+use crate::error::{Error, Result};
+
+/// The remote base of the pool's data area on every FUSEE memory node.
+pub const POOL_BASE: u64 = 1 << 44;
+
+pub(crate) mod tag {
+    pub const ALLOC_STRIPE: u8 = 1;
+    pub const ALLOC_AT: u8 = 2;
+    pub const FREE_BLOCK: u8 = 3;
+    pub const BLOCKS_OF: u8 = 4;
+    pub const STAT: u8 = 5;
+    pub const RESERVE: u8 = 6;
+}
+
+pub(crate) mod status {
+    pub const OK: u8 = 0;
+    pub const TAKEN: u8 = 1;
+    pub const OUT_OF_BLOCKS: u8 = 2;
+    pub const FAILED: u8 = 3;
+}
+
+/// The pool's data area as verbs-registrable memory.
+pub fn pool_backing(pool: &Arc<Pool>) -> FnBacking {
+    let media = if pool.is_persistent() {
+        Media::Nvm
+    } else {
+        Media::Dram
+    };
+    let p = pool.clone();
+    // SAFETY: the data area stays mapped while the pool lives, and the backing owns an Arc of
+    // it; the area is only accessed through the verbs layer's atomic view (and the pool's own
+    // metadata code, which does not touch the data area).
+    unsafe {
+        FnBacking::new(
+            pool.clone(),
+            pool.data_ptr(),
+            pool.data_len() / 8 * 8,
+            media,
+            move |off, len| {
+                p.persist(off, len)
+                    .map_err(|e| std::io::Error::other(e.to_string()))
+            },
+        )
+    }
+}
+
+/// A FUSEE memory node.
+#[derive(Debug)]
+pub struct Memnode {
+    node: Arc<MemoryNode>,
+    pool: Arc<Pool>,
+    region: RegionDesc,
+}
+
+impl Memnode {
+    /// Serves `pool` as memory node `id`: registers its data area at [`POOL_BASE`] and installs
+    /// the block RPCs. Serve [`Memnode::node`] with any verbs backend.
+    pub fn new(id: NodeId, pool: Pool) -> Result<Arc<Memnode>> {
+        let pool = Arc::new(pool);
+        let node = Arc::new(MemoryNode::new(id));
+        let region = node
+            .register(Arc::new(pool_backing(&pool)), Access::ALL, Some(POOL_BASE))
+            .map_err(Error::Verbs)?;
+        let m = Arc::new(Memnode { node, pool, region });
+        let weak = Arc::downgrade(&m);
+        m.node
+            .set_rpc_handler(Arc::new(move |peer: &Peer, req: &[u8]| {
+                match weak.upgrade() {
+                    Some(m) => Ok(m.handle(peer, req)),
+                    None => Err("the memory node is shutting down".into()),
+                }
+            }));
+        Ok(m)
+    }
+
+    pub fn node(&self) -> &Arc<MemoryNode> {
+        &self.node
+    }
+
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    pub fn region(&self) -> RegionDesc {
+        self.region
+    }
+
+    fn handle(&self, peer: &Peer, req: &[u8]) -> Vec<u8> {
+        match self.dispatch(req) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(peer = %peer.addr, error = %e, "malformed FUSEE block request");
+                Writer::new()
+                    .u8(status::FAILED)
+                    .bytes(e.to_string().as_bytes())
+                    .finish()
+            }
+        }
+    }
+
+    fn dispatch(&self, req: &[u8]) -> std::result::Result<Vec<u8>, WireError> {
+        let mut r = Reader::new(req);
+        let fail = |e: dmkit_pmem_pool::Error| {
+            let code = match e {
+                dmkit_pmem_pool::Error::OutOfBlocks { .. } => status::OUT_OF_BLOCKS,
+                dmkit_pmem_pool::Error::BlockTaken { .. } => status::TAKEN,
+                _ => status::FAILED,
+            };
+            Writer::new()
+                .u8(code)
+                .bytes(e.to_string().as_bytes())
+                .finish()
+        };
+        Ok(match r.u8()? {
+            tag::ALLOC_STRIPE => {
+                let (owner, stride, rem, min) = (r.u64()?, r.u16()?, r.u16()?, r.u64()?);
+                r.finish()?;
+                let stride = u64::from(stride.max(1));
+                match self
+                    .pool
+                    .alloc_block_where(owner, |b| b.0 >= min && b.0 % stride == u64::from(rem))
+                {
+                    Ok(b) => Writer::new().u8(status::OK).u64(b.0).finish(),
+                    Err(e) => fail(e),
+                }
+            }
+            tag::ALLOC_AT => {
+                let (owner, block) = (r.u64()?, r.u64()?);
+                r.finish()?;
+                match self.pool.alloc_block_at(BlockId(block), owner) {
+                    Ok(()) => Writer::new().u8(status::OK).finish(),
+                    Err(e) => fail(e),
+                }
+            }
+            tag::FREE_BLOCK => {
+                let (owner, block) = (r.u64()?, r.u64()?);
+                r.finish()?;
+                if self.pool.block_owner(BlockId(block)) != Some(owner) {
+                    Writer::new().u8(status::TAKEN).finish()
+                } else {
+                    match self.pool.free_block(BlockId(block)) {
+                        Ok(()) => Writer::new().u8(status::OK).finish(),
+                        Err(e) => fail(e),
+                    }
+                }
+            }
+            tag::BLOCKS_OF => {
+                let owner = r.u64()?;
+                r.finish()?;
+                let blocks = self.pool.blocks_owned_by(owner);
+                let mut w = Writer::new().u8(status::OK).u32(blocks.len() as u32);
+                for b in blocks {
+                    w = w.u64(b.0);
+                }
+                w.finish()
+            }
+            tag::STAT => {
+                r.finish()?;
+                Writer::new()
+                    .u8(status::OK)
+                    .u64(self.pool.block_size() as u64)
+                    .u64(self.pool.block_count() as u64)
+                    .u64(self.pool.free_blocks() as u64)
+                    .finish()
+            }
+            tag::RESERVE => {
+                let (owner, first, count) = (r.u64()?, r.u64()?, r.u64()?);
+                r.finish()?;
+                for b in first..first.saturating_add(count) {
+                    if let Err(e) = self.pool.alloc_block_at(BlockId(b), owner) {
+                        return Ok(fail(e));
+                    }
+                }
+                Writer::new().u8(status::OK).finish()
+            }
+            _ => return Err(WireError("request kind")),
+        })
+    }
+}

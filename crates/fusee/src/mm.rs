@@ -1,0 +1,287 @@
+//! The client's memory work that runs off the critical path: fetching blocks, reclaiming
+//! freed objects, cleaning up after won writes.
+
+use std::collections::BTreeMap;
+
+use dmkit_kv_index::Slot;
+use dmkit_verbs::NodeId;
+use dmkit_verbs::wire::{Reader, Writer};
+
+use crate::alloc::{self, BlockGeometry, FreeObject, OwnedBlock};
+use crate::client::{Inner, tags};
+use crate::error::{Error, Result};
+use crate::memnode::{status, tag};
+use crate::object::{self, Addr, Op};
+use crate::verifier::slot_addr;
+
+impl Inner {
+    pub(crate) fn block_rpc(&self, node: NodeId, req: Vec<u8>) -> Result<(u8, Vec<u8>)> {
+        let reply = self.ep.rpc(tags::BLOCKS, node, &req)?;
+        let Some((&st, rest)) = reply.split_first() else {
+            return Err(Error::Node {
+                node,
+                reason: "empty reply".into(),
+            });
+        };
+        Ok((st, rest.to_vec()))
+    }
+
+    /// Fetches a block for `class` (stripe of the next node in turn), mirrors it on the data
+    /// replicas, writes its header and zeroes it there, and lists its objects as free.
+    pub(crate) fn acquire_block(&self, class: usize) -> Result<()> {
+        let mut turn = self.block_lock.lock();
+        if self.free.lock().len(class) >= 2.max(self.cfg_prefetch_below()) {
+            return Ok(());
+        }
+        let n = self.view.nodes.len();
+        let mut last_err = None;
+        for attempt in 0..n {
+            let pos = ((*turn as usize) + self.id as usize + attempt) % n;
+            let node = self.view.node_at(pos);
+            let req = Writer::new()
+                .u8(tag::ALLOC_STRIPE)
+                .u64(self.id)
+                .u16(n as u16)
+                .u16(pos as u16)
+                .u64(self.view.first_data_block())
+                .finish();
+            let (st, rest) = match self.block_rpc(node, req) {
+                Ok(r) => r,
+                Err(e) => {
+                    last_err = Some(e);
+                    continue;
+                }
+            };
+            if st != status::OK {
+                last_err = Some(Error::OutOfMemory(format!(
+                    "memory node {node}: {}",
+                    Reader::new(&rest)
+                        .bytes()
+                        .map(|b| String::from_utf8_lossy(b).into_owned())
+                        .unwrap_or_else(|_| format!("status {st}"))
+                )));
+                continue;
+            }
+            let block = Reader::new(&rest).u64().map_err(|e| Error::Node {
+                node,
+                reason: e.to_string(),
+            })?;
+            *turn += 1;
+            return self.install_block(block, class);
+        }
+        Err(last_err.unwrap_or_else(|| Error::OutOfMemory("no memory nodes".into())))
+    }
+
+    fn cfg_prefetch_below(&self) -> usize {
+        self.cfg().prefetch_below
+    }
+
+    fn install_block(&self, block: u64, class: usize) -> Result<()> {
+        let replicas = self.view.block_replicas(block);
+        for node in &replicas[1..] {
+            let req = Writer::new()
+                .u8(tag::ALLOC_AT)
+                .u64(self.id)
+                .u64(block)
+                .finish();
+            let (st, _) = self.block_rpc(*node, req)?;
+            if st != status::OK {
+                return Err(Error::Node {
+                    node: *node,
+                    reason: format!("cannot mirror block {block} (status {st})"),
+                });
+            }
+        }
+        let bs = self.view.block_size;
+        let mut image = vec![0u8; bs as usize];
+        image[0..4].copy_from_slice(&alloc::BLOCK_MAGIC.to_le_bytes());
+        image[4] = class as u8;
+        image[8..16].copy_from_slice(&self.id.to_le_bytes());
+        let batches = replicas
+            .iter()
+            .map(|node| {
+                let region = self.view.region(*node).expect("in the cluster");
+                let mut b = self.ep.batch(*node);
+                b.write_durable(region.at(block * bs), &image);
+                b
+            })
+            .collect();
+        for r in self.ep.execute_many(tags::BLOCKS, batches) {
+            r?;
+        }
+        let g = BlockGeometry::new(bs, class);
+        let mut f = self.free.lock();
+        f.blocks.push(OwnedBlock { id: block, class });
+        for i in 0..g.objects {
+            f.push(
+                class,
+                FreeObject {
+                    addr: Addr {
+                        node: replicas[0],
+                        offset: block * bs + g.object_offset(i),
+                    },
+                    generation: 0,
+                },
+            );
+        }
+        metrics::counter!("dmkit_fusee_blocks_acquired_total").increment(1);
+        Ok(())
+    }
+
+    /// Reads the free bitmaps of this client's blocks and takes the freed objects back:
+    /// marks each reclaimed (so a crash cannot resurrect it), learns its generation, clears its
+    /// bit. Two round trips for all blocks. Returns how many objects came back.
+    pub(crate) fn reclaim(&self) -> Result<usize> {
+        let blocks = self.free.lock().blocks.clone();
+        if blocks.is_empty() {
+            return Ok(0);
+        }
+        let bs = self.view.block_size;
+        let mut by_node: BTreeMap<NodeId, Vec<OwnedBlock>> = BTreeMap::new();
+        for b in blocks {
+            by_node
+                .entry(self.view.block_replicas(b.id)[0])
+                .or_default()
+                .push(b);
+        }
+        // Round 1: the bitmaps.
+        let mut batches = Vec::new();
+        let mut plan = Vec::new();
+        for (node, blocks) in &by_node {
+            let region = self.view.region(*node).expect("in the cluster");
+            let mut b = self.ep.batch(*node);
+            let mut p = Vec::new();
+            for blk in blocks {
+                let g = BlockGeometry::new(bs, blk.class);
+                let len = (g.objects.div_ceil(64) * 8) as usize;
+                p.push((
+                    *blk,
+                    g,
+                    b.read(region.at(blk.id * bs + alloc::BLOCK_HEADER), len),
+                ));
+            }
+            batches.push(b);
+            plan.push((*node, p));
+        }
+        let results = self.ep.execute_many(tags::RECLAIM, batches);
+        // Round 2: per node, read each freed object's header, mark it reclaimed, clear bits.
+        let mut batches = Vec::new();
+        let mut found = Vec::new();
+        for (res, (node, p)) in results.into_iter().zip(plan) {
+            let res = res?;
+            let region = self.view.region(node).expect("in the cluster");
+            let mut b = self.ep.batch(node);
+            let mut items = Vec::new();
+            for (blk, g, idx) in p {
+                let bits = res.read(idx);
+                for (w, chunk) in bits.chunks(8).enumerate() {
+                    let word = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
+                    if word == 0 {
+                        continue;
+                    }
+                    for bit in 0..64 {
+                        if word & (1 << bit) == 0 {
+                            continue;
+                        }
+                        let i = w as u64 * 64 + bit;
+                        if i >= g.objects {
+                            continue;
+                        }
+                        let off = blk.id * bs + g.object_offset(i);
+                        let h = b.read(region.at(off), object::HEADER_LEN);
+                        b.write(
+                            region.at(off + object::FLAGS_OFF as u64),
+                            &[object::FLAG_RECLAIMED],
+                        );
+                        items.push((blk.class, Addr { node, offset: off }, h));
+                    }
+                    // Clear exactly the bits seen: frees that land meanwhile stay set.
+                    b.faa(
+                        region.at(blk.id * bs + alloc::BLOCK_HEADER + w as u64 * 8),
+                        0u64.wrapping_sub(word),
+                    );
+                }
+            }
+            if !items.is_empty() {
+                batches.push(b);
+                found.push(items);
+            }
+        }
+        let mut n = 0;
+        for (res, items) in self
+            .ep
+            .execute_many(tags::RECLAIM, batches)
+            .into_iter()
+            .zip(found)
+        {
+            let res = res?;
+            let mut f = self.free.lock();
+            for (class, addr, h) in items {
+                let generation = object::decode_header(res.read(h))
+                    .map(|h| h.generation)
+                    .unwrap_or(0);
+                f.push(class, FreeObject { addr, generation });
+                n += 1;
+            }
+        }
+        if n > 0 {
+            metrics::counter!("dmkit_fusee_reclaimed_objects_total").increment(n as u64);
+        }
+        Ok(n)
+    }
+
+    /// Frees `old` (the object a won write replaced): sets its outdated flag for cached
+    /// readers and its bit in its block's bitmap, in one batch on its primary.
+    pub(crate) fn free_object(&self, old: Slot) -> Result<()> {
+        let addr = slot_addr(old);
+        let (bit_at, mask) = alloc::free_bit(&self.view, addr, old.object_len())?;
+        let region = self.view.region(addr.node).ok_or_else(|| {
+            Error::Corrupt(format!("slot points to unknown memory node {}", addr.node))
+        })?;
+        let mut b = self.ep.batch(addr.node);
+        b.write(
+            region.at(addr.offset + object::FLAGS_OFF as u64),
+            &[object::FLAG_OUTDATED],
+        );
+        b.faa(region.at(bit_at.offset), mask);
+        self.ep.execute(tags::CLEANUP, b)?;
+        Ok(())
+    }
+
+    /// After a won write: free what it replaced, then mark the log entry finished (and give
+    /// back a DELETE's temporary object).
+    pub(crate) fn cleanup(
+        &self,
+        ours: Addr,
+        ours_len: usize,
+        op: Op,
+        old: Option<(Slot, u32)>,
+        class: usize,
+        generation: u32,
+    ) -> Result<()> {
+        if let Some((old, _)) = old {
+            self.free_object(old)?;
+        }
+        let region = self.view.region(ours.node).expect("in the cluster");
+        let log = ours.offset + object::log_offset_for_len(ours_len) as u64;
+        let mut b = self.ep.batch(ours.node);
+        b.write(region.at(log + object::FINISHED_OFF as u64), &[1]);
+        if op == Op::Delete {
+            b.write(
+                region.at(ours.offset + object::FLAGS_OFF as u64),
+                &[object::FLAG_RECLAIMED],
+            );
+        }
+        self.ep.execute(tags::CLEANUP, b)?;
+        if op == Op::Delete {
+            self.free.lock().push(
+                class,
+                FreeObject {
+                    addr: ours,
+                    generation,
+                },
+            );
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,462 @@
+//! Client crash recovery: a client restarted with its id walks its log and repairs what its
+//! crash left half done.
+//!
+//! 1. **Reconnect** to the memory nodes.
+//! 2. **Metadata**: read the cluster superblock, open the index, ask every node which blocks
+//!    this client owns (the persistent block tables).
+//! 3. **Log walk**: read every owned block's primary copy — header, free bitmap, objects — and
+//!    decode each object's embedded log entry; order unfinished entries by their log chain.
+//! 4. **Redo**: every unfinished operation of every type and of every task is finished or
+//!    rolled back:
+//!    - *no commit record* (crashed before it became the last writer, or a loser that had not
+//!      taken its object back): if its new value reached some index backups, the round is
+//!      resumed on that slot (it may win it, or wait for the winner); otherwise the operation
+//!      never touched the index and is redone from the start — it was never acknowledged, so
+//!      either way is linearizable;
+//!    - *commit record*: it was the last writer; if the primary still holds the old value the
+//!      swap is done now, otherwise it had completed;
+//!    - then the cleanup it may have missed: free the replaced object (only if its generation
+//!      still matches and its free bit is not set — so a reused slot is never freed twice) and
+//!      mark the entry finished.
+//! 5. **Free lists**: every object slot of the owned blocks that is not live (not pointed to by
+//!    the index) is listed free — except objects replaced by *other* clients, which come back
+//!    through the free bitmap when their replacer frees them.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use dmkit_kv_index::{ResumeOutcome, Slot};
+use dmkit_verbs::wire::{Reader, Writer};
+use dmkit_verbs::{Endpoint, NodeId};
+
+use crate::alloc::{self, BlockGeometry, FreeObject, OwnedBlock};
+use crate::client::{Client, ClientConfig, tags};
+use crate::error::{Error, Result};
+use crate::memnode::{status, tag};
+use crate::object::{self, Addr, KvObject, Op};
+use crate::verifier::{Verifier, slot_addr};
+
+/// How long each step of a recovery took (the paper's breakdown) and what it did.
+#[derive(Debug, Clone, Default)]
+pub struct RecoveryReport {
+    pub reconnect: Duration,
+    pub metadata: Duration,
+    pub log_walk: Duration,
+    pub redo: Duration,
+    pub free_lists: Duration,
+    pub blocks: usize,
+    pub objects_scanned: usize,
+    /// Unfinished operations found in the log.
+    pub unfinished: usize,
+    /// Of those, completed by recovery (won, or the swap finished).
+    pub completed: usize,
+    /// Of those, rolled back (lost, or never in the index).
+    pub rolled_back: usize,
+    pub live_objects: usize,
+    pub free_objects: usize,
+}
+
+impl RecoveryReport {
+    pub fn total(&self) -> Duration {
+        self.reconnect + self.metadata + self.log_walk + self.redo + self.free_lists
+    }
+}
+
+struct Found {
+    addr: Addr,
+    class: usize,
+    len: usize,
+    obj: KvObject,
+}
+
+impl Client {
+    /// Restarts a crashed client: `connect` re-establishes the connections (timed as
+    /// "reconnect"), then the log is walked and repaired as the module docs say.
+    pub fn recover(
+        connect: impl FnOnce() -> Result<Endpoint>,
+        nodes: &[NodeId],
+        cfg: ClientConfig,
+    ) -> Result<(Client, RecoveryReport)> {
+        let mut rep = RecoveryReport::default();
+        let t = Instant::now();
+        let ep = connect()?;
+        rep.reconnect = t.elapsed();
+
+        let t = Instant::now();
+        let (client, rx) = Client::open(ep, nodes, cfg)?;
+        let inner = &client.inner;
+        let view = inner.view.clone();
+        let mut owned = Vec::new();
+        for node in &view.nodes {
+            let (st, rest) = inner.block_rpc(
+                *node,
+                Writer::new().u8(tag::BLOCKS_OF).u64(inner.id).finish(),
+            )?;
+            if st != status::OK {
+                return Err(Error::Node {
+                    node: *node,
+                    reason: format!("cannot list blocks (status {st})"),
+                });
+            }
+            let mut r = Reader::new(&rest);
+            let bad = |e: dmkit_verbs::wire::WireError| Error::Node {
+                node: *node,
+                reason: e.to_string(),
+            };
+            let n = r.u32().map_err(bad)?;
+            for _ in 0..n {
+                let b = r.u64().map_err(bad)?;
+                // Each block is listed by all its replicas; take it from its primary.
+                if view.block_replicas(b)[0] == *node {
+                    owned.push(b);
+                }
+            }
+        }
+        rep.metadata = t.elapsed();
+
+        // Log walk: every owned block, whole.
+        let t = Instant::now();
+        let bs = view.block_size;
+        let mut by_node: BTreeMap<NodeId, Vec<u64>> = BTreeMap::new();
+        for b in &owned {
+            by_node
+                .entry(view.block_replicas(*b)[0])
+                .or_default()
+                .push(*b);
+        }
+        let mut blocks: Vec<(OwnedBlock, Addr, Vec<u8>)> = Vec::new();
+        for (node, ids) in &by_node {
+            let region = view.region(*node).expect("in the cluster");
+            for chunk in ids.chunks(16) {
+                let mut b = inner.ep.batch(*node);
+                let idx: Vec<_> = chunk
+                    .iter()
+                    .map(|id| b.read(region.at(id * bs), bs as usize))
+                    .collect();
+                let mut res = inner.ep.execute(tags::RECLAIM, b)?;
+                for (id, i) in chunk.iter().zip(idx) {
+                    let data = res.take_buf(i).map(|b| b.into_vec()).unwrap_or_default();
+                    if data.len() < 16 || data[0..4] != alloc::BLOCK_MAGIC.to_le_bytes() {
+                        // Taken but never formatted (crash during acquisition): all free.
+                        blocks.push((
+                            OwnedBlock {
+                                id: *id,
+                                class: usize::MAX,
+                            },
+                            Addr {
+                                node: *node,
+                                offset: id * bs,
+                            },
+                            data,
+                        ));
+                        continue;
+                    }
+                    let class = data[4] as usize;
+                    if class >= alloc::SIZE_CLASSES.len() {
+                        return Err(Error::Corrupt(format!(
+                            "block {id} on node {node} has class {class}"
+                        )));
+                    }
+                    blocks.push((
+                        OwnedBlock { id: *id, class },
+                        Addr {
+                            node: *node,
+                            offset: id * bs,
+                        },
+                        data,
+                    ));
+                }
+            }
+        }
+        rep.blocks = blocks.len();
+        let mut found: Vec<Found> = Vec::new();
+        let mut free_now: Vec<(usize, FreeObject)> = Vec::new();
+        let mut bitmaps: HashMap<(NodeId, u64), u64> = HashMap::new();
+        for (blk, base, data) in &blocks {
+            if blk.class == usize::MAX {
+                continue;
+            }
+            let g = BlockGeometry::new(bs, blk.class);
+            for i in 0..g.objects {
+                rep.objects_scanned += 1;
+                let off = g.object_offset(i) as usize;
+                let addr = Addr {
+                    node: base.node,
+                    offset: base.offset + off as u64,
+                };
+                let word = alloc::BLOCK_HEADER as usize + (i as usize / 64) * 8;
+                let bits = u64::from_le_bytes(data[word..word + 8].try_into().expect("8"));
+                let freed_bit = bits & (1 << (i % 64)) != 0;
+                let bytes = &data[off..off + g.slot as usize];
+                let generation = object::decode_header(bytes)
+                    .map(|h| h.generation)
+                    .unwrap_or(0);
+                match object::decode(bytes, addr) {
+                    Some(obj) if !freed_bit => {
+                        let len = object::object_len(obj.key.len(), obj.value.len());
+                        found.push(Found {
+                            addr,
+                            class: blk.class,
+                            len,
+                            obj,
+                        });
+                    }
+                    _ => {
+                        if freed_bit {
+                            *bitmaps
+                                .entry((base.node, base.offset + word as u64))
+                                .or_default() |= 1 << (i % 64);
+                        }
+                        free_now.push((blk.class, FreeObject { addr, generation }));
+                    }
+                }
+            }
+        }
+        rep.log_walk = t.elapsed();
+
+        // Redo, in log-chain order within each class (allocation order).
+        let t = Instant::now();
+        let mut unfinished: Vec<&Found> = found.iter().filter(|f| !f.obj.log.finished).collect();
+        let order = chain_order(&unfinished);
+        unfinished.sort_by_key(|f| order.get(&f.addr).copied().unwrap_or(u64::MAX));
+        rep.unfinished = unfinished.len();
+        let mut taken_back = Vec::new();
+        for f in unfinished {
+            let op = Op::from_u8(f.obj.log.op).ok_or_else(|| {
+                Error::Corrupt(format!(
+                    "log entry at {:?} has opcode {}",
+                    f.addr, f.obj.log.op
+                ))
+            })?;
+            match inner.redo(f.addr, f.class, f.len, op, &f.obj)? {
+                Redone::Completed => rep.completed += 1,
+                Redone::RolledBack => {
+                    rep.rolled_back += 1;
+                    taken_back.push(f.addr);
+                    free_now.push((
+                        f.class,
+                        FreeObject {
+                            addr: f.addr,
+                            generation: f.obj.generation,
+                        },
+                    ));
+                }
+            }
+        }
+        rep.redo = t.elapsed();
+
+        // Free lists: what is not live.
+        let t = Instant::now();
+        let mut live = 0;
+        for f in &found {
+            if taken_back.contains(&f.addr) {
+                continue;
+            }
+            let op = Op::from_u8(f.obj.log.op);
+            let referenced = inner.is_referenced(&f.obj.key, f.addr)?;
+            if referenced {
+                live += 1;
+                continue;
+            }
+            // A finished DELETE's temporary object, or an object that never made it into
+            // the index, is ours to reuse. One the index pointed to and another client
+            // replaced comes back through its free bit.
+            if op == Some(Op::Delete) || f.obj.log.commit.is_none() {
+                inner.mark_reclaimed(f.addr)?;
+                free_now.push((
+                    f.class,
+                    FreeObject {
+                        addr: f.addr,
+                        generation: f.obj.generation,
+                    },
+                ));
+            }
+        }
+        // Clear the free bits of the objects listed now.
+        for ((node, at), mask) in bitmaps {
+            let region = view.region(node).expect("in the cluster");
+            inner
+                .ep
+                .faa(tags::RECLAIM, region.at(at), 0u64.wrapping_sub(mask))?;
+        }
+        {
+            let mut fl = inner.free.lock();
+            for (blk, _, _) in &blocks {
+                if blk.class != usize::MAX {
+                    fl.blocks.push(*blk);
+                }
+            }
+            for (class, o) in free_now {
+                fl.push(class, o);
+            }
+            rep.free_objects = fl.total();
+        }
+        // Blocks taken but never formatted go back to their nodes.
+        for (blk, base, _) in &blocks {
+            if blk.class == usize::MAX {
+                inner.release_block(blk.id, base.node)?;
+            }
+        }
+        rep.live_objects = live;
+        rep.free_lists = t.elapsed();
+        client.start_worker(rx);
+        metrics::histogram!("dmkit_fusee_recovery_seconds").record(rep.total().as_secs_f64());
+        Ok((client, rep))
+    }
+}
+
+/// Position of each object in its class's log chain (by following `prev` links).
+fn chain_order(items: &[&Found]) -> HashMap<Addr, u64> {
+    let by_addr: HashMap<u64, &Found> = items.iter().map(|f| (f.addr.pack(), *f)).collect();
+    let mut order = HashMap::new();
+    for f in items {
+        let mut depth = 0u64;
+        let mut cur = f.obj.log.prev;
+        let mut guard = 0;
+        while let Some(p) = by_addr.get(&cur) {
+            depth += 1;
+            cur = p.obj.log.prev;
+            guard += 1;
+            if guard > items.len() {
+                break;
+            }
+        }
+        order.insert(f.addr, depth);
+    }
+    order
+}
+
+pub(crate) enum Redone {
+    Completed,
+    RolledBack,
+}
+
+impl crate::client::Inner {
+    /// Finishes or rolls back one unfinished operation found in the log.
+    fn redo(&self, addr: Addr, class: usize, len: usize, op: Op, obj: &KvObject) -> Result<Redone> {
+        let alloc = crate::alloc::Allocation {
+            addr,
+            replicas: crate::alloc::replicas_of(&self.view, addr),
+            class,
+            generation: obj.generation,
+            prev: obj.log.prev,
+            next: obj.log.next,
+            log_offset: object::log_offset_for_len(len) as u64,
+        };
+        let new_raw = match op {
+            Op::Delete => 0,
+            _ => self.slot_of(&obj.key, &alloc, len)?.raw(),
+        };
+        let v = Verifier::new(&self.view);
+        let hooks = self.hooks_for_redo(&alloc, op, &v);
+        let outcome = self.index.resume(&v, &obj.key, new_raw, &hooks)?;
+        let commit = obj.log.commit;
+        // What this operation replaced, and whether its cleanup may already have run.
+        let replaced: Option<(u64, Option<u32>)> = match outcome {
+            // The swap happened just now: nobody but us can have freed the old object.
+            ResumeOutcome::Won { old } => Some((old, None)),
+            // It happened before the crash (the commit record precedes every swap): the
+            // cleanup may have run, so free only if the old object is unchanged.
+            ResumeOutcome::AlreadyDone => {
+                commit.map(|c| (c.old, Some(c.old_gen))).or(Some((0, None)))
+            }
+            // Its value is nowhere: if it is marked outdated it was swapped in and replaced
+            // since (its replacer frees it); otherwise it never was (or was retracted).
+            ResumeOutcome::NotStarted
+                if op != Op::Delete && obj.flags & object::FLAG_OUTDATED != 0 =>
+            {
+                commit.map(|c| (c.old, Some(c.old_gen)))
+            }
+            ResumeOutcome::NotStarted | ResumeOutcome::Lost => None,
+        };
+        match replaced {
+            Some((old, check)) => {
+                if let Some(s) = Slot::from_raw(old)? {
+                    match check {
+                        None => self.free_object(s)?,
+                        Some(old_gen) => self.free_if_unchanged(s, old_gen)?,
+                    }
+                }
+                self.mark_finished(addr, len, op == Op::Delete)?;
+                if op == Op::Delete {
+                    Ok(Redone::RolledBack)
+                } else {
+                    Ok(Redone::Completed)
+                }
+            }
+            None => {
+                self.mark_reclaimed(addr)?;
+                Ok(Redone::RolledBack)
+            }
+        }
+    }
+
+    /// Frees `old` unless it was freed (bit set) or reused (generation changed, reclaimed)
+    /// already: recovery may be redoing a cleanup that had happened.
+    fn free_if_unchanged(&self, old: Slot, old_gen: u32) -> Result<()> {
+        let addr = slot_addr(old);
+        let (bit_at, mask) = alloc::free_bit(&self.view, addr, old.object_len())?;
+        let region = self.view.region(addr.node).ok_or_else(|| {
+            Error::Corrupt(format!("slot points to unknown memory node {}", addr.node))
+        })?;
+        let mut b = self.ep.batch(addr.node);
+        let bits = b.read(region.at(bit_at.offset), 8);
+        let hdr = b.read(region.at(addr.offset), object::HEADER_LEN);
+        let res = self.ep.execute(tags::CLEANUP, b)?;
+        let word = u64::from_le_bytes(res.read(bits).try_into().expect("8 bytes"));
+        let h = object::decode_header(res.read(hdr));
+        let unchanged =
+            h.is_some_and(|h| h.generation == old_gen && h.flags & object::FLAG_RECLAIMED == 0);
+        if word & mask == 0 && unchanged {
+            self.free_object(old)?;
+        }
+        Ok(())
+    }
+
+    fn mark_finished(&self, addr: Addr, len: usize, reclaim: bool) -> Result<()> {
+        let region = self.view.region(addr.node).expect("in the cluster");
+        let mut b = self.ep.batch(addr.node);
+        let log = addr.offset + object::log_offset_for_len(len) as u64;
+        b.write(region.at(log + object::FINISHED_OFF as u64), &[1]);
+        if reclaim {
+            b.write(
+                region.at(addr.offset + object::FLAGS_OFF as u64),
+                &[object::FLAG_RECLAIMED],
+            );
+        }
+        self.ep.execute(tags::CLEANUP, b)?;
+        Ok(())
+    }
+
+    pub(crate) fn mark_reclaimed(&self, addr: Addr) -> Result<()> {
+        let region = self.view.region(addr.node).expect("in the cluster");
+        self.ep.write(
+            tags::RECLAIM,
+            region.at(addr.offset + object::FLAGS_OFF as u64),
+            &[object::FLAG_RECLAIMED],
+        )?;
+        Ok(())
+    }
+
+    /// Whether the index's primary slot for `key` points at `addr`.
+    fn is_referenced(&self, key: &[u8], addr: Addr) -> Result<bool> {
+        let v = Verifier::new(&self.view);
+        Ok(self
+            .index
+            .search(&v, key)?
+            .is_some_and(|s| slot_addr(s) == addr))
+    }
+
+    fn release_block(&self, block: u64, primary: NodeId) -> Result<()> {
+        let _ = primary;
+        for node in self.view.block_replicas(block) {
+            let req = Writer::new()
+                .u8(tag::FREE_BLOCK)
+                .u64(self.id)
+                .u64(block)
+                .finish();
+            let _ = self.block_rpc(node, req)?;
+        }
+        Ok(())
+    }
+}

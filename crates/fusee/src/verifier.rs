@@ -1,0 +1,110 @@
+//! How the index asks FUSEE which candidate slot holds a key: read the objects the candidates
+//! point to (one batch per node, all in one round trip) and compare keys; keep what was found
+//! (value, generation) for the operation that asked.
+
+use std::collections::BTreeMap;
+
+use dmkit_kv_index::{KeyVerifier, Slot};
+use dmkit_verbs::{Endpoint, NodeId, OpIdx};
+use parking_lot::Mutex;
+
+use crate::cluster::ClusterView;
+use crate::object::{self, Addr, KvObject};
+
+pub(crate) const TAG: &str = "fusee_verify";
+
+/// The primary copy's address of the object a slot points to.
+pub(crate) fn slot_addr(s: Slot) -> Addr {
+    Addr {
+        node: s.node(),
+        offset: s.offset(),
+    }
+}
+
+/// Reads the objects behind `slots` in one round trip; `None` where an object is not a
+/// complete, live object.
+pub(crate) fn read_objects(
+    ep: &Endpoint,
+    view: &ClusterView,
+    slots: &[Slot],
+) -> dmkit_kv_index::Result<Vec<Option<KvObject>>> {
+    let mut by_node: BTreeMap<NodeId, Vec<(usize, Slot)>> = BTreeMap::new();
+    for (i, s) in slots.iter().enumerate() {
+        by_node.entry(s.node()).or_default().push((i, *s));
+    }
+    let mut batches = Vec::new();
+    let mut plan: Vec<Vec<(usize, Slot, OpIdx)>> = Vec::new();
+    for (node, items) in by_node {
+        let Some(region) = view.region(node) else {
+            return Err(dmkit_kv_index::Error::Verifier(format!(
+                "slot points to memory node {node}, which is not in the cluster"
+            )));
+        };
+        let mut b = ep.batch(node);
+        let mut p = Vec::new();
+        for (i, s) in items {
+            let idx = b.read(region.at(s.offset()), s.object_len());
+            p.push((i, s, idx));
+        }
+        batches.push(b);
+        plan.push(p);
+    }
+    let mut out = vec![None; slots.len()];
+    for (res, p) in ep.execute_many(TAG, batches).into_iter().zip(plan) {
+        let res = res.map_err(dmkit_kv_index::Error::from)?;
+        for (i, s, idx) in p {
+            out[i] = object::decode(res.read(idx), slot_addr(s));
+        }
+    }
+    Ok(out)
+}
+
+/// A verifier for one operation: remembers the object it matched.
+#[derive(Debug)]
+pub(crate) struct Verifier<'a> {
+    pub view: &'a ClusterView,
+    pub found: Mutex<Option<(Slot, KvObject)>>,
+}
+
+impl<'a> Verifier<'a> {
+    pub fn new(view: &'a ClusterView) -> Self {
+        Self {
+            view,
+            found: Mutex::new(None),
+        }
+    }
+
+    pub fn take(&self) -> Option<(Slot, KvObject)> {
+        self.found.lock().take()
+    }
+}
+
+impl KeyVerifier for Verifier<'_> {
+    fn keys(&self, ep: &Endpoint, slots: &[Slot]) -> dmkit_kv_index::Result<Vec<Vec<u8>>> {
+        Ok(read_objects(ep, self.view, slots)?
+            .into_iter()
+            .map(|o| o.map(|o| o.key).unwrap_or_default())
+            .collect())
+    }
+
+    fn find(
+        &self,
+        ep: &Endpoint,
+        key: &[u8],
+        candidates: &[Slot],
+    ) -> dmkit_kv_index::Result<Option<usize>> {
+        if candidates.is_empty() {
+            return Ok(None);
+        }
+        let objs = read_objects(ep, self.view, candidates)?;
+        for (i, o) in objs.into_iter().enumerate() {
+            if let Some(o) = o {
+                if o.key == key {
+                    *self.found.lock() = Some((candidates[i], o));
+                    return Ok(Some(i));
+                }
+            }
+        }
+        Ok(None)
+    }
+}

@@ -1,0 +1,222 @@
+//! FUSEE operations on an in-process cluster: results, replication, concurrency, memory.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use dmkit_fusee::{
+    ClientConfig, DeleteResult, InsertResult, LocalCluster, LocalConfig, UpdateResult,
+};
+
+fn cluster(nodes: u16, r: usize) -> LocalCluster {
+    LocalCluster::start(LocalConfig::new(nodes, r)).unwrap()
+}
+
+#[test]
+fn operations_report_clear_results_for_every_replication_factor() {
+    for r in 1..=3 {
+        let c = cluster(3, r);
+        let k = c.client(1).unwrap();
+        assert_eq!(k.search(b"a").unwrap(), None);
+        assert_eq!(k.insert(b"a", b"1").unwrap(), InsertResult::Inserted);
+        assert_eq!(k.insert(b"a", b"2").unwrap(), InsertResult::AlreadyExists);
+        assert_eq!(k.search(b"a").unwrap().as_deref(), Some(&b"1"[..]));
+        assert_eq!(k.update(b"a", b"3").unwrap(), UpdateResult::Updated);
+        assert_eq!(k.search(b"a").unwrap().as_deref(), Some(&b"3"[..]));
+        assert_eq!(k.update(b"zz", b"3").unwrap(), UpdateResult::NotFound);
+        assert_eq!(k.delete(b"a").unwrap(), DeleteResult::Deleted);
+        assert_eq!(k.delete(b"a").unwrap(), DeleteResult::NotFound);
+        assert_eq!(k.search(b"a").unwrap(), None);
+        assert_eq!(k.insert(b"a", b"4").unwrap(), InsertResult::Inserted);
+        assert_eq!(k.search(b"a").unwrap().as_deref(), Some(&b"4"[..]));
+        // Another client sees it all.
+        let k2 = c.client(2).unwrap();
+        assert_eq!(k2.search(b"a").unwrap().as_deref(), Some(&b"4"[..]));
+    }
+}
+
+#[test]
+fn values_of_every_size_class_round_trip() {
+    let c = cluster(2, 2);
+    let k = c.client(1).unwrap();
+    for (i, len) in [0usize, 1, 40, 100, 500, 1000, 3000, 8000, 16000]
+        .into_iter()
+        .enumerate()
+    {
+        let key = format!("key-{i}");
+        let v: Vec<u8> = (0..len).map(|j| (j * 7 + i) as u8).collect();
+        assert_eq!(
+            k.insert(key.as_bytes(), &v).unwrap(),
+            InsertResult::Inserted
+        );
+        assert_eq!(k.search(key.as_bytes()).unwrap().unwrap(), v, "len {len}");
+    }
+    assert!(k.insert(b"big", &vec![0u8; 20_000]).is_err());
+    assert!(k.insert(b"", b"x").is_err());
+}
+
+#[test]
+fn many_keys_from_many_threads_and_clients() {
+    let c = Arc::new(cluster(3, 3));
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let c = c.clone();
+            s.spawn(move || {
+                let k = c.client(10 + t).unwrap();
+                for i in 0..300 {
+                    let key = format!("t{t}-{i}");
+                    assert_eq!(
+                        k.insert(key.as_bytes(), key.as_bytes()).unwrap(),
+                        InsertResult::Inserted
+                    );
+                }
+                for i in 0..300 {
+                    let key = format!("t{t}-{i}");
+                    assert_eq!(k.search(key.as_bytes()).unwrap().unwrap(), key.as_bytes());
+                }
+            });
+        }
+    });
+    let k = c.client(1).unwrap();
+    for t in 0..4 {
+        for i in (0..300).step_by(37) {
+            let key = format!("t{t}-{i}");
+            assert_eq!(k.search(key.as_bytes()).unwrap().unwrap(), key.as_bytes());
+        }
+    }
+}
+
+#[test]
+fn concurrent_writers_of_one_key_leave_one_of_their_values() {
+    let c = Arc::new(cluster(3, 3));
+    c.client(1).unwrap().insert(b"hot", b"start").unwrap();
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let c = c.clone();
+            s.spawn(move || {
+                let k = c.client(20 + t).unwrap();
+                for i in 0..100 {
+                    let v = format!("w{t}-{i}");
+                    assert_eq!(
+                        k.update(b"hot", v.as_bytes()).unwrap(),
+                        UpdateResult::Updated
+                    );
+                }
+            });
+        }
+    });
+    let k = c.client(1).unwrap();
+    let v = String::from_utf8(k.search(b"hot").unwrap().unwrap()).unwrap();
+    assert!(
+        v.ends_with("-99"),
+        "final value {v} is not some writer's last"
+    );
+}
+
+#[test]
+fn concurrent_inserts_of_one_key_have_one_winner() {
+    let c = Arc::new(cluster(3, 3));
+    for round in 0..20 {
+        let key = format!("k{round}");
+        let wins: usize = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4u64)
+                .map(|t| {
+                    let (c, key) = (c.clone(), key.clone());
+                    s.spawn(move || {
+                        let k = c.client(40 + t).unwrap();
+                        usize::from(
+                            k.insert(key.as_bytes(), &[t as u8]).unwrap() == InsertResult::Inserted,
+                        )
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        assert_eq!(wins, 1, "round {round}");
+    }
+}
+
+#[test]
+fn an_update_heavy_run_reaches_a_steady_memory_use() {
+    let c = cluster(2, 2);
+    let k = c
+        .client_with(ClientConfig {
+            reclaim_every: 64,
+            ..ClientConfig::new(1)
+        })
+        .unwrap();
+    let keys = 100;
+    for i in 0..keys {
+        k.insert(format!("k{i}").as_bytes(), &[0u8; 200]).unwrap();
+    }
+    let mut blocks = Vec::new();
+    for round in 0..30u8 {
+        for i in 0..keys {
+            k.update(format!("k{i}").as_bytes(), &[round; 200]).unwrap();
+        }
+        k.flush().unwrap();
+        k.reclaim().unwrap();
+        blocks.push(c.allocated_blocks());
+    }
+    // 3000 updates of ~260-byte objects need ~6 blocks' worth of objects: without reuse the
+    // count would climb round after round.
+    // After warming up, the number of blocks stops growing: freed objects are reused.
+    let warm = blocks[10];
+    assert!(
+        blocks.iter().skip(10).all(|b| *b <= warm + 2),
+        "memory keeps growing: {blocks:?}"
+    );
+    for i in 0..keys {
+        assert_eq!(
+            k.search(format!("k{i}").as_bytes()).unwrap().unwrap(),
+            vec![29u8; 200]
+        );
+    }
+}
+
+#[test]
+fn a_mixed_workload_matches_a_local_model() {
+    use rand::{Rng, SeedableRng};
+    let c = cluster(3, 2);
+    let k = c.client(1).unwrap();
+    let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    for step in 0..3000u32 {
+        let key = format!("k{}", rng.random_range(0..200)).into_bytes();
+        let val = step.to_le_bytes().repeat(rng.random_range(1..40));
+        match rng.random_range(0..4) {
+            0 => {
+                let want = if model.contains_key(&key) {
+                    InsertResult::AlreadyExists
+                } else {
+                    InsertResult::Inserted
+                };
+                assert_eq!(k.insert(&key, &val).unwrap(), want);
+                model.entry(key).or_insert(val);
+            }
+            1 => {
+                let want = if model.contains_key(&key) {
+                    UpdateResult::Updated
+                } else {
+                    UpdateResult::NotFound
+                };
+                assert_eq!(k.update(&key, &val).unwrap(), want);
+                if let Some(v) = model.get_mut(&key) {
+                    *v = val;
+                }
+            }
+            2 => {
+                let want = if model.remove(&key).is_some() {
+                    DeleteResult::Deleted
+                } else {
+                    DeleteResult::NotFound
+                };
+                assert_eq!(k.delete(&key).unwrap(), want);
+            }
+            _ => assert_eq!(
+                k.search(&key).unwrap(),
+                model.get(&key).cloned(),
+                "step {step}"
+            ),
+        }
+    }
+}
