@@ -62,6 +62,102 @@ pub fn run_dmkit(args: &[&str], timeout: Duration) -> Output {
     }
 }
 
+/// Any long-running `dmkit` child process (master, resp, ...), started once its stderr shows
+/// `ready`. Killed (SIGKILL) when dropped.
+#[derive(Debug)]
+pub struct Daemon {
+    child: Child,
+    /// The stderr line that said it was ready.
+    pub ready_line: String,
+    pub stderr: mpsc::Receiver<String>,
+}
+
+impl Daemon {
+    pub fn start(args: &[&str], ready: &str) -> Daemon {
+        let mut child = Command::new(dmkit_bin())
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn dmkit");
+        let rx = lines(&mut child);
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let mut seen = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) if line.contains(ready) => {
+                    return Daemon {
+                        child,
+                        ready_line: line,
+                        stderr: rx,
+                    };
+                }
+                Ok(line) => seen.push(line),
+                Err(_) => {
+                    let _ = child.kill();
+                    panic!("dmkit {args:?} did not get ready; stderr: {seen:?}");
+                }
+            }
+        }
+    }
+
+    /// The `host:port` after " on " in the ready line.
+    pub fn addr(&self) -> String {
+        self.ready_line
+            .split(" on ")
+            .last()
+            .and_then(|r| r.split_whitespace().next())
+            .expect("an address in the ready line")
+            .trim_end_matches(|c: char| !c.is_ascii_digit())
+            .to_string()
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+fn lines(child: &mut Child) -> mpsc::Receiver<String> {
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// Writes a cluster file for `memnodes` (id, addr) into `dir`.
+pub fn cluster_file(
+    dir: &std::path::Path,
+    master: &str,
+    replicas: usize,
+    memnodes: &[(u16, String)],
+) -> PathBuf {
+    let mut s = format!(
+        "backend = \"tcp\"\nmaster = \"{master}\"\nindex_replicas = {replicas}\ndata_replicas = {replicas}\nindex_mib = 1\n"
+    );
+    for (id, addr) in memnodes {
+        s.push_str(&format!("[[memnode]]\nid = {id}\naddr = \"{addr}\"\n"));
+    }
+    let p = dir.join("cluster.toml");
+    std::fs::write(&p, s).expect("write the cluster file");
+    p
+}
+
 /// A `dmkit memnode` child process. Killed (SIGKILL) when dropped.
 #[derive(Debug)]
 pub struct Memnode {

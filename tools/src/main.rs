@@ -2,9 +2,13 @@
 //! FUSEE master, the KV CLI and the Redis-protocol gateway.
 
 mod bench;
+mod cluster_file;
+mod connect;
+mod kv;
+mod master;
 mod memnode;
 mod metrics_http;
-mod pool_backing;
+mod resp_cmd;
 mod size;
 
 use std::fmt;
@@ -24,6 +28,12 @@ struct Cli {
 enum Cmd {
     /// Serve memory to clients (a memory node).
     Memnode(memnode::MemnodeArgs),
+    /// Initialise the cluster (format on first start) and serve its membership.
+    Master(master::MasterArgs),
+    /// One FUSEE operation: put KEY VALUE, get KEY, del KEY.
+    Kv(kv::KvArgs),
+    /// A Redis-protocol (RESP2) gateway to FUSEE.
+    Resp(resp_cmd::RespArgs),
     /// Run a benchmark; each prints a table and, with --json, writes a report.
     #[command(subcommand)]
     Bench(BenchCmd),
@@ -75,6 +85,18 @@ impl CliError {
             code: 1,
         }
     }
+
+    /// A failure with a specific exit status.
+    pub fn with_code(msg: impl Into<String>, code: u8) -> Self {
+        Self {
+            msg: msg.into(),
+            code,
+        }
+    }
+
+    pub fn message(&self) -> String {
+        self.msg.clone()
+    }
 }
 
 fn main() -> ExitCode {
@@ -106,6 +128,9 @@ fn main() -> ExitCode {
     };
     let r = match cli.cmd {
         Cmd::Memnode(a) => memnode::run(a),
+        Cmd::Master(a) => master::run(a),
+        Cmd::Kv(a) => kv::run(a),
+        Cmd::Resp(a) => resp_cmd::run(a),
         Cmd::Bench(BenchCmd::Verbs(a)) => bench::verbs::run(a),
     };
     match r {

@@ -1,19 +1,10 @@
 //! `dmkit memnode`: a memory node serving registered memory to clients.
 
-use std::sync::Arc;
-
+use dmkit_verbs::NodeId;
 use dmkit_verbs::tcp::{TcpServer, TcpServerConfig};
-use dmkit_verbs::{Access, DramBacking, MemoryNode, NodeId};
 
 use crate::size::format_size;
 use crate::{Backend, CliError};
-
-/// Where the DRAM region of a memory node starts in its remote address space: fixed, so
-/// addresses are the same on every start.
-pub const DRAM_BASE: u64 = 1 << 40;
-/// Where the pool's data area starts: fixed, so pointers stored in the pool stay valid across
-/// restarts of the node.
-pub const POOL_BASE: u64 = 1 << 44;
 
 #[derive(Debug, clap::Args)]
 pub struct MemnodeArgs {
@@ -35,6 +26,9 @@ pub struct MemnodeArgs {
     /// Size of a pool file to create.
     #[arg(long, value_parser = crate::size::parse_size)]
     pub size: Option<u64>,
+    /// Block size of a new pool (all memory nodes of a FUSEE cluster must agree).
+    #[arg(long, value_parser = crate::size::parse_size, default_value = "256KiB")]
+    pub block_size: u64,
     /// A file holding the cluster secret; peers must prove they know it.
     #[arg(long, env = "DMKIT_SECRET_FILE")]
     pub secret_file: Option<std::path::PathBuf>,
@@ -84,41 +78,50 @@ pub fn run(args: MemnodeArgs) -> Result<(), CliError> {
         ));
     }
     let secret = args.secret_file.as_deref().map(read_secret).transpose()?;
-    let node = Arc::new(MemoryNode::new(NodeId(args.id)));
-    let mut served = Vec::new();
-    if let Some(dram) = args.dram {
-        let dram = usize::try_from(dram)
-            .map_err(|_| CliError::usage(format!("--dram {dram} is too large for this machine")))?;
-        let backing = DramBacking::try_new(dram).map_err(|e| {
-            CliError::runtime(format!(
-                "cannot allocate {} of DRAM: {e}",
-                format_size(dram as u64)
-            ))
-        })?;
-        node.register(Arc::new(backing), Access::ALL, Some(DRAM_BASE))
-            .map_err(|e| CliError::runtime(e.to_string()))?;
-        served.push(format!("{} of DRAM", format_size(dram as u64)));
-    }
-    if let Some(path) = &args.pool {
-        let pool = open_or_create_pool(path, args.size)?;
-        let len = pool.data_len() as u64;
-        let kind = if pool.is_persistent() {
-            "persistent"
-        } else {
-            "volatile"
-        };
-        node.register(
-            Arc::new(crate::pool_backing::PoolBacking(Arc::new(pool))),
-            Access::ALL,
-            Some(POOL_BASE),
-        )
-        .map_err(|e| CliError::runtime(e.to_string()))?;
-        served.push(format!(
-            "{} {kind} pool {}",
-            format_size(len),
-            path.display()
+    if args.dram.is_some() && args.pool.is_some() {
+        return Err(CliError::usage(
+            "give either --dram SIZE (volatile) or --pool PATH (persistent), not both",
         ));
     }
+    let block = usize::try_from(args.block_size)
+        .map_err(|_| CliError::usage("--block-size is too large"))?;
+    let (pool, what) = match (&args.pool, args.dram) {
+        (Some(path), _) => {
+            let pool = open_or_create_pool(path, args.size, block)?;
+            let kind = if pool.is_persistent() {
+                "persistent"
+            } else {
+                "volatile"
+            };
+            let w = format!(
+                "{} {kind} pool {}",
+                format_size(pool.data_len() as u64),
+                path.display()
+            );
+            (pool, w)
+        }
+        (None, Some(dram)) => {
+            let dram = usize::try_from(dram).map_err(|_| {
+                CliError::usage(format!("--dram {dram} is too large for this machine"))
+            })?;
+            let pool = dmkit_pmem_pool::Pool::create_dram(
+                dram,
+                dmkit_pmem_pool::PoolOptions::default().block_size(block),
+            )
+            .map_err(|e| {
+                CliError::usage(format!(
+                    "cannot set up {} of DRAM: {e}",
+                    format_size(dram as u64)
+                ))
+            })?;
+            (pool, format!("{} of DRAM", format_size(dram as u64)))
+        }
+        (None, None) => unreachable!("checked above"),
+    };
+    let memnode = dmkit_fusee::memnode::Memnode::new(NodeId(args.id), pool)
+        .map_err(|e| CliError::runtime(e.to_string()))?;
+    let node = memnode.node().clone();
+    let served = [what];
     if let Some(m) = &args.metrics {
         let at = crate::metrics_http::serve(m).map_err(CliError::usage)?;
         eprintln!("dmkit memnode: metrics at http://{at}/metrics");
@@ -153,6 +156,7 @@ pub fn run(args: MemnodeArgs) -> Result<(), CliError> {
 fn open_or_create_pool(
     path: &std::path::Path,
     size: Option<u64>,
+    block: usize,
 ) -> Result<dmkit_pmem_pool::Pool, CliError> {
     use dmkit_pmem_pool::{Pool, PoolOptions};
     let shown = path.display();
@@ -179,7 +183,7 @@ fn open_or_create_pool(
             let s = usize::try_from(s).map_err(|_| {
                 CliError::usage(format!("--size {s} is too large for this machine"))
             })?;
-            Pool::create(path, s, PoolOptions::default())
+            Pool::create(path, s, PoolOptions::default().block_size(block))
                 .map_err(|e| CliError::usage(format!("cannot create pool {shown}: {e}")))
         }
         Err(e) => Err(CliError::usage(format!("cannot use pool {shown}: {e}"))),

@@ -1,0 +1,111 @@
+//! A FUSEE cluster of real processes on loopback — three `dmkit memnode`s and a `dmkit
+//! master` — driven by `dmkit kv`, whose exit codes scripts rely on.
+
+use std::time::Duration;
+
+use dmkit_tests::procs::{Daemon, Memnode, cluster_file, run_dmkit};
+
+struct Cluster {
+    _dir: tempfile::TempDir,
+    file: String,
+    _master: Daemon,
+    memnodes: Vec<Memnode>,
+}
+
+fn start(replicas: usize) -> Cluster {
+    let dir = tempfile::tempdir().unwrap();
+    let memnodes: Vec<_> = (0..3u16)
+        .map(|i| {
+            Memnode::start(&[
+                "--id",
+                &i.to_string(),
+                "--dram",
+                "32MiB",
+                "--block-size",
+                "64KiB",
+            ])
+        })
+        .collect();
+    let addrs: Vec<_> = memnodes
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (i as u16, m.addr.clone()))
+        .collect();
+    let file = cluster_file(dir.path(), "127.0.0.1:0", replicas, &addrs);
+    let file = file.to_str().unwrap().to_string();
+    let master = Daemon::start(
+        &["master", "--listen", "127.0.0.1:0", "--cluster", &file],
+        "serving on",
+    );
+    assert!(
+        master.ready_line.contains("formatted"),
+        "{}",
+        master.ready_line
+    );
+    Cluster {
+        _dir: dir,
+        file,
+        _master: master,
+        memnodes,
+    }
+}
+
+fn kv(c: &Cluster, args: &[&str]) -> (i32, String, String) {
+    let mut a = vec!["kv", "--cluster", &c.file];
+    a.extend_from_slice(args);
+    let out = run_dmkit(&a, Duration::from_secs(60));
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn put_get_del_and_their_exit_codes() {
+    let c = start(3);
+    assert_eq!(kv(&c, &["put", "fruit", "apple"]).0, 0);
+    let (code, out, _) = kv(&c, &["get", "fruit"]);
+    assert_eq!((code, out.as_str()), (0, "apple\n"));
+    assert_eq!(kv(&c, &["put", "fruit", "cherry"]).0, 0);
+    assert_eq!(kv(&c, &["get", "fruit"]).1, "cherry\n");
+    let (code, out, err) = kv(&c, &["get", "nothing"]);
+    assert_eq!(code, 1);
+    assert!(out.is_empty());
+    assert!(err.contains("not found"), "{err}");
+    assert_eq!(kv(&c, &["del", "fruit"]).0, 0);
+    assert_eq!(kv(&c, &["del", "fruit"]).0, 1);
+    assert_eq!(kv(&c, &["get", "fruit"]).0, 1);
+    // Another client id sees the same data.
+    assert_eq!(kv(&c, &["--client-id", "5", "put", "k", "v"]).0, 0);
+    assert_eq!(kv(&c, &["get", "k"]).1, "v\n");
+}
+
+#[test]
+fn failures_exit_two_or_more_with_one_line() {
+    let c = start(1);
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "backend = \"carrier-pigeon\"\n").unwrap();
+    let out = run_dmkit(
+        &["kv", "--cluster", bad.to_str().unwrap(), "get", "x"],
+        Duration::from_secs(20),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    let missing = run_dmkit(
+        &["kv", "--cluster", "/nonexistent/cluster.toml", "get", "x"],
+        Duration::from_secs(20),
+    );
+    assert_eq!(missing.status.code(), Some(2));
+    // A dead memory node: the client cannot join.
+    let mut c = c;
+    for m in &mut c.memnodes {
+        m.kill9();
+    }
+    let (code, out, err) = kv(&c, &["get", "x"]);
+    assert!(code >= 2, "exit {code}");
+    assert!(out.is_empty());
+    assert!(!err.is_empty());
+}

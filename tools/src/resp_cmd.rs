@@ -1,0 +1,95 @@
+//! `dmkit resp`: the Redis-protocol gateway over a FUSEE client.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use dmkit_fusee::{Client, DeleteResult, InsertResult, UpdateResult};
+use dmkit_tools::resp::{KvBackend, PutMode, RespConfig, RespServer};
+
+use crate::CliError;
+use crate::cluster_file::ClusterFile;
+
+#[derive(Debug, clap::Args)]
+pub struct RespArgs {
+    /// Address to listen on for Redis clients (host:port).
+    #[arg(long)]
+    pub listen: String,
+    /// The cluster file.
+    #[arg(long)]
+    pub cluster: PathBuf,
+    /// The FUSEE client id of the gateway.
+    #[arg(long, default_value_t = 0xD0_0000)]
+    pub client_id: u64,
+    /// Serve Prometheus metrics on this address (host:port).
+    #[arg(long)]
+    pub metrics: Option<String>,
+}
+
+/// FUSEE behind the RESP gateway.
+#[derive(Debug, Clone)]
+pub struct FuseeBackend(pub Client);
+
+impl KvBackend for FuseeBackend {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, String> {
+        if key.is_empty() {
+            return Ok(None);
+        }
+        self.0.search(key).map_err(|e| e.to_string())
+    }
+
+    fn put(&self, key: &[u8], value: &[u8], mode: PutMode) -> Result<bool, String> {
+        let e = |e: dmkit_fusee::Error| e.to_string();
+        match mode {
+            PutMode::Upsert => self.0.upsert(key, value).map(|()| true).map_err(e),
+            PutMode::IfAbsent => {
+                Ok(self.0.insert(key, value).map_err(e)? == InsertResult::Inserted)
+            }
+            PutMode::IfPresent => {
+                Ok(self.0.update(key, value).map_err(e)? == UpdateResult::Updated)
+            }
+        }
+    }
+
+    fn delete(&self, key: &[u8]) -> Result<bool, String> {
+        if key.is_empty() {
+            return Ok(false);
+        }
+        Ok(self.0.delete(key).map_err(|e| e.to_string())? == DeleteResult::Deleted)
+    }
+
+    fn info(&self) -> Vec<(String, String)> {
+        let s = self.0.cache_stats();
+        vec![
+            ("fusee_client_id".into(), self.0.id().to_string()),
+            (
+                "fusee_memory_nodes".into(),
+                self.0.view().nodes.len().to_string(),
+            ),
+            ("fusee_address_cache_hits".into(), s.hits.to_string()),
+            ("fusee_address_cache_misses".into(), s.misses.to_string()),
+        ]
+    }
+}
+
+pub fn run(args: RespArgs) -> Result<(), CliError> {
+    let file = ClusterFile::load(&args.cluster).map_err(CliError::usage)?;
+    if let Some(m) = &args.metrics {
+        let at = crate::metrics_http::serve(m).map_err(CliError::usage)?;
+        eprintln!("dmkit resp: metrics at http://{at}/metrics");
+    }
+    let _lock = crate::kv::lock_id(args.client_id, false)?;
+    let client = crate::kv::client(&file, args.client_id)?;
+    let server = RespServer::start(
+        &args.listen,
+        Arc::new(FuseeBackend(client)),
+        RespConfig::default(),
+    )
+    .map_err(|e| CliError::usage(format!("cannot listen on {}: {e}", args.listen)))?;
+    eprintln!(
+        "dmkit resp: serving Redis clients on {}",
+        server.local_addr()
+    );
+    loop {
+        std::thread::park();
+    }
+}
