@@ -4,6 +4,7 @@
 mod bench;
 mod cluster_file;
 mod connect;
+mod demo;
 mod kv;
 mod master;
 mod memnode;
@@ -26,6 +27,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
+    /// The main job: a whole in-process cluster, a FUSEE and a Gengar workload, a summary.
+    Demo(demo::DemoArgs),
     /// Serve memory to clients (a memory node).
     Memnode(memnode::MemnodeArgs),
     /// Initialise the cluster (format on first start) and serve its membership.
@@ -127,6 +130,7 @@ fn main() -> ExitCode {
         }
     };
     let r = match cli.cmd {
+        Cmd::Demo(a) => demo::run(a),
         Cmd::Memnode(a) => memnode::run(a),
         Cmd::Master(a) => master::run(a),
         Cmd::Kv(a) => kv::run(a),
