@@ -62,7 +62,7 @@ impl ClusterFile {
     }
 
     pub fn parse(text: &str) -> Result<ClusterFile, String> {
-        let raw: Raw = toml::from_str(text).map_err(|e| e.message().to_string())?;
+        let raw: Raw = toml::from_str(text).map_err(|e| e.to_string().trim().replace('\n', " "))?;
         let backend = match raw.backend.as_str() {
             "sim" => Backend::Sim,
             "tcp" => Backend::Tcp,

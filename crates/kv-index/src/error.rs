@@ -29,8 +29,8 @@ pub enum Error {
     Full(String),
     /// A SNAPSHOT loser waited this long and the primary slot never changed (the winner may
     /// have crashed between repairing the backups and swapping the primary).
-    #[error("SNAPSHOT round stalled: the primary slot did not change within {waited:?}")]
-    SnapshotStalled { waited: Duration },
+    #[error("SNAPSHOT round stalled: the primary slot did not change within {waited:?} ({state})")]
+    SnapshotStalled { waited: Duration, state: String },
     /// Waited this long for another client's split (or for the split lock) to finish.
     #[error("split did not finish within {waited:?} (its owner may have crashed)")]
     SplitStalled { waited: Duration },

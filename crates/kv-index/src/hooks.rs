@@ -172,11 +172,42 @@ impl RaceIndex {
                 return Ok(ResumeOutcome::NotStarted);
             };
             let (pos, expected) = (*pos, *expected);
-            // Backups already holding our value are the CASes we won before crashing.
-            let seen: Vec<u64> = olds
+            // Backups already holding our value are the CASes we won before crashing; those
+            // still holding `expected` never saw our CAS: make it now, as the crashed writer
+            // would have, and judge the round on what the backups really answered.
+            let pending: Vec<usize> = olds
+                .iter()
+                .enumerate()
+                .filter(|(_, o)| **o == expected)
+                .map(|(k, _)| k)
+                .collect();
+            let mut answered = olds.clone();
+            if !pending.is_empty() {
+                let batches = pending
+                    .iter()
+                    .map(|&k| {
+                        let mut b = self.ep.batch(self.spaces[k + 1].region.node);
+                        let i = b.cas(self.slot_addr(k + 1, pos), expected, new);
+                        (b, i)
+                    })
+                    .collect::<Vec<_>>();
+                let (batches, idx): (Vec<_>, Vec<_>) = batches.into_iter().unzip();
+                for ((res, i), &k) in self
+                    .ep
+                    .execute_many(RESUME, batches)
+                    .into_iter()
+                    .zip(idx)
+                    .zip(&pending)
+                {
+                    let old = res?.old(i);
+                    answered[k] = if old == expected { new } else { old };
+                }
+            }
+            let seen: Vec<u64> = answered
                 .iter()
                 .map(|&o| if o == new { expected } else { o })
                 .collect();
+            let olds = &answered;
             match decide(expected, new, &seen) {
                 Some(_) => {
                     let repairs: Vec<_> = olds
@@ -209,6 +240,10 @@ impl RaceIndex {
             if !backoff.pause() {
                 return Err(crate::Error::SnapshotStalled {
                     waited: start.elapsed(),
+                    state: format!(
+                        "resuming slot {:?} of a crashed writer",
+                        look.first().map(|l| l.0)
+                    ),
                 });
             }
         }

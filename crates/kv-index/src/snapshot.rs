@@ -76,6 +76,12 @@ pub(crate) fn decide(expected: u64, new: u64, olds: &[u64]) -> Option<Rule> {
         .iter()
         .map(|&o| if o == expected { new } else { o })
         .collect();
+    // Two writers can propose the same value (two DELETEs, or a DELETE and an INSERT's
+    // retraction: both 0). Backups holding it count for either: a majority for our own value
+    // is ours too, and the primary CAS picks which of us reports the change.
+    if 2 * view.iter().filter(|w| **w == new).count() > b {
+        return Some(Rule::Majority);
+    }
     let someone_has_majority = view
         .iter()
         .any(|v| 2 * view.iter().filter(|w| *w == v).count() > b);
@@ -144,7 +150,7 @@ impl RaceIndex {
         let reads: Vec<_> = post.iter().map(|(a, l)| b.read(*a, *l)).collect();
         let res = self.ep.execute(tag, b)?;
         let old = res.old(c);
-        let bytes = if old == expected {
+        let bytes = if old == expected || (old == new && new != 0) {
             reads.into_iter().map(|i| res.read(i).to_vec()).collect()
         } else {
             Vec::new()
@@ -288,6 +294,10 @@ impl RaceIndex {
             if !backoff.pause() {
                 return Err(Error::SnapshotStalled {
                     waited: start.elapsed(),
+                    state: format!(
+                        "slot {pos:?} expected {expected:#x}, primary and backups {:x?}",
+                        vals
+                    ),
                 });
             }
         }
@@ -352,6 +362,7 @@ impl RaceIndex {
             if !again.is_empty() && !backoff.pause() {
                 return Err(Error::SnapshotStalled {
                     waited: start.elapsed(),
+                    state: format!("{} slots still moving", again.len()),
                 });
             }
             items = again;
@@ -381,6 +392,9 @@ mod tests {
         // Three writers 2-1-1: nobody has a majority (3 of 4); smallest voted value wins.
         assert_eq!(decide(0, 3, &[0, 8, 9, 8]), Some(Rule::SmallestValue));
         assert_eq!(decide(0, 8, &[3, 0, 9, 0]), None);
+        // Two writers proposing the same value (0: two deletes) share a majority.
+        assert_eq!(decide(7, 0, &[7, 0]), Some(Rule::Majority));
+        assert_eq!(decide(7, 0, &[0, 7]), Some(Rule::Majority));
         // r = 2: one backup.
         assert_eq!(decide(0, 5, &[0]), Some(Rule::AllBackups));
         assert_eq!(decide(0, 5, &[4]), None);

@@ -1,0 +1,160 @@
+//! FUSEE histories checked for linearizability: several clients on a few keys, random
+//! operations, one client crashed at a random verb and recovered while the others go on, r = 1
+//! to 3, work requests delayed at random. Each seed is a different history; CI runs a bounded
+//! number (`DMKIT_LIN_SEEDS`, default 60), the documented long run thousands.
+//!
+//! The seed fixes the operations, the crash point and the delays; thread interleaving is the
+//! OS's, so a failure prints its seed and history for inspection.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use dmkit_fusee::{DeleteResult, InsertResult, LocalCluster, LocalConfig, UpdateResult};
+use dmkit_tests::linearizability::{Call, Event, Ret, check};
+use dmkit_verbs::NodeId;
+use parking_lot_free::Shared;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+mod parking_lot_free {
+    use std::sync::Mutex;
+
+    #[derive(Debug)]
+    pub struct Shared<T>(Mutex<Vec<T>>);
+
+    impl<T> Default for Shared<T> {
+        fn default() -> Self {
+            Self(Mutex::new(Vec::new()))
+        }
+    }
+
+    impl<T> Shared<T> {
+        pub fn push(&self, t: T) {
+            self.0.lock().unwrap().push(t);
+        }
+        pub fn take(&self) -> Vec<T> {
+            std::mem::take(&mut *self.0.lock().unwrap())
+        }
+    }
+}
+
+const KEYS: usize = 3;
+const THREADS: u64 = 3;
+const OPS: usize = 25;
+
+fn run_seed(seed: u64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let r = 1 + (seed % 3) as usize;
+    let mut cfg = LocalConfig::new(3, r);
+    cfg.pool_bytes = 8 << 20;
+    cfg.block_size = 64 << 10;
+    cfg.cluster.index_bytes = 256 << 10;
+    let c = Arc::new(LocalCluster::start(cfg).unwrap());
+    let no_delay = std::env::var("DMKIT_LIN_NO_DELAY").is_ok();
+    let no_crash = std::env::var("DMKIT_LIN_NO_CRASH").is_ok();
+    if rng.random_bool(0.5) && !no_delay {
+        let node = NodeId(rng.random_range(0..3));
+        c.sim.delay(
+            Some(node),
+            Duration::from_micros(rng.random_range(50..500)),
+            Some(rng.random_range(1..20)),
+        );
+    }
+    let crash_thread = rng.random_range(0..THREADS);
+    let crash_after = rng.random_range(5..120u64);
+    let clock = AtomicU64::new(0);
+    let events: Shared<Event> = Shared::default();
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let c = c.clone();
+            let (clock, events) = (&clock, &events);
+            let mut trng = ChaCha8Rng::seed_from_u64(seed * 1000 + t);
+            s.spawn(move || {
+                let id = 10 + t;
+                let mut client = c.client(id).unwrap();
+                if t == crash_thread && !no_crash {
+                    c.sim.crash_client_after(id, crash_after);
+                }
+                for i in 0..OPS {
+                    let key = format!("k{}", trng.random_range(0..KEYS)).into_bytes();
+                    let val = format!("t{t}-{i}").into_bytes();
+                    let call = match trng.random_range(0..5) {
+                        0 => Call::Get,
+                        1 => Call::Put(val.clone()),
+                        2 => Call::Insert(val.clone()),
+                        3 => Call::Update(val.clone()),
+                        _ => Call::Delete,
+                    };
+                    let start = clock.fetch_add(1, Ordering::SeqCst);
+                    let r = match &call {
+                        Call::Get => client.search(&key).map(Ret::Value),
+                        Call::Put(v) => client.upsert(&key, v).map(|()| Ret::Ok),
+                        Call::Insert(v) => client
+                            .insert(&key, v)
+                            .map(|r| Ret::Flag(r == InsertResult::Inserted)),
+                        Call::Update(v) => client
+                            .update(&key, v)
+                            .map(|r| Ret::Flag(r == UpdateResult::Updated)),
+                        Call::Delete => client
+                            .delete(&key)
+                            .map(|r| Ret::Flag(r == DeleteResult::Deleted)),
+                    };
+                    let end = clock.fetch_add(1, Ordering::SeqCst);
+                    match r {
+                        Ok(ret) => events.push(Event {
+                            key,
+                            call,
+                            ret: Some(ret),
+                            start,
+                            end,
+                        }),
+                        Err(e) => {
+                            assert!(
+                                e.to_string().contains("crashed"),
+                                "seed {seed}: thread {t} op {i} failed without a crash: {e}"
+                            );
+                            events.push(Event {
+                                key,
+                                call,
+                                ret: None,
+                                start,
+                                end: u64::MAX,
+                            });
+                            let _ = client.flush();
+                            drop(client);
+                            client = c.recover(id).unwrap().0;
+                        }
+                    }
+                }
+                client.flush().unwrap();
+            });
+        }
+    });
+    let history = events.take();
+    if let Err(v) = check(&history, &HashMap::new()) {
+        panic!(
+            "seed {seed} (r = {r}, thread {crash_thread} crashed after {crash_after} verbs): {v}"
+        );
+    }
+}
+
+#[test]
+fn fusee_histories_with_crashes_are_linearizable() {
+    let seeds: u64 = std::env::var("DMKIT_LIN_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    let first: u64 = std::env::var("DMKIT_LIN_FIRST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
+    for seed in first..first + seeds {
+        run_seed(seed);
+    }
+    eprintln!(
+        "{seeds} FUSEE histories linearizable (seeds {first}..{})",
+        first + seeds
+    );
+}

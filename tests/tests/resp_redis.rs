@@ -1,0 +1,347 @@
+//! `dmkit resp` as a process in front of a FUSEE cluster of real processes.
+//!
+//! - Bad input (default run): a bad or missing cluster file, unreachable memory nodes and
+//!   malformed RESP give clear errors, and a malformed request closes only its connection.
+//! - The real Redis tools (`#[ignore]`d; `.ci/tier-redis.sh` installs `redis-tools` and
+//!   `redis-server` and runs them with `--ignored`): `redis-cli` sees Redis's replies and
+//!   error formats, and `redis-benchmark -t set,get` completes without errors. Without the
+//!   tools these tests fail with a message naming the package; they never pass silently.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use dmkit_tests::procs::{Daemon, Memnode, cluster_file, run_dmkit};
+
+struct Cluster {
+    _dir: tempfile::TempDir,
+    file: String,
+    _master: Daemon,
+    _memnodes: Vec<Memnode>,
+}
+
+fn start_cluster(nodes: u16, replicas: usize) -> Cluster {
+    let dir = tempfile::tempdir().unwrap();
+    let memnodes: Vec<_> = (0..nodes)
+        .map(|i| {
+            Memnode::start(&[
+                "--id",
+                &i.to_string(),
+                "--dram",
+                "32MiB",
+                "--block-size",
+                "64KiB",
+            ])
+        })
+        .collect();
+    let addrs: Vec<_> = memnodes
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (i as u16, m.addr.clone()))
+        .collect();
+    let file = cluster_file(dir.path(), "127.0.0.1:0", replicas, &addrs);
+    let file = file.to_str().unwrap().to_string();
+    let master = Daemon::start(
+        &["master", "--listen", "127.0.0.1:0", "--cluster", &file],
+        "serving on",
+    );
+    Cluster {
+        _dir: dir,
+        file,
+        _master: master,
+        _memnodes: memnodes,
+    }
+}
+
+/// `dmkit resp` on a free loopback port, with its own client id (tests run in parallel).
+fn start_gateway(c: &Cluster, client_id: u64) -> (Daemon, String) {
+    let d = Daemon::start(
+        &[
+            "resp",
+            "--listen",
+            "127.0.0.1:0",
+            "--cluster",
+            &c.file,
+            "--client-id",
+            &client_id.to_string(),
+        ],
+        "serving Redis clients on",
+    );
+    let addr = d.addr();
+    (d, addr)
+}
+
+fn port_of(addr: &str) -> String {
+    addr.rsplit_once(':').unwrap().1.to_string()
+}
+
+// ---------------------------------------------------------------------------------------
+// Bad input (default run)
+// ---------------------------------------------------------------------------------------
+
+fn one_line_error(out: &std::process::Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    assert_eq!(err.lines().count(), 1, "expected one stderr line: {err}");
+    assert!(err.starts_with("dmkit: error: "), "{err}");
+    err
+}
+
+#[test]
+fn resp_rejects_a_bad_or_missing_cluster_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "backend = \"carrier-pigeon\"\n").unwrap();
+    let out = run_dmkit(
+        &[
+            "resp",
+            "--listen",
+            "127.0.0.1:0",
+            "--cluster",
+            bad.to_str().unwrap(),
+        ],
+        Duration::from_secs(20),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let err = one_line_error(&out);
+    assert!(err.contains("bad.toml"), "names the file: {err}");
+
+    let garbage = dir.path().join("garbage.toml");
+    std::fs::write(&garbage, "this is [not toml\n").unwrap();
+    let out = run_dmkit(
+        &[
+            "resp",
+            "--listen",
+            "127.0.0.1:0",
+            "--cluster",
+            garbage.to_str().unwrap(),
+        ],
+        Duration::from_secs(20),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    one_line_error(&out);
+
+    let out = run_dmkit(
+        &[
+            "resp",
+            "--listen",
+            "127.0.0.1:0",
+            "--cluster",
+            "/nonexistent/cluster.toml",
+        ],
+        Duration::from_secs(20),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let err = one_line_error(&out);
+    assert!(err.contains("/nonexistent/cluster.toml"), "{err}");
+}
+
+#[test]
+fn resp_reports_unreachable_memory_nodes() {
+    // A port nobody listens on: bind, note, release.
+    let dead = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = cluster_file(dir.path(), "127.0.0.1:0", 1, &[(0, dead.clone())]);
+    let out = run_dmkit(
+        &[
+            "resp",
+            "--listen",
+            "127.0.0.1:0",
+            "--cluster",
+            file.to_str().unwrap(),
+            "--client-id",
+            "7340001",
+        ],
+        Duration::from_secs(60),
+    );
+    let code = out.status.code().unwrap_or(-1);
+    assert!(code >= 1, "exit {code}");
+    let err = one_line_error(&out);
+    assert!(err.contains("cannot join the cluster"), "{err}");
+    assert!(
+        err.contains(&dead),
+        "names the unreachable node {dead}: {err}"
+    );
+}
+
+#[test]
+fn malformed_resp_closes_only_that_connection() {
+    let c = start_cluster(1, 1);
+    let (_gw, addr) = start_gateway(&c, 7340002);
+    let exchange = |input: &[u8]| -> String {
+        let mut s = TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        s.write_all(input).unwrap();
+        let mut out = Vec::new();
+        // The gateway closes after a protocol error (or QUIT): read to the end.
+        let _ = s.read_to_end(&mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    assert_eq!(
+        exchange(b"*1\r\n$x\r\n"),
+        "-ERR Protocol error: invalid count 'x'\r\n"
+    );
+    let r = exchange(b"*2\r\n$3\r\nGET\r\n$-5\r\n");
+    assert!(r.starts_with("-ERR Protocol error"), "{r:?}");
+    let r = exchange(b"SET k v\r\nGET k\r\n*1\r\n:1\r\n");
+    assert!(
+        r.starts_with("+OK\r\n$1\r\nv\r\n-ERR Protocol error"),
+        "replies before the bad request are kept: {r:?}"
+    );
+    // The gateway still serves others.
+    assert_eq!(
+        exchange(b"GET k\r\nNOSUCH 1\r\nQUIT\r\n"),
+        "$1\r\nv\r\n-ERR unknown command 'NOSUCH', with args beginning with: '1' \r\n+OK\r\n"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// The real Redis tools (tier: .ci/tier-redis.sh)
+// ---------------------------------------------------------------------------------------
+
+fn need(tool: &str, package: &str) {
+    let ok = Command::new(tool)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "{tool} not found: install the Debian package `{package}` (or run .ci/tier-redis.sh)"
+    );
+}
+
+/// `redis-cli --no-raw ARGS` against the gateway: its stdout, trimmed (Redis's formatted
+/// output: `OK`, `"value"`, `(nil)`, `(integer) 1`, `(error) ERR ...`).
+fn cli(port: &str, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", port, "--no-raw"])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run redis-cli");
+    assert!(
+        out.status.success(),
+        "redis-cli {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim_end().to_string()
+}
+
+#[test]
+#[ignore = "needs redis-cli and redis-benchmark (Debian redis-tools): run .ci/tier-redis.sh"]
+fn redis_cli_sees_redis_replies_and_errors() {
+    need("redis-cli", "redis-tools");
+    let c = start_cluster(3, 3);
+    let (_gw, addr) = start_gateway(&c, 7340003);
+    let p = port_of(&addr);
+    let p = p.as_str();
+    assert_eq!(cli(p, &["PING"]), "PONG");
+    assert_eq!(cli(p, &["PING", "hello there"]), "\"hello there\"");
+    assert_eq!(cli(p, &["SET", "fruit", "apple"]), "OK");
+    assert_eq!(cli(p, &["GET", "fruit"]), "\"apple\"");
+    assert_eq!(cli(p, &["GET", "nothing"]), "(nil)");
+    assert_eq!(cli(p, &["SET", "fruit", "banana", "NX"]), "(nil)");
+    assert_eq!(cli(p, &["GET", "fruit"]), "\"apple\"");
+    assert_eq!(cli(p, &["SET", "fruit", "cherry", "XX"]), "OK");
+    assert_eq!(cli(p, &["GET", "fruit"]), "\"cherry\"");
+    assert_eq!(cli(p, &["SET", "veg", "carrot", "XX"]), "(nil)");
+    assert_eq!(cli(p, &["SET", "veg", "carrot", "NX"]), "OK");
+    assert_eq!(cli(p, &["SET", "with space", "a b\tc"]), "OK");
+    assert_eq!(cli(p, &["GET", "with space"]), "\"a b\\tc\"");
+    assert_eq!(
+        cli(p, &["EXISTS", "fruit", "veg", "nothing"]),
+        "(integer) 2"
+    );
+    assert_eq!(cli(p, &["MSET", "a", "1", "b", "2"]), "OK");
+    assert_eq!(
+        cli(p, &["MGET", "a", "b", "nothing"]),
+        "1) \"1\"\n2) \"2\"\n3) (nil)"
+    );
+    assert_eq!(cli(p, &["DEL", "a", "b", "nothing"]), "(integer) 2");
+    assert_eq!(cli(p, &["EXISTS", "a"]), "(integer) 0");
+    let info = cli(p, &["INFO"]);
+    assert!(info.contains("redis_version:"), "{info}");
+    assert!(info.contains("fusee_memory_nodes:3"), "{info}");
+    assert_eq!(
+        cli(p, &["FOOBAR", "x", "y"]),
+        "(error) ERR unknown command 'FOOBAR', with args beginning with: 'x' 'y'"
+    );
+    assert_eq!(
+        cli(p, &["GET"]),
+        "(error) ERR wrong number of arguments for 'get' command"
+    );
+    assert_eq!(
+        cli(p, &["SET", "k", "v", "NX", "XX"]),
+        "(error) ERR syntax error"
+    );
+    assert_eq!(cli(p, &["QUIT"]), "OK");
+
+    // Several commands in one session from stdin (redis-cli's pipe of commands).
+    let mut child = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", p])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run redis-cli");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"SET s1 one\nGET s1\nDEL s1\nGET s1\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let lines: Vec<String> = BufReader::new(&out.stdout[..])
+        .lines()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(
+        lines,
+        ["OK", "one", "1", ""],
+        "raw output of a stdin session"
+    );
+}
+
+#[test]
+#[ignore = "needs redis-benchmark (Debian redis-tools): run .ci/tier-redis.sh"]
+fn redis_benchmark_completes_without_errors() {
+    need("redis-benchmark", "redis-tools");
+    let c = start_cluster(3, 3);
+    let (_gw, addr) = start_gateway(&c, 7340004);
+    let p = port_of(&addr);
+    let out = Command::new("redis-benchmark")
+        .args(["-h", "127.0.0.1", "-p", &p])
+        .args(["-t", "set,get", "-n", "2000", "-q"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run redis-benchmark");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("redis-benchmark: {stdout}{stderr}");
+    assert!(out.status.success(), "exit {}: {stderr}", out.status);
+    assert!(
+        !stdout.contains("Error") && !stderr.contains("Error"),
+        "{stdout}{stderr}"
+    );
+    for test in ["SET: ", "GET: "] {
+        let line = stdout
+            .split(['\n', '\r'])
+            .filter(|l| l.starts_with(test) && l.contains("requests per second"))
+            .next_back()
+            .unwrap_or_else(|| panic!("no final {test} line in: {stdout}"));
+        let rps: f64 = line[test.len()..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(rps > 0.0, "{line}");
+    }
+    // The data is really there: the keys redis-benchmark wrote are readable.
+    assert_eq!(cli(&p, &["EXISTS", "key:__rand_int__"]), "(integer) 1");
+}
