@@ -230,6 +230,15 @@ fn prometheus_scrapes_memnode_and_gateway_metrics() {
     let (status, body) = http_get(&resp_metrics, "/metrics").expect("the gateway's /metrics");
     assert_eq!(status, 200);
     assert!(body.contains("dmkit_verbs_round_trips_total"), "{body}");
+    for m in &metrics {
+        let (status, body) = http_get(m, "/metrics").expect("a memnode's /metrics");
+        assert_eq!(status, 200);
+        assert!(
+            body.contains("dmkit_verbs_registered_bytes"),
+            "memnode {m}/metrics has no dmkit_verbs_registered_bytes (is the metrics recorder \
+             installed before the memnode registers its memory?): {body:?}"
+        );
+    }
 
     let prom = Prometheus::start(
         dir.path(),

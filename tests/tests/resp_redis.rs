@@ -331,8 +331,7 @@ fn redis_benchmark_completes_without_errors() {
     for test in ["SET: ", "GET: "] {
         let line = stdout
             .split(['\n', '\r'])
-            .filter(|l| l.starts_with(test) && l.contains("requests per second"))
-            .next_back()
+            .rfind(|l| l.starts_with(test) && l.contains("requests per second"))
             .unwrap_or_else(|| panic!("no final {test} line in: {stdout}"));
         let rps: f64 = line[test.len()..]
             .split_whitespace()

@@ -46,6 +46,14 @@ enum Cmd {
 enum BenchCmd {
     /// One-sided verbs: READ/WRITE/CAS latency and batched throughput vs. a baseline.
     Verbs(bench::verbs::VerbsArgs),
+    /// FUSEE under YCSB-A: throughput against the number of clients (1, 2, 4).
+    Fusee(bench::fusee::FuseeArgs),
+    /// The RESP gateway against a real redis-server, both under redis-benchmark.
+    Resp(bench::resp::RespBenchArgs),
+    /// Gengar on real workloads (kv, wordcount, pagerank): plain pool vs DRAM cache vs proxied writes.
+    Gengar(bench::gengar::GengarArgs),
+    /// Every quick bench; writes the reports, plots and BENCHMARKS.md under --docs DIR.
+    All(bench::all::AllArgs),
 }
 
 /// A verbs backend.
@@ -136,6 +144,10 @@ fn main() -> ExitCode {
         Cmd::Kv(a) => kv::run(a),
         Cmd::Resp(a) => resp_cmd::run(a),
         Cmd::Bench(BenchCmd::Verbs(a)) => bench::verbs::run(a),
+        Cmd::Bench(BenchCmd::Fusee(a)) => bench::fusee::run(a),
+        Cmd::Bench(BenchCmd::Resp(a)) => bench::resp::run(a),
+        Cmd::Bench(BenchCmd::Gengar(a)) => bench::gengar::run(a),
+        Cmd::Bench(BenchCmd::All(a)) => bench::all::run(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

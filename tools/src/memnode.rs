@@ -83,6 +83,11 @@ pub fn run(args: MemnodeArgs) -> Result<(), CliError> {
             "give either --dram SIZE (volatile) or --pool PATH (persistent), not both",
         ));
     }
+    // The recorder first: what registering memory records must not be lost.
+    if let Some(m) = &args.metrics {
+        let at = crate::metrics_http::serve(m).map_err(CliError::usage)?;
+        eprintln!("dmkit memnode: metrics at http://{at}/metrics");
+    }
     let block = usize::try_from(args.block_size)
         .map_err(|_| CliError::usage("--block-size is too large"))?;
     let (pool, what) = match (&args.pool, args.dram) {
@@ -122,10 +127,6 @@ pub fn run(args: MemnodeArgs) -> Result<(), CliError> {
         .map_err(|e| CliError::runtime(e.to_string()))?;
     let node = memnode.node().clone();
     let served = [what];
-    if let Some(m) = &args.metrics {
-        let at = crate::metrics_http::serve(m).map_err(CliError::usage)?;
-        eprintln!("dmkit memnode: metrics at http://{at}/metrics");
-    }
     let server = TcpServer::start(
         args.listen.as_str(),
         node,

@@ -34,7 +34,8 @@ pub const NVM_BASE: u64 = 1 << 44;
 /// Settings of a Gengar server.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// Bytes of DRAM buffer for hot objects.
+    /// Bytes of DRAM buffer for hot objects; 0 turns the DRAM cache off (every object stays
+    /// in NVM: windows still merge reports and tune leases, but never promote).
     pub dram_bytes: usize,
     pub lease: LeaseConfig,
     pub tuner: TunerConfig,
@@ -428,7 +429,11 @@ impl GengarServer {
                     let h = self.nvm.object_header(obj as usize).ok()?;
                     h.allocated.then_some(u64::from(h.size))
                 });
-        let plan = self.policy.lock().plan(&sel.hot);
+        let plan = if self.cfg.dram_bytes == 0 {
+            dmkit_cache::Plan::default()
+        } else {
+            self.policy.lock().plan(&sel.hot)
+        };
         let mut evicted = 0;
         for obj in &plan.evict {
             let fence = self.leases.fence(*obj);
@@ -552,5 +557,46 @@ impl Drop for WindowThread {
         if let Some(h) = self.handle.take() {
             let _ = h.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ClientConfig, GengarClient};
+    use dmkit_lease::SystemClock;
+    use dmkit_verbs::sim::{SimCluster, SimConfig};
+
+    fn hot_reads_then_window(dram_bytes: usize) -> (usize, bool) {
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
+        let cluster = SimCluster::new(SimConfig::default());
+        let nvm = Pool::create_dram(4 << 20, PoolOptions::default().block_size(64 << 10)).unwrap();
+        let cfg = ServerConfig {
+            dram_bytes,
+            ..ServerConfig::default()
+        };
+        let server = GengarServer::new(NodeId(0), nvm, cfg, clock.clone()).unwrap();
+        cluster.add_node(server.node().clone());
+        let c = GengarClient::new(
+            cluster.endpoint(1).unwrap(),
+            1,
+            ClientConfig::default(),
+            clock,
+        )
+        .unwrap();
+        let obj = c.alloc(512).unwrap();
+        c.write(obj, 0, &[1; 512]).unwrap();
+        for _ in 0..100 {
+            c.read(obj).unwrap();
+        }
+        c.report_hot().unwrap();
+        let (promoted, _) = server.run_window();
+        (promoted, server.is_cached(obj.offset))
+    }
+
+    #[test]
+    fn zero_dram_bytes_turns_the_cache_off() {
+        assert_eq!(hot_reads_then_window(1 << 20), (1, true));
+        assert_eq!(hot_reads_then_window(0), (0, false));
     }
 }

@@ -3,7 +3,11 @@
 //! Every bench measures ours and its baseline side by side in one run and reports ratios, so
 //! a noisy shared machine moves both sides together.
 
+pub mod all;
+pub mod fusee;
+pub mod gengar;
 pub mod perftest;
+pub mod resp;
 pub mod verbs;
 
 use std::io::IsTerminal;
@@ -35,6 +39,17 @@ pub struct Report {
     pub config: Map<String, Value>,
     pub results: Vec<Measurement>,
     pub ratios: Map<String, Value>,
+    /// Latency histograms (nanoseconds) of the measurements that kept one, by name: the
+    /// source of `--plot`'s CDFs. Not part of the JSON.
+    #[serde(skip)]
+    pub histograms: Vec<(String, Histogram<u64>)>,
+}
+
+/// A measurement with the latency histogram it was computed from.
+#[derive(Debug)]
+pub struct Sample {
+    pub measurement: Measurement,
+    pub hist: Histogram<u64>,
 }
 
 impl Report {
@@ -44,7 +59,41 @@ impl Report {
             config: Map::new(),
             results: Vec::new(),
             ratios: Map::new(),
+            histograms: Vec::new(),
         }
+    }
+
+    /// Adds a measurement and keeps its histogram for plots.
+    pub fn push(&mut self, s: Sample) {
+        self.histograms.push((s.measurement.name.clone(), s.hist));
+        self.results.push(s.measurement);
+    }
+
+    /// Draws the latency CDFs of the kept histograms whose names `keep` selects (SVG or PNG by
+    /// the extension of `path`).
+    pub fn plot_latency_cdf(
+        &self,
+        path: &std::path::Path,
+        title: &str,
+        keep: impl Fn(&str) -> bool,
+    ) -> Result<(), String> {
+        let series: Vec<(String, Vec<(f64, f64)>)> = self
+            .histograms
+            .iter()
+            .filter(|(n, h)| keep(n) && !h.is_empty())
+            .map(|(n, h)| (n.clone(), dmkit_tools::plot::histogram_cdf(h)))
+            .collect();
+        dmkit_tools::plot::plot_latency_cdf(path, title, &series).map_err(|e| e.to_string())
+    }
+
+    /// Prints the table and writes the JSON report when asked to.
+    pub fn finish(&self, json: Option<&std::path::Path>) -> Result<(), String> {
+        self.print_table();
+        if let Some(p) = json {
+            self.write_json(p)?;
+            eprintln!("wrote {}", p.display());
+        }
+        Ok(())
     }
 
     pub fn config(&mut self, k: &str, v: impl Into<Value>) {
@@ -137,6 +186,15 @@ impl Recorder {
 
     pub fn stop(&mut self) {
         self.elapsed = self.started.elapsed();
+    }
+
+    /// The measurement together with its histogram (for [`Report::push`]).
+    pub fn sample(self, name: &str, rtts_per_op: f64) -> Sample {
+        let measurement = self.measurement(name, rtts_per_op);
+        Sample {
+            measurement,
+            hist: self.hist,
+        }
     }
 
     pub fn measurement(&self, name: &str, rtts_per_op: f64) -> Measurement {

@@ -28,6 +28,9 @@ pub struct VerbsArgs {
     /// Write the JSON report here.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// Draw the latency CDF of the measured operations (one outstanding) here (.svg or .png).
+    #[arg(long)]
+    pub plot: Option<std::path::PathBuf>,
     /// Measure a running memory node at this address instead of one started in-process (tcp).
     #[arg(long)]
     pub addr: Option<String>,
@@ -211,11 +214,11 @@ pub fn run(args: VerbsArgs) -> Result<(), CliError> {
     for op in Op::ALL {
         pb.set_message(format!("ours {}", op.name()));
         let m = ours_latency(&ep, &region, op, plan.lat_ops);
-        report.results.push(m);
+        report.push(m);
         pb.inc(1);
         let window = if args.backend == Backend::Rdma { 4 } else { 1 };
         let m = ours_batched(&ep, &region, op, plan.batches, window);
-        report.results.push(m);
+        report.push(m);
         pb.inc(1);
     }
     if let Some(t) = &perftest_target {
@@ -230,12 +233,10 @@ pub fn run(args: VerbsArgs) -> Result<(), CliError> {
         report.ratio("rdma_write64_throughput_vs_perftest", thr, Some(">= 0.8"));
         let cas = tput(&report, "cas_batch16") / tput(&report, "perftest_ib_atomic_bw_cas");
         report.ratio("rdma_cas_throughput_vs_perftest", cas, None);
-        report.print_table();
-        if let Some(p) = &args.json {
-            report.write_json(p).map_err(CliError::runtime)?;
-            eprintln!("wrote {}", p.display());
-        }
-        return Ok(());
+        report
+            .finish(args.json.as_deref())
+            .map_err(CliError::runtime)?;
+        return plot(&report, &args);
     }
     let base = match args.backend {
         Backend::Sim => "memcpy",
@@ -261,9 +262,9 @@ pub fn run(args: VerbsArgs) -> Result<(), CliError> {
                     .map_err(|e| CliError::runtime(format!("echo: {e}")))?,
             ),
         };
-        report.results.push(lat);
+        report.push(lat);
         pb.inc(1);
-        report.results.push(bat);
+        report.push(bat);
         pb.inc(1);
     }
     pb.finish_and_clear();
@@ -290,11 +291,26 @@ pub fn run(args: VerbsArgs) -> Result<(), CliError> {
             }
         }
     }
-    report.print_table();
-    if let Some(p) = &args.json {
-        report.write_json(p).map_err(CliError::runtime)?;
-        eprintln!("wrote {}", p.display());
-    }
+    report
+        .finish(args.json.as_deref())
+        .map_err(CliError::runtime)?;
+    plot(&report, &args)
+}
+
+/// `--plot`: the latency CDFs of the single-operation runs (ours and the baseline).
+fn plot(report: &Report, args: &VerbsArgs) -> Result<(), CliError> {
+    let Some(path) = &args.plot else {
+        return Ok(());
+    };
+    let title = format!(
+        "dmkit bench verbs ({}{}): latency, one operation outstanding",
+        args.backend,
+        if args.quick { ", quick" } else { "" }
+    );
+    report
+        .plot_latency_cdf(path, &title, |n| !n.ends_with("_batch16"))
+        .map_err(|e| CliError::runtime(format!("--plot: {e}")))?;
+    eprintln!("wrote {}", path.display());
     Ok(())
 }
 
@@ -402,7 +418,7 @@ fn push(ep: &Endpoint, b: &mut dmkit_verbs::Batch, r: &RegionDesc, op: Op, i: u6
     let _ = ep;
 }
 
-fn ours_latency(ep: &Endpoint, r: &RegionDesc, op: Op, n: u64) -> super::Measurement {
+fn ours_latency(ep: &Endpoint, r: &RegionDesc, op: Op, n: u64) -> super::Sample {
     let t = tag(op, false);
     let data = vec![0x5Au8; 4096];
     let warm = n / 10;
@@ -423,7 +439,7 @@ fn ours_latency(ep: &Endpoint, r: &RegionDesc, op: Op, n: u64) -> super::Measure
     }
     rec.stop();
     let d = ep.stats().tag(t).since(&before);
-    rec.measurement(op.name(), d.round_trips as f64 / n as f64)
+    rec.sample(op.name(), d.round_trips as f64 / n as f64)
 }
 
 /// Batches of 16, with `window` batches in flight (1: post, wait, post ...).
@@ -433,7 +449,7 @@ fn ours_batched(
     op: Op,
     batches: u64,
     window: usize,
-) -> super::Measurement {
+) -> super::Sample {
     let t = tag(op, true);
     let data = vec![0x5Au8; 4096];
     let mut rec = Recorder::new();
@@ -468,7 +484,7 @@ fn ours_batched(
     rec.stop();
     let d = ep.stats().tag(t).since(&before);
     let ops = batches * BATCH as u64;
-    rec.measurement(
+    rec.sample(
         &format!("{}_batch16", op.name()),
         d.round_trips as f64 / ops as f64,
     )
@@ -486,7 +502,7 @@ fn local_op(op: Op, src: &[u8], dst: &mut [u8], word: &AtomicU64, i: u64) {
     }
 }
 
-fn local_latency(op: Op, n: u64) -> super::Measurement {
+fn local_latency(op: Op, n: u64) -> super::Sample {
     let src = vec![7u8; 1 << 17];
     let mut dst = vec![0u8; 1 << 17];
     let word = AtomicU64::new(0);
@@ -498,10 +514,10 @@ fn local_latency(op: Op, n: u64) -> super::Measurement {
         rec.record(s.elapsed().as_nanos() as u64, 1);
     }
     rec.stop();
-    rec.measurement(&format!("memcpy_{}", op.name()), 0.0)
+    rec.sample(&format!("memcpy_{}", op.name()), 0.0)
 }
 
-fn local_batched(op: Op, batches: u64) -> super::Measurement {
+fn local_batched(op: Op, batches: u64) -> super::Sample {
     let src = vec![7u8; 1 << 17];
     let mut dst = vec![0u8; 1 << 17];
     let word = AtomicU64::new(0);
@@ -515,7 +531,7 @@ fn local_batched(op: Op, batches: u64) -> super::Measurement {
         rec.record(s.elapsed().as_nanos() as u64, BATCH as u64);
     }
     rec.stop();
-    rec.measurement(&format!("memcpy_{}_batch16", op.name()), 0.0)
+    rec.sample(&format!("memcpy_{}_batch16", op.name()), 0.0)
 }
 
 /// A plain TCP echo server on loopback: reads a 4-byte length and that many bytes, writes
@@ -550,7 +566,7 @@ impl EchoServer {
         s.read_exact(back)
     }
 
-    fn latency(&self, op: Op, n: u64) -> std::io::Result<super::Measurement> {
+    fn latency(&self, op: Op, n: u64) -> std::io::Result<super::Sample> {
         let mut s = self.connect()?;
         let (msg, mut back) = echo_msg(op.payload());
         for _ in 0..n / 10 {
@@ -564,10 +580,10 @@ impl EchoServer {
             rec.record(t.elapsed().as_nanos() as u64, 1);
         }
         rec.stop();
-        Ok(rec.measurement(&format!("echo_{}", op.name()), 1.0))
+        Ok(rec.sample(&format!("echo_{}", op.name()), 1.0))
     }
 
-    fn batched(&self, op: Op, batches: u64) -> std::io::Result<super::Measurement> {
+    fn batched(&self, op: Op, batches: u64) -> std::io::Result<super::Sample> {
         let mut s = self.connect()?;
         let (msg, mut back) = echo_msg(op.payload() * BATCH);
         for _ in 0..batches / 10 {
@@ -581,7 +597,7 @@ impl EchoServer {
             rec.record(t.elapsed().as_nanos() as u64, BATCH as u64);
         }
         rec.stop();
-        Ok(rec.measurement(&format!("echo_{}_batch16", op.name()), 1.0 / BATCH as f64))
+        Ok(rec.sample(&format!("echo_{}_batch16", op.name()), 1.0 / BATCH as f64))
     }
 }
 

@@ -299,6 +299,65 @@ fn serve(shared: &Shared, stream: TcpStream, peer: &Peer) -> std::result::Result
     }
 }
 
+/// Serves one client frame (header and payload, as it arrives on a connection) against
+/// `node` and returns the response frame — what a connection does per frame, without a
+/// socket. Refuses what a connection would close on. For fuzzing and tests.
+pub fn serve_frame(
+    node: &MemoryNode,
+    bytes: &[u8],
+    max_frame: usize,
+) -> std::result::Result<Vec<u8>, FrameError> {
+    let h: [u8; frame::HEADER_LEN] = bytes
+        .get(..frame::HEADER_LEN)
+        .and_then(|h| h.try_into().ok())
+        .ok_or(FrameError::Malformed {
+            what: "short header",
+        })?;
+    let hdr = frame::decode_header(&h, max_frame)?;
+    let payload = bytes
+        .get(frame::HEADER_LEN..frame::HEADER_LEN + hdr.len as usize)
+        .ok_or(FrameError::Malformed {
+            what: "short payload",
+        })?;
+    let mut out = Vec::new();
+    match hdr.kind {
+        Kind::Batch => {
+            let at = frame::encode_header(&mut out, Kind::BatchResp, hdr.req_id);
+            execute_batch(node, payload, &mut out, max_frame)?;
+            frame::finish(&mut out, at)?;
+        }
+        Kind::Rpc => {
+            let at = frame::encode_header(&mut out, Kind::RpcResp, hdr.req_id);
+            let peer = Peer {
+                conn_id: 0,
+                addr: "serve_frame".into(),
+            };
+            match node.rpc(&peer, payload) {
+                Ok(r) => {
+                    out.push(0);
+                    out.extend_from_slice(&r);
+                }
+                Err(m) => {
+                    out.push(1);
+                    out.extend_from_slice(m.as_bytes());
+                }
+            }
+            frame::finish(&mut out, at)?;
+        }
+        Kind::Regions => {
+            let at = frame::encode_header(&mut out, Kind::RegionsResp, hdr.req_id);
+            frame::encode_regions(&mut out, &node.regions());
+            frame::finish(&mut out, at)?;
+        }
+        _ => {
+            return Err(FrameError::Malformed {
+                what: "frame kind from a client",
+            });
+        }
+    }
+    Ok(out)
+}
+
 /// Decodes and executes one batch frame, appending the response payload to `out`. The whole
 /// frame is decoded and checked first: a malformed frame executes nothing. Work requests then
 /// run in order; the first refused one stops the batch (the rest are not executed).

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Tier: the RESP gateway driven by the real Redis tools (tests/tests/resp_redis.rs: redis-cli
+# and redis-benchmark against `dmkit resp` in front of 3 memnodes and a master), and
+# `dmkit bench resp --quick` (the gateway against a real redis-server in the same run).
+# Installs Debian's redis-tools and redis-server; fails (non-zero) if it cannot: never
+# passes silently.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v redis-cli >/dev/null 2>&1 || ! command -v redis-benchmark >/dev/null 2>&1 \
+   || ! command -v redis-server >/dev/null 2>&1; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq || { echo "tier-redis: apt-get update failed" >&2; exit 1; }
+  apt-get install -y -qq --no-install-recommends redis-tools redis-server \
+    || { echo "tier-redis: installing redis-tools and redis-server failed" >&2; exit 1; }
+fi
+for tool in redis-cli redis-benchmark redis-server; do
+  command -v "$tool" >/dev/null 2>&1 \
+    || { echo "tier-redis: $tool is still missing after apt-get" >&2; exit 1; }
+done
+redis-server --version
+
+DMKIT_TIER_REDIS=1 cargo test -p dmkit-tests --test resp_redis -- --ignored --nocapture
+cargo run -q -p dmkit-tools --bin dmkit -- bench resp --quick --requests 5000 \
+  --json "${TMPDIR:-/tmp}/dmkit-bench-resp.json"

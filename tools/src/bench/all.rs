@@ -1,0 +1,299 @@
+//! `dmkit bench all --docs DIR`: runs every quick bench that needs no special hardware
+//! (verbs on sim and tcp, FUSEE throughput against clients, the RESP gateway against Redis),
+//! writes their JSON reports and SVG plots under `DIR/results/` and renders
+//! `DIR/BENCHMARKS.md` from them, with the RDMA figures recorded in `DIR/results/` (by the
+//! SoftRoCE tier, see docs/RDMA.md) when present.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::{Backend, CliError};
+
+#[derive(Debug, clap::Args)]
+pub struct AllArgs {
+    /// The docs directory: writes BENCHMARKS.md there and the reports and plots under
+    /// results/.
+    #[arg(long)]
+    pub docs: PathBuf,
+    /// Leave out the RESP bench (it needs redis-server and redis-benchmark).
+    #[arg(long)]
+    pub skip_resp: bool,
+}
+
+/// The command that regenerates the page (named in it).
+const REGENERATE: &str = "scripts/bench-docs.sh";
+
+pub fn run(args: AllArgs) -> Result<(), CliError> {
+    let results = args.docs.join("results");
+    std::fs::create_dir_all(&results)
+        .map_err(|e| CliError::usage(format!("cannot create {}: {e}", results.display())))?;
+    let out = |name: &str| results.join(name);
+    for backend in [Backend::Sim, Backend::Tcp] {
+        eprintln!("dmkit bench all: verbs on {backend}");
+        super::verbs::run(super::verbs::VerbsArgs {
+            backend,
+            quick: true,
+            json: Some(out(&format!("verbs-{backend}-quick.json"))),
+            plot: Some(out(&format!("verbs-{backend}-quick-latency.svg"))),
+            addr: None,
+            node_id: 0,
+            device: None,
+        })?;
+    }
+    eprintln!("dmkit bench all: fusee on sim");
+    super::fusee::run(super::fusee::FuseeArgs {
+        backend: Backend::Sim,
+        quick: true,
+        json: Some(out("fusee-sim-quick.json")),
+        plot: Some(out("fusee-sim-quick.svg")),
+        clients: vec![1, 2, 4],
+        seconds: None,
+        records: None,
+    })?;
+    if !args.skip_resp {
+        eprintln!("dmkit bench all: resp gateway vs redis-server");
+        super::resp::run(super::resp::RespBenchArgs {
+            backend: Backend::Tcp,
+            quick: true,
+            json: Some(out("resp-quick.json")),
+            plot: Some(out("resp-quick-latency.svg")),
+            requests: None,
+            connections: 50,
+        })?;
+    }
+    let page = render(&args.docs)?;
+    let md = args.docs.join("BENCHMARKS.md");
+    std::fs::write(&md, page)
+        .map_err(|e| CliError::runtime(format!("cannot write {}: {e}", md.display())))?;
+    eprintln!("wrote {}", md.display());
+    Ok(())
+}
+
+fn load(path: &Path) -> Option<Value> {
+    let s = std::fs::read_to_string(path).ok()?;
+    serde_json::from_str(&s).ok()
+}
+
+fn num(v: Option<&Value>, digits: usize) -> String {
+    match v.and_then(Value::as_f64) {
+        Some(x) if x.is_finite() => format!("{x:.digits$}"),
+        _ => "–".to_string(),
+    }
+}
+
+/// A Markdown table of a report's results and its ratios.
+fn table(report: &Value) -> String {
+    let mut s = String::new();
+    s.push_str("| measurement | ops/s | p50 µs | p99 µs | RTTs/op |\n");
+    s.push_str("|---|---:|---:|---:|---:|\n");
+    for m in report["results"].as_array().into_iter().flatten() {
+        let modeled = if m["modeled"].as_bool() == Some(true) {
+            " (modeled)"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            s,
+            "| `{}`{} | {} | {} | {} | {} |",
+            m["name"].as_str().unwrap_or("?"),
+            modeled,
+            num(m.get("ops_per_sec"), 0),
+            num(m.get("p50_us"), 2),
+            num(m.get("p99_us"), 2),
+            num(m.get("rtts_per_op"), 3),
+        );
+    }
+    if let Some(r) = report["ratios"].as_object().filter(|r| !r.is_empty()) {
+        let targets = report["config"]["targets"].as_object();
+        s.push_str("\n| ratio (same run) | value | target |\n|---|---:|---|\n");
+        for (k, v) in r {
+            let t = targets
+                .and_then(|t| t.get(k))
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            let _ = writeln!(s, "| `{k}` | {} | {t} |", num(Some(v), 3));
+        }
+    }
+    s
+}
+
+fn config_line(report: &Value, keys: &[&str]) -> String {
+    let c = &report["config"];
+    keys.iter()
+        .filter_map(|k| {
+            let v = c.get(*k)?;
+            let v = match v {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            Some(format!("{k} = {v}"))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, m)| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let date = std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|d| !d.is_empty())
+        .unwrap_or_else(|| "unknown date".into());
+    format!(
+        "{date}, {cpu}, {threads} hardware threads, `dmkit` {}",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+fn section(
+    md: &mut String,
+    docs: &Path,
+    json: &str,
+    text: &str,
+    plots: &[(&str, &str)],
+    keys: &[&str],
+) {
+    md.push_str(text);
+    md.push('\n');
+    match load(&docs.join("results").join(json)) {
+        Some(r) => {
+            let _ = writeln!(
+                md,
+                "Report: [`results/{json}`](results/{json}) ({}).\n",
+                config_line(&r, keys)
+            );
+            md.push_str(&table(&r));
+            md.push('\n');
+        }
+        None => {
+            let _ = writeln!(
+                md,
+                "_Not measured in this run (`results/{json}` is missing)._\n"
+            );
+        }
+    }
+    for (file, alt) in plots {
+        if docs.join("results").join(file).exists() {
+            let _ = writeln!(md, "![{alt}](results/{file})\n");
+        }
+    }
+}
+
+/// BENCHMARKS.md from the reports under `docs/results/`.
+pub fn render(docs: &Path) -> Result<String, CliError> {
+    let mut md = String::new();
+    let _ = write!(
+        md,
+        "# Benchmarks\n\n\
+         Current figures of the `dmkit bench` suite. **Generated** by `{REGENERATE}` (which runs \
+         `dmkit bench all --docs docs`): do not edit by hand, run it again.\n\n\
+         ```sh\n{REGENERATE}            # about 2 minutes on 2 cores; needs redis-server and redis-tools for the RESP part\n```\n\n\
+         Measured on: {}. These are quick runs (`--quick`) on a small shared machine: read the \
+         **ratios**, which compare ours with a baseline measured in the same run, rather than \
+         the absolute numbers. Every bench writes its JSON report with `--json PATH` (format in \
+         DESIGN.md) and draws its plots with `--plot PATH` (`.svg` or `.png`).\n\n\
+         Latency figures are wall-clock time of each operation (one outstanding) on this machine; \
+         nothing on this page is modeled (the `sim` backend runs without its latency model here).\n\n",
+        machine()
+    );
+
+    md.push_str("## Verbs\n\n");
+    section(
+        &mut md,
+        docs,
+        "verbs-sim-quick.json",
+        "### sim\n\n`dmkit bench verbs --backend sim --quick`: the in-process backend against a direct \
+         `memcpy`/atomic of the same size (the cost of the verbs layer's bookkeeping).\n",
+        &[("verbs-sim-quick-latency.svg", "verbs latency CDF on sim")],
+        &["backend", "latency_ops", "batches", "batch"],
+    );
+    section(
+        &mut md,
+        docs,
+        "verbs-tcp-quick.json",
+        "### tcp\n\n`dmkit bench verbs --backend tcp --quick`: the soft NIC over loopback TCP against \
+         a plain TCP echo of the same payload (the floor of any request-response protocol over TCP).\n",
+        &[("verbs-tcp-quick-latency.svg", "verbs latency CDF on tcp")],
+        &["backend", "latency_ops", "batches", "batch"],
+    );
+    md.push_str(
+        "### rdma\n\nThe RDMA backend against `perftest` on the same device, recorded on SoftRoCE \
+         (emulated RDMA in a QEMU guest; see [RDMA.md](RDMA.md) for how, and for what these figures \
+         do and do not say). Not regenerated by the command above: it needs the SoftRoCE tier.\n\n",
+    );
+    match load(&docs.join("results/verbs-rdma-quick.json")) {
+        Some(r) => {
+            let _ = writeln!(
+                md,
+                "Report: [`results/verbs-rdma-quick.json`](results/verbs-rdma-quick.json) ({}).\n",
+                config_line(&r, &["device", "latency_ops", "batches", "batch"])
+            );
+            md.push_str(&table(&r));
+            md.push('\n');
+        }
+        None => md.push_str("_No recorded RDMA report._\n\n"),
+    }
+
+    md.push_str("## FUSEE: throughput against clients\n\n");
+    section(
+        &mut md,
+        docs,
+        "fusee-sim-quick.json",
+        "`dmkit bench fusee --backend sim --quick --plot ...`: YCSB-A (50% reads, 50% updates, \
+         scrambled zipfian keys, 256-byte values) on an in-process cluster of 3 memory nodes with 3 \
+         index and 3 data replicas, one thread per client. There is no external baseline; the \
+         ratios are throughput at n clients over 1 client in the same run. On a 2-core machine \
+         the client threads share two cores, so scaling flattens beyond 2 clients.\n",
+        &[
+            ("fusee-sim-quick.svg", "FUSEE YCSB-A throughput vs clients"),
+            ("fusee-sim-quick-latency.svg", "FUSEE YCSB-A latency CDF"),
+        ],
+        &[
+            "backend",
+            "records",
+            "seconds_per_point",
+            "threads_available",
+        ],
+    );
+
+    md.push_str("## RESP gateway against Redis\n\n");
+    section(
+        &mut md,
+        docs,
+        "resp-quick.json",
+        "`dmkit bench resp --quick`: the real `redis-benchmark -t set,get` against a real \
+         `redis-server` (no persistence: `--save '' --appendonly no`) and against the gateway in \
+         the same run. `gateway_fusee_*`: the gateway over FUSEE on 3 memory nodes with 3 replicas \
+         serving over loopback TCP (`LocalCluster::start_tcp`; every SET writes 3 replicas of \
+         the object and the index); `gateway_memory_*`: the same gateway over an in-memory map, \
+         which isolates the protocol path. Ratios are requests/s over Redis's. `RTTs/op` counts \
+         the client's request-response exchanges; the JSON's `fusee_rtts_per_op` counts the \
+         gateway's round trips to the memory nodes per request. The latency curves go through \
+         redis-benchmark's reported percentiles (min, p50, p95, p99, max).\n",
+        &[(
+            "resp-quick-latency.svg",
+            "RESP latency CDF: gateway vs redis-server",
+        )],
+        &[
+            "requests_per_test",
+            "connections",
+            "keyspace",
+            "value_bytes",
+            "redis_server",
+        ],
+    );
+    Ok(md)
+}

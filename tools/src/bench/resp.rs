@@ -1,0 +1,478 @@
+//! `dmkit bench resp`: the RESP gateway against a real Redis, both driven by the real
+//! `redis-benchmark` (`-t set,get`) in the same run.
+//!
+//! - baseline: `redis-server` started on a free loopback port with `--save '' --appendonly no`
+//!   (no persistence, so it is the fastest Redis can be on this machine);
+//! - ours: `dmkit resp`'s server in this process over a FUSEE client of an in-process cluster
+//!   of 3 memory nodes with 3 index and 3 data replicas. The memory nodes serve over loopback
+//!   TCP by default (`LocalCluster::start_tcp`, the path a multi-process deployment takes);
+//!   `--backend sim` keeps them in-process;
+//! - also: the same gateway over an in-memory hash map, to separate the protocol path from
+//!   FUSEE.
+//!
+//! Ratios are requests/s of ours over Redis's, from redis-benchmark's `--csv` output.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dmkit_fusee::{LocalCluster, LocalConfig};
+use dmkit_tools::resp::{KvBackend, MemoryBackend, RespConfig, RespServer};
+use serde_json::{Map, Value};
+
+use super::{Measurement, Report};
+use crate::resp_cmd::FuseeBackend;
+use crate::{Backend, CliError};
+
+#[derive(Debug, clap::Args)]
+pub struct RespBenchArgs {
+    /// Backend of the FUSEE cluster behind the gateway.
+    #[arg(long, value_enum, default_value_t = Backend::Tcp)]
+    pub backend: Backend,
+    /// A short run (under a minute on two cores).
+    #[arg(long)]
+    pub quick: bool,
+    /// Write the JSON report here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Draw latency CDFs (from redis-benchmark's percentiles) here (.svg or .png).
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Requests per test (default: 20000 with --quick, 100000 otherwise).
+    #[arg(long)]
+    pub requests: Option<u64>,
+    /// Parallel redis-benchmark connections.
+    #[arg(long, default_value_t = 50)]
+    pub connections: u32,
+}
+
+fn rt(e: impl std::fmt::Display) -> CliError {
+    CliError::runtime(e.to_string())
+}
+
+/// Keyspace of the random keys (`-r`) and value size (`-d`).
+const KEYSPACE: u64 = 10_000;
+const VALUE_BYTES: u64 = 64;
+
+pub fn run(args: RespBenchArgs) -> Result<(), CliError> {
+    if args.backend == Backend::Rdma {
+        return Err(CliError::usage(
+            "bench resp runs its FUSEE cluster in one process on sim or tcp",
+        ));
+    }
+    if args.connections == 0 {
+        return Err(CliError::usage("--connections must be at least 1"));
+    }
+    let requests = args
+        .requests
+        .unwrap_or(if args.quick { 20_000 } else { 100_000 });
+    if requests == 0 {
+        return Err(CliError::usage("--requests must be at least 1"));
+    }
+    let version = tool_version("redis-benchmark", "redis-tools")?;
+    let server_version = tool_version("redis-server", "redis-server")?;
+
+    let mut report = Report::new("resp");
+    report.config("backend", args.backend.to_string());
+    report.config("quick", args.quick);
+    report.config("requests_per_test", requests);
+    report.config("connections", u64::from(args.connections));
+    report.config("keyspace", KEYSPACE);
+    report.config("value_bytes", VALUE_BYTES);
+    report.config("memory_nodes", 3u64);
+    report.config("replicas", 3u64);
+    report.config("redis_benchmark", version);
+    report.config("redis_server", server_version);
+
+    let redis = RedisServer::start()?;
+    let mut cfg = LocalConfig::new(3, 3);
+    cfg.pool_bytes = 256 << 20;
+    let cluster = match args.backend {
+        Backend::Tcp => LocalCluster::start_tcp(cfg),
+        _ => LocalCluster::start(cfg),
+    }
+    .map_err(rt)?;
+    let client = cluster.client(0xD0_0001).map_err(rt)?;
+    let fusee: Arc<dyn KvBackend> = Arc::new(FuseeBackend(client.clone()));
+    let gateway = RespServer::start("127.0.0.1:0", fusee, RespConfig::default())
+        .map_err(|e| rt(format!("cannot start the gateway: {e}")))?;
+    let memory = RespServer::start(
+        "127.0.0.1:0",
+        Arc::new(MemoryBackend::default()),
+        RespConfig::default(),
+    )
+    .map_err(|e| rt(format!("cannot start the gateway: {e}")))?;
+
+    let targets = [
+        ("redis", redis.port),
+        ("gateway_fusee", gateway.local_addr().port()),
+        ("gateway_memory", memory.local_addr().port()),
+    ];
+    for (name, port) in targets {
+        // One redis-benchmark run per test, so each gets its own backend round-trip count.
+        for test in ["set", "get"] {
+            eprintln!("dmkit bench resp: redis-benchmark -t {test} -n {requests} against {name}");
+            let before = client.endpoint().stats().total().round_trips;
+            let out = redis_benchmark(port, test, requests, args.connections)?;
+            let used = client.endpoint().stats().total().round_trips - before;
+            let rows = parse_benchmark_output(&out)
+                .map_err(|e| rt(format!("redis-benchmark against {name}: {e}")))?;
+            let upper = test.to_ascii_uppercase();
+            let row = rows.iter().find(|r| r.test == upper).ok_or_else(|| {
+                rt(format!(
+                    "redis-benchmark against {name} reported no {upper} line: {out}"
+                ))
+            })?;
+            let mut m = row.measurement(&format!("{name}_{test}"));
+            if name == "gateway_fusee" {
+                // FUSEE's round trips to the memory nodes per request (all verbs, 3 replicas).
+                m.extra.insert(
+                    "fusee_rtts_per_op".into(),
+                    Value::from((used as f64 / requests as f64 * 1000.0).round() / 1000.0),
+                );
+            }
+            report.results.push(m);
+        }
+    }
+    client.flush().map_err(rt)?;
+    drop(redis);
+
+    let rps = |r: &Report, n: &str| r.result(n).map_or(f64::NAN, |m| m.ops_per_sec);
+    for op in ["get", "set"] {
+        let base = rps(&report, &format!("redis_{op}"));
+        let ours = rps(&report, &format!("gateway_fusee_{op}")) / base;
+        report.ratio(&format!("resp_gateway_{op}_vs_redis"), ours, None);
+        let proto = rps(&report, &format!("gateway_memory_{op}")) / base;
+        report.ratio(&format!("resp_protocol_only_{op}_vs_redis"), proto, None);
+    }
+    report
+        .finish(args.json.as_deref())
+        .map_err(CliError::runtime)?;
+    if let Some(p) = &args.plot {
+        plot(&report, p, &args)?;
+    }
+    Ok(())
+}
+
+/// Latency CDFs through the percentiles redis-benchmark reports (min, p50, p95, p99, max).
+fn plot(report: &Report, path: &std::path::Path, args: &RespBenchArgs) -> Result<(), CliError> {
+    let series: Vec<(String, Vec<(f64, f64)>)> = report
+        .results
+        .iter()
+        .filter_map(|m| {
+            let g = |k: &str| m.extra.get(k).and_then(Value::as_f64);
+            Some((
+                m.name.clone(),
+                vec![
+                    (g("min_us")?, 0.0),
+                    (m.p50_us, 0.5),
+                    (g("p95_us")?, 0.95),
+                    (m.p99_us, 0.99),
+                    (g("max_us")?, 1.0),
+                ],
+            ))
+        })
+        .collect();
+    let title = format!(
+        "dmkit bench resp: redis-benchmark latency, {} connections (FUSEE on {})",
+        args.connections, args.backend
+    );
+    dmkit_tools::plot::plot_latency_cdf(path, &title, &series)
+        .map_err(|e| CliError::runtime(format!("--plot: {e}")))?;
+    eprintln!("wrote {}", path.display());
+    Ok(())
+}
+
+/// `TOOL --version`, or a clear error naming the Debian package that provides it.
+fn tool_version(tool: &str, package: &str) -> Result<String, CliError> {
+    match Command::new(tool).arg("--version").output() {
+        Ok(o) if o.status.success() => Ok(String::from_utf8_lossy(&o.stdout).trim().to_string()),
+        Ok(o) => Err(CliError::runtime(format!(
+            "{tool} --version failed: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(CliError::runtime(format!(
+            "{tool} not found: bench resp needs it (Debian/Ubuntu: apt-get install {package})"
+        ))),
+        Err(e) => Err(CliError::runtime(format!("cannot run {tool}: {e}"))),
+    }
+}
+
+/// A `redis-server` child on a free loopback port; killed when dropped.
+struct RedisServer {
+    child: Child,
+    port: u16,
+}
+
+impl RedisServer {
+    fn start() -> Result<RedisServer, CliError> {
+        // Ask the kernel for a free port; the short race until redis binds it is harmless
+        // (a failure to bind is reported below).
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| rt(format!("no free loopback port: {e}")))?
+            .port();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .args(["--protected-mode", "no", "--logfile", ""])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| rt(format!("cannot start redis-server: {e}")))?;
+        let mut s = RedisServer { child, port };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if ping(port) {
+                return Ok(s);
+            }
+            if let Ok(Some(st)) = s.child.try_wait() {
+                return Err(rt(format!(
+                    "redis-server exited ({st}) before serving on 127.0.0.1:{port}"
+                )));
+            }
+            if Instant::now() > deadline {
+                return Err(rt(format!(
+                    "redis-server did not answer PING on 127.0.0.1:{port} within 10 s"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn ping(port: u16) -> bool {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+    if s.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 7];
+    s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+}
+
+/// Runs redis-benchmark's `test` (set or get) against 127.0.0.1:`port`; its stdout (CSV). Fails on a non-zero exit
+/// or on an error reply from the server.
+fn redis_benchmark(
+    port: u16,
+    test: &str,
+    requests: u64,
+    connections: u32,
+) -> Result<String, CliError> {
+    let out = Command::new("redis-benchmark")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(["-t", test, "-n", &requests.to_string()])
+        .args(["-c", &connections.to_string()])
+        .args(["-r", &KEYSPACE.to_string(), "-d", &VALUE_BYTES.to_string()])
+        .arg("--csv")
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                rt("redis-benchmark not found (Debian/Ubuntu: apt-get install redis-tools)")
+            } else {
+                rt(format!("cannot run redis-benchmark: {e}"))
+            }
+        })?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    if !out.status.success() || stderr.contains("Error") || stdout.contains("Error from server") {
+        return Err(rt(format!(
+            "redis-benchmark on port {port} failed ({}): {} {}",
+            out.status,
+            stderr.trim(),
+            stdout.trim()
+        )));
+    }
+    Ok(stdout)
+}
+
+/// One test line of redis-benchmark's output.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchRow {
+    pub test: String,
+    pub rps: f64,
+    /// Latencies in milliseconds, where the output has them.
+    pub avg_ms: Option<f64>,
+    pub min_ms: Option<f64>,
+    pub p50_ms: Option<f64>,
+    pub p95_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+    pub max_ms: Option<f64>,
+}
+
+impl BenchRow {
+    fn measurement(&self, name: &str) -> Measurement {
+        let us = |v: Option<f64>| v.map_or(f64::NAN, |ms| ms * 1000.0);
+        let mut extra = Map::new();
+        for (k, v) in [
+            ("avg_us", self.avg_ms),
+            ("min_us", self.min_ms),
+            ("p95_us", self.p95_ms),
+            ("max_us", self.max_ms),
+        ] {
+            if let Some(v) = v {
+                extra.insert(k.into(), Value::from(v * 1000.0));
+            }
+        }
+        Measurement {
+            name: name.to_string(),
+            ops_per_sec: self.rps,
+            p50_us: us(self.p50_ms),
+            p99_us: us(self.p99_ms),
+            // One client-to-server request-response per operation (no pipelining).
+            rtts_per_op: 1.0,
+            modeled: false,
+            extra,
+        }
+    }
+}
+
+/// Parses redis-benchmark's `--csv` output (a header row naming the columns, then one
+/// quoted row per test) or, failing that, its `-q` output (`SET: 81234.57 requests per
+/// second, p50=0.311 msec`). Errors when no test line can be read.
+pub fn parse_benchmark_output(out: &str) -> Result<Vec<BenchRow>, String> {
+    let rows = parse_csv(out);
+    if !rows.is_empty() {
+        return Ok(rows);
+    }
+    let rows = parse_quiet(out);
+    if rows.is_empty() {
+        return Err(format!(
+            "no test results in its output: {:?}",
+            out.chars().take(400).collect::<String>()
+        ));
+    }
+    Ok(rows)
+}
+
+fn csv_fields(line: &str) -> Vec<String> {
+    line.trim()
+        .split(',')
+        .map(|f| f.trim().trim_matches('"').to_string())
+        .collect()
+}
+
+fn parse_csv(out: &str) -> Vec<BenchRow> {
+    let mut header: Option<Vec<String>> = None;
+    let mut rows = Vec::new();
+    for line in out.lines().map(str::trim).filter(|l| l.starts_with('"')) {
+        let f = csv_fields(line);
+        if f.first().is_some_and(|t| t == "test") {
+            header = Some(f);
+            continue;
+        }
+        let col = |name: &str, fallback: usize| -> Option<f64> {
+            let i = match &header {
+                Some(h) => h.iter().position(|c| c == name)?,
+                None => fallback,
+            };
+            f.get(i)?.parse::<f64>().ok()
+        };
+        let Some(rps) = col("rps", 1) else { continue };
+        if header.is_none() && f.len() > 2 {
+            // Without a header only the old two-column format is unambiguous.
+            continue;
+        }
+        rows.push(BenchRow {
+            test: f[0].clone(),
+            rps,
+            avg_ms: col("avg_latency_ms", usize::MAX),
+            min_ms: col("min_latency_ms", usize::MAX),
+            p50_ms: col("p50_latency_ms", usize::MAX),
+            p95_ms: col("p95_latency_ms", usize::MAX),
+            p99_ms: col("p99_latency_ms", usize::MAX),
+            max_ms: col("max_latency_ms", usize::MAX),
+        });
+    }
+    rows
+}
+
+fn parse_quiet(out: &str) -> Vec<BenchRow> {
+    // Progress updates end in '\r'; the final figure of a test is the last one on its line.
+    let mut rows: Vec<BenchRow> = Vec::new();
+    for seg in out.split(['\n', '\r']) {
+        let Some((test, rest)) = seg.split_once(": ") else {
+            continue;
+        };
+        let Some(num) = rest.split_whitespace().next() else {
+            continue;
+        };
+        if !rest.contains("requests per second") {
+            continue;
+        }
+        let Ok(rps) = num.parse::<f64>() else {
+            continue;
+        };
+        let p50_ms = rest
+            .split("p50=")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|v| v.parse().ok());
+        let row = BenchRow {
+            test: test.trim().to_string(),
+            rps,
+            avg_ms: None,
+            min_ms: None,
+            p50_ms,
+            p95_ms: None,
+            p99_ms: None,
+            max_ms: None,
+        };
+        match rows.iter_mut().find(|r| r.test == row.test) {
+            Some(r) => *r = row,
+            None => rows.push(row),
+        }
+    }
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csv_with_header_is_read_by_column_name() {
+        let out = "\"test\",\"rps\",\"avg_latency_ms\",\"min_latency_ms\",\"p50_latency_ms\",\"p95_latency_ms\",\"p99_latency_ms\",\"max_latency_ms\"\n\"SET\",\"81300.81\",\"0.337\",\"0.088\",\"0.311\",\"0.567\",\"0.911\",\"2.127\"\n\"GET\",\"90909.09\",\"0.300\",\"0.080\",\"0.279\",\"0.487\",\"0.703\",\"1.319\"\n";
+        let rows = parse_benchmark_output(out).unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].test, "SET");
+        assert_eq!(rows[0].rps, 81300.81);
+        assert_eq!(rows[0].p99_ms, Some(0.911));
+        assert_eq!(rows[1].test, "GET");
+        assert_eq!(rows[1].p50_ms, Some(0.279));
+        let m = rows[1].measurement("redis_get");
+        assert!((m.p50_us - 279.0).abs() < 1e-6);
+        assert!(m.extra.contains_key("max_us"));
+    }
+
+    #[test]
+    fn old_two_column_csv_and_quiet_output_are_read() {
+        let rows = parse_benchmark_output("\"SET\",\"1234.50\"\n\"GET\",\"2000\"\n").unwrap();
+        assert_eq!((rows[1].test.as_str(), rows[1].rps), ("GET", 2000.0));
+        let q = "SET: rps=0.0 (overall: nan) avg_msec=nan (overall: nan)\rSET: 81234.57 requests per second, p50=0.311 msec\nGET: 90000.00 requests per second, p50=0.279 msec\n\n";
+        let rows = parse_benchmark_output(q).unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].rps, 81234.57);
+        assert_eq!(rows[0].p50_ms, Some(0.311));
+    }
+
+    #[test]
+    fn unreadable_output_is_an_error() {
+        assert!(parse_benchmark_output("").is_err());
+        assert!(parse_benchmark_output("Could not connect to Redis at 127.0.0.1:1").is_err());
+    }
+}
