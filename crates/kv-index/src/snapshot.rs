@@ -230,8 +230,15 @@ impl RaceIndex {
         }
         hooks.before_primary(expected)?;
         let (ok, now, bytes) = self.cas_primary(tag, pos, expected, new, post)?;
-        if ok {
+        if ok || (now == new && new != 0) {
+            // (`now == new` with a unique value: recovery already finished our round.)
             return Ok((RawOutcome::Won(rule), bytes));
+        }
+        if now == new {
+            // Another writer proposing the same value (0: a DELETE or a retraction) shared
+            // our majority and swapped the primary first: the round is over and the backups
+            // already agree with it. Rolling them back would undo it.
+            return Ok((RawOutcome::Lost(now), Vec::new()));
         }
         // The primary moved without a round winner: a split froze it after our backup CASes
         // ran on backups it had already unfrozen (the value came back: A-B-A). Take our
