@@ -5,12 +5,14 @@ mod bench;
 mod cluster_file;
 mod connect;
 mod demo;
+mod gengar_server;
 mod kv;
 mod master;
 mod memnode;
 mod metrics_http;
 mod resp_cmd;
 mod size;
+mod ycsb_cmd;
 
 use std::fmt;
 use std::process::ExitCode;
@@ -31,12 +33,16 @@ enum Cmd {
     Demo(demo::DemoArgs),
     /// Serve memory to clients (a memory node).
     Memnode(memnode::MemnodeArgs),
+    /// Serve a Gengar server: an NVM pool file and a DRAM buffer for hot objects, over tcp.
+    GengarServer(gengar_server::GengarServerArgs),
     /// Initialise the cluster (format on first start) and serve its membership.
     Master(master::MasterArgs),
     /// One FUSEE operation: put KEY VALUE, get KEY, del KEY.
     Kv(kv::KvArgs),
     /// A Redis-protocol (RESP2) gateway to FUSEE.
     Resp(resp_cmd::RespArgs),
+    /// One FUSEE client process running a YCSB workload (load, run, summary, ack log).
+    Ycsb(ycsb_cmd::YcsbArgs),
     /// Run a benchmark; each prints a table and, with --json, writes a report.
     #[command(subcommand)]
     Bench(BenchCmd),
@@ -140,9 +146,11 @@ fn main() -> ExitCode {
     let r = match cli.cmd {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Memnode(a) => memnode::run(a),
+        Cmd::GengarServer(a) => gengar_server::run(a),
         Cmd::Master(a) => master::run(a),
         Cmd::Kv(a) => kv::run(a),
         Cmd::Resp(a) => resp_cmd::run(a),
+        Cmd::Ycsb(a) => ycsb_cmd::run(a),
         Cmd::Bench(BenchCmd::Verbs(a)) => bench::verbs::run(a),
         Cmd::Bench(BenchCmd::Fusee(a)) => bench::fusee::run(a),
         Cmd::Bench(BenchCmd::Resp(a)) => bench::resp::run(a),

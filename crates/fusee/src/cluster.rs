@@ -26,7 +26,9 @@ pub const INDEX_OWNER: u64 = MAX_OWNER - 1;
 pub const MAX_CLIENT_ID: u64 = MAX_OWNER - 2;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"FUSEEcl1");
-const VERSION: u32 = 1;
+/// 2: the superblock carries the cluster's uuid (v1 had none, so two clusters with the same
+/// node ids could not be told apart).
+const VERSION: u32 = 2;
 pub(crate) const TAG: &str = "fusee_cluster";
 
 /// The shape of a cluster, fixed at format time.
@@ -170,10 +172,30 @@ fn rpc(ep: &Endpoint, node: NodeId, req: Vec<u8>) -> Result<Vec<u8>> {
     Ok(reply[1..].to_vec())
 }
 
-fn encode_super(cfg: &ClusterConfig, block_size: u64, index_blocks: u64) -> Vec<u8> {
+/// A fresh random cluster uuid (never zero), from the process's random hasher keys, the
+/// time and the pid.
+fn new_uuid() -> u128 {
+    use std::hash::{BuildHasher, Hasher};
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mut halves = [0u64; 2];
+    for (i, h) in halves.iter_mut().enumerate() {
+        let mut s = std::collections::hash_map::RandomState::new().build_hasher();
+        s.write_u128(now);
+        s.write_u32(std::process::id());
+        s.write_usize(i);
+        *h = s.finish();
+    }
+    (u128::from(halves[0]) << 64 | u128::from(halves[1])).max(1)
+}
+
+fn encode_super(cfg: &ClusterConfig, uuid: u128, block_size: u64, index_blocks: u64) -> Vec<u8> {
     let mut w = Writer::new()
         .u64(MAGIC)
         .u32(VERSION)
+        .u64((uuid >> 64) as u64)
+        .u64(uuid as u64)
         .u16(cfg.nodes.len() as u16)
         .u8(cfg.index_replicas as u8)
         .u8(cfg.data_replicas as u8)
@@ -237,7 +259,7 @@ pub fn format(ep: &Endpoint, cfg: &ClusterConfig) -> Result<ClusterView> {
             .collect::<Result<_>>()?,
     };
     RaceIndex::format(ep, &cfg.index, &view.index_spaces())?;
-    let sb = encode_super(cfg, block_size, index_blocks);
+    let sb = encode_super(cfg, new_uuid(), block_size, index_blocks);
     let batches = view
         .regions
         .iter()
@@ -253,9 +275,13 @@ pub fn format(ep: &Endpoint, cfg: &ClusterConfig) -> Result<ClusterView> {
     Ok(view)
 }
 
-/// Reads the superblock from the first node that answers and checks it against `nodes`.
+/// Reads the superblock of every node that answers, checks that they all belong to one
+/// cluster (the same uuid and shape: a node formatted as part of another cluster, or not
+/// formatted while the others are, is an error) and that it names exactly `nodes`.
 pub fn open(ep: &Endpoint, nodes: &[NodeId]) -> Result<ClusterView> {
     let mut last = None;
+    // (node, its superblock) of the nodes that answered; None = no superblock.
+    let mut seen: Vec<(NodeId, Option<Super>)> = Vec::new();
     for node in nodes {
         let region = match pool_region(ep, *node) {
             Ok(r) => r,
@@ -271,50 +297,107 @@ pub fn open(ep: &Endpoint, nodes: &[NodeId]) -> Result<ClusterView> {
                 continue;
             }
         };
-        let view = decode_super(&raw).map_err(|m| {
-            Error::Cluster(format!(
-                "memory node {node}: {m} (is the cluster formatted?)"
-            ))
-        })?;
-        let (nodes_sb, index_replicas, data_replicas, block_size, index_blocks) = view;
-        let mut a = nodes_sb.clone();
-        let mut b = nodes.to_vec();
-        a.sort();
-        b.sort();
-        if a != b {
+        match decode_super(&raw) {
+            Ok(sb) => seen.push((*node, Some(sb))),
+            Err(SuperError::Missing) => seen.push((*node, None)),
+            Err(SuperError::Bad(m)) => {
+                return Err(Error::Cluster(format!(
+                    "memory node {node}: {m} (is the cluster formatted?)"
+                )));
+            }
+        }
+    }
+    let Some((first_node, _)) = seen.first() else {
+        return Err(last.unwrap_or_else(|| Error::Cluster("no memory nodes".into())));
+    };
+    let formatted: Vec<_> = seen
+        .iter()
+        .filter_map(|(n, sb)| sb.as_ref().map(|sb| (*n, sb)))
+        .collect();
+    let Some(&(ref_node, sb)) = formatted.first() else {
+        return Err(Error::Cluster(format!(
+            "memory node {first_node}: no FUSEE superblock (is the cluster formatted?)"
+        )));
+    };
+    if let Some((blank, _)) = seen.iter().find(|(_, sb)| sb.is_none()) {
+        return Err(Error::Cluster(format!(
+            "memory node {blank} is not formatted but memory node {ref_node} belongs to cluster {:032x}: \
+             the cluster file mixes memory nodes of different clusters (or a node lost its pool)",
+            sb.uuid
+        )));
+    }
+    for (n, other) in &formatted[1..] {
+        if other.uuid != sb.uuid {
             return Err(Error::Cluster(format!(
-                "the cluster was formatted with memory nodes {nodes_sb:?}, not {nodes:?}"
+                "memory node {n} belongs to cluster {:032x}, memory node {ref_node} to cluster {:032x}: \
+                 the cluster file mixes memory nodes of different clusters",
+                other.uuid, sb.uuid
             )));
         }
-        return Ok(ClusterView {
-            regions: nodes_sb
-                .iter()
-                .map(|n| pool_region(ep, *n))
-                .collect::<Result<_>>()?,
-            nodes: nodes_sb,
-            index_replicas,
-            data_replicas,
-            block_size,
-            index_blocks,
-        });
+        if *other != sb {
+            return Err(Error::Cluster(format!(
+                "memory nodes {ref_node} and {n} of cluster {:032x} disagree on its shape (corrupt superblock?)",
+                sb.uuid
+            )));
+        }
     }
-    Err(last.unwrap_or_else(|| Error::Cluster("no memory nodes".into())))
+    let sb = sb.clone();
+    let mut a = sb.nodes.clone();
+    let mut b = nodes.to_vec();
+    a.sort();
+    b.sort();
+    if a != b {
+        return Err(Error::Cluster(format!(
+            "the cluster was formatted with memory nodes {:?}, not {nodes:?}",
+            sb.nodes
+        )));
+    }
+    Ok(ClusterView {
+        regions: sb
+            .nodes
+            .iter()
+            .map(|n| pool_region(ep, *n))
+            .collect::<Result<_>>()?,
+        nodes: sb.nodes,
+        index_replicas: sb.index_replicas,
+        data_replicas: sb.data_replicas,
+        block_size: sb.block_size,
+        index_blocks: sb.index_blocks,
+    })
 }
 
-type Super = (Vec<NodeId>, usize, usize, u64, u64);
+/// A decoded superblock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Super {
+    uuid: u128,
+    nodes: Vec<NodeId>,
+    index_replicas: usize,
+    data_replicas: usize,
+    block_size: u64,
+    index_blocks: u64,
+}
 
-fn decode_super(b: &[u8]) -> std::result::Result<Super, String> {
+#[derive(Debug)]
+enum SuperError {
+    /// No FUSEE superblock at all (a fresh pool).
+    Missing,
+    Bad(String),
+}
+
+fn decode_super(b: &[u8]) -> std::result::Result<Super, SuperError> {
     let mut r = Reader::new(b);
-    let bad = |e: dmkit_verbs::wire::WireError| e.to_string();
+    let bad = |e: dmkit_verbs::wire::WireError| SuperError::Bad(e.to_string());
     if r.u64().map_err(bad)? != MAGIC {
-        return Err("no FUSEE superblock".into());
+        return Err(SuperError::Missing);
     }
     let v = r.u32().map_err(bad)?;
     if v != VERSION {
-        return Err(format!(
+        return Err(SuperError::Bad(format!(
             "superblock version {v}, this build reads {VERSION}"
-        ));
+        )));
     }
+    let hi = r.u64().map_err(bad)?;
+    let lo = r.u64().map_err(bad)?;
     let n = r.u16().map_err(bad)? as usize;
     let ir = r.u8().map_err(bad)? as usize;
     let dr = r.u8().map_err(bad)? as usize;
@@ -327,7 +410,36 @@ fn decode_super(b: &[u8]) -> std::result::Result<Super, String> {
     let used = b.len() - r.remaining();
     let crc = r.u32().map_err(bad)?;
     if crc != crc32c::crc32c(&b[..used]) {
-        return Err("superblock checksum mismatch".into());
+        return Err(SuperError::Bad("superblock checksum mismatch".into()));
     }
-    Ok((nodes, ir, dr, bs, ib))
+    Ok(Super {
+        uuid: u128::from(hi) << 64 | u128::from(lo),
+        nodes,
+        index_replicas: ir,
+        data_replicas: dr,
+        block_size: bs,
+        index_blocks: ib,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn superblock_round_trips_with_a_fresh_uuid() {
+        let cfg = ClusterConfig::new(vec![NodeId(0), NodeId(1), NodeId(2)], 3, 2);
+        let (u1, u2) = (new_uuid(), new_uuid());
+        assert_ne!(u1, u2, "two formats get two uuids");
+        let mut raw = encode_super(&cfg, u1, 65536, 4);
+        raw.resize(4096, 0);
+        let sb = decode_super(&raw).unwrap();
+        assert_eq!(sb.uuid, u1);
+        assert_eq!(sb.nodes, cfg.nodes);
+        assert_eq!((sb.index_replicas, sb.data_replicas), (3, 2));
+        assert_eq!((sb.block_size, sb.index_blocks), (65536, 4));
+        raw[20] ^= 1;
+        assert!(matches!(decode_super(&raw), Err(SuperError::Bad(_))));
+        assert!(matches!(decode_super(&[0u8; 64]), Err(SuperError::Missing)));
+    }
 }

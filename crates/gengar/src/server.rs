@@ -14,7 +14,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use dmkit_cache::{AccessReport, AdmissionConfig, DramCachePolicy, GlobalSelector, HotEntry};
+use dmkit_cache::{
+    AccessReport, AdmissionConfig, DramCachePolicy, GlobalSelector, HotEntry, HotObject,
+};
 use dmkit_lease::{
     Clock, LeaseConfig, LeaseError, LeaseTable, LeaseTuner, Tier, Timestamp, TunerConfig,
 };
@@ -39,8 +41,14 @@ pub struct ServerConfig {
     pub dram_bytes: usize,
     pub lease: LeaseConfig,
     pub tuner: TunerConfig,
-    /// Objects need at least this many accesses in a window to be considered hot.
+    /// Objects need a heat of at least this many accesses to be considered hot (the heat is
+    /// the window's count plus the decayed heat of earlier windows, see `history_decay`).
     pub min_hot_count: u64,
+    /// Share of an object's heat kept from one window to the next (0 = every window is
+    /// judged alone). Short windows see only a few accesses of all but the hottest objects;
+    /// carrying the heat over lets the window rank the moderately hot ones by their rate
+    /// rather than by one window's luck.
+    pub history_decay: f64,
     /// Promotion hysteresis (see `dmkit_cache::AdmissionConfig`).
     pub hysteresis: f64,
     /// A lock not released within this time is considered abandoned (its holder died).
@@ -54,6 +62,7 @@ impl Default for ServerConfig {
             lease: LeaseConfig::default(),
             tuner: TunerConfig::default(),
             min_hot_count: 4,
+            history_decay: 0.75,
             hysteresis: 0.2,
             lock_ttl: Duration::from_secs(30),
         }
@@ -110,6 +119,8 @@ pub struct GengarServer {
     leases: LeaseTable<Arc<dyn Clock>>,
     tuner: LeaseTuner,
     selector: GlobalSelector,
+    /// Decayed heat per object over past windows (see `ServerConfig::history_decay`).
+    heat: Mutex<HashMap<u64, f64>>,
     policy: Mutex<DramCachePolicy>,
     cached: Mutex<HashMap<u64, Cached>>,
     locks: Mutex<HashMap<u64, (u64, Timestamp)>>,
@@ -153,9 +164,17 @@ impl GengarServer {
             .map_err(|e| setup(&e))?;
         let nvm_mem = node.memory(nvm_region.rkey).expect("just registered");
         let dram_mem = node.memory(dram_region.rkey).expect("just registered");
+        if !(0.0..1.0).contains(&cfg.history_decay) {
+            return Err(Error::Setup(format!(
+                "history_decay must be in [0, 1), not {}",
+                cfg.history_decay
+            )));
+        }
         let policy = DramCachePolicy::new(AdmissionConfig {
             capacity_bytes: dram.free_bytes(),
             hysteresis: cfg.hysteresis,
+            // The heat handed to the policy is already smoothed over windows.
+            smoothing: 1.0,
             ..AdmissionConfig::default()
         })
         .map_err(|e| setup(&e))?;
@@ -163,7 +182,9 @@ impl GengarServer {
         let server = Arc::new(GengarServer {
             leases: LeaseTable::new(clock, cfg.lease),
             tuner,
-            selector: GlobalSelector::new(cfg.min_hot_count),
+            // Every reported access counts towards the heat; `min_hot_count` applies to it.
+            selector: GlobalSelector::new(1),
+            heat: Mutex::new(HashMap::new()),
             policy: Mutex::new(policy),
             cached: Mutex::new(HashMap::new()),
             locks: Mutex::new(HashMap::new()),
@@ -366,6 +387,7 @@ impl GengarServer {
         fence.wait_until_expired();
         self.drop_cached(off);
         self.policy.lock().remove(off);
+        self.heat.lock().remove(&off);
         self.tuner.forget(off);
         self.locks.lock().remove(&off);
         let r = self.nvm.free_object(off as usize);
@@ -423,16 +445,17 @@ impl GengarServer {
     /// leases expired). Returns (promoted, evicted).
     pub fn run_window(&self) -> (usize, usize) {
         let _w = self.window.lock();
-        let sel =
-            self.selector
-                .finish_window(self.dram.free_bytes() + self.cached_bytes(), |obj| {
-                    let h = self.nvm.object_header(obj as usize).ok()?;
-                    h.allocated.then_some(u64::from(h.size))
-                });
+        let size_of = |obj: u64| {
+            let h = self.nvm.object_header(obj as usize).ok()?;
+            h.allocated.then_some(u64::from(h.size))
+        };
+        // Every object reported this window (that still exists), with its merged count.
+        let reported = self.selector.finish_window(u64::MAX, size_of).hot;
+        let hot = self.heat_window(&reported, self.dram.free_bytes() + self.cached_bytes());
         let plan = if self.cfg.dram_bytes == 0 {
             dmkit_cache::Plan::default()
         } else {
-            self.policy.lock().plan(&sel.hot)
+            self.policy.lock().plan(&hot)
         };
         let mut evicted = 0;
         for obj in &plan.evict {
@@ -464,6 +487,54 @@ impl GengarServer {
         metrics::counter!("dmkit_gengar_promotions_total").increment(promoted as u64);
         metrics::counter!("dmkit_gengar_evictions_total").increment(evicted as u64);
         (promoted, evicted)
+    }
+
+    /// Folds one window's counts into the decayed heat and selects the hottest objects (heat
+    /// at least `min_hot_count`) that fit `capacity` bytes, hottest first.
+    fn heat_window(&self, reported: &[HotObject], capacity: u64) -> Vec<HotObject> {
+        let mut heat = self.heat.lock();
+        let d = self.cfg.history_decay;
+        heat.retain(|_, h| {
+            *h *= d;
+            // Forget what decayed to a fraction of one access (bounds the table).
+            *h >= 0.25
+        });
+        let mut size = HashMap::with_capacity(reported.len());
+        for r in reported {
+            *heat.entry(r.obj).or_default() += r.count as f64;
+            size.insert(r.obj, r.size);
+        }
+        let mut ranked: Vec<(f64, u64)> = heat
+            .iter()
+            .filter(|(_, h)| **h >= self.cfg.min_hot_count as f64)
+            .map(|(o, h)| (*h, *o))
+            .collect();
+        drop(heat);
+        ranked.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        for (h, obj) in ranked {
+            let sz = match size.get(&obj) {
+                Some(s) => *s,
+                None => match self.nvm.object_header(obj as usize) {
+                    Ok(hd) if hd.allocated => u64::from(hd.size),
+                    _ => {
+                        self.heat.lock().remove(&obj);
+                        continue;
+                    }
+                },
+            };
+            if bytes + sz > capacity {
+                continue;
+            }
+            bytes += sz;
+            out.push(HotObject {
+                obj,
+                count: h.round() as u64,
+                size: sz,
+            });
+        }
+        out
     }
 
     fn cached_bytes(&self) -> u64 {

@@ -20,6 +20,9 @@ pub struct AllArgs {
     /// Leave out the RESP bench (it needs redis-server and redis-benchmark).
     #[arg(long)]
     pub skip_resp: bool,
+    /// Run nothing: render BENCHMARKS.md again from the reports already under results/.
+    #[arg(long)]
+    pub render_only: bool,
 }
 
 /// The command that regenerates the page (named in it).
@@ -30,6 +33,9 @@ pub fn run(args: AllArgs) -> Result<(), CliError> {
     std::fs::create_dir_all(&results)
         .map_err(|e| CliError::usage(format!("cannot create {}: {e}", results.display())))?;
     let out = |name: &str| results.join(name);
+    if args.render_only {
+        return write_page(&args.docs);
+    }
     for backend in [Backend::Sim, Backend::Tcp] {
         eprintln!("dmkit bench all: verbs on {backend}");
         super::verbs::run(super::verbs::VerbsArgs {
@@ -49,6 +55,20 @@ pub fn run(args: AllArgs) -> Result<(), CliError> {
         json: Some(out("fusee-sim-quick.json")),
         plot: Some(out("fusee-sim-quick.svg")),
         clients: vec![1, 2, 4],
+        workload: super::fusee::BenchWorkload::A,
+        value_bytes: None,
+        seconds: None,
+        records: None,
+    })?;
+    eprintln!("dmkit bench all: fusee modeled latencies (sim latency model)");
+    super::fusee::run(super::fusee::FuseeArgs {
+        backend: Backend::Sim,
+        quick: true,
+        json: Some(out("fusee-micro-quick.json")),
+        plot: None,
+        clients: vec![1],
+        workload: super::fusee::BenchWorkload::Micro,
+        value_bytes: None,
         seconds: None,
         records: None,
     })?;
@@ -63,8 +83,12 @@ pub fn run(args: AllArgs) -> Result<(), CliError> {
             connections: 50,
         })?;
     }
-    let page = render(&args.docs)?;
-    let md = args.docs.join("BENCHMARKS.md");
+    write_page(&args.docs)
+}
+
+fn write_page(docs: &Path) -> Result<(), CliError> {
+    let page = render(docs)?;
+    let md = docs.join("BENCHMARKS.md");
     std::fs::write(&md, page)
         .map_err(|e| CliError::runtime(format!("cannot write {}: {e}", md.display())))?;
     eprintln!("wrote {}", md.display());
@@ -206,7 +230,9 @@ pub fn render(docs: &Path) -> Result<String, CliError> {
          the absolute numbers. Every bench writes its JSON report with `--json PATH` (format in \
          DESIGN.md) and draws its plots with `--plot PATH` (`.svg` or `.png`).\n\n\
          Latency figures are wall-clock time of each operation (one outstanding) on this machine; \
-         nothing on this page is modeled (the `sim` backend runs without its latency model here).\n\n",
+         the only modeled figures are in \"FUSEE: modeled one-client latency\" (the `sim` backend's \
+         latency model, virtual time), each labelled modeled; everywhere else `sim` runs without \
+         its latency model.\n\n",
         machine()
     );
 
@@ -247,16 +273,24 @@ pub fn render(docs: &Path) -> Result<String, CliError> {
         None => md.push_str("_No recorded RDMA report._\n\n"),
     }
 
-    md.push_str("## FUSEE: throughput against clients\n\n");
+    md.push_str("## FUSEE: YCSB against clients, and against a DashMap\n\n");
     section(
         &mut md,
         docs,
         "fusee-sim-quick.json",
-        "`dmkit bench fusee --backend sim --quick --plot ...`: YCSB-A (50% reads, 50% updates, \
-         scrambled zipfian keys, 256-byte values) on an in-process cluster of 3 memory nodes with 3 \
-         index and 3 data replicas, one thread per client. There is no external baseline; the \
-         ratios are throughput at n clients over 1 client in the same run. On a 2-core machine \
-         the client threads share two cores, so scaling flattens beyond 2 clients.\n",
+        "`dmkit bench fusee --backend sim --quick --plot ...` (`--workload a`, the default): YCSB-A \
+         (50% reads, 50% updates, scrambled zipfian keys with θ = 0.99, 1000-byte values, so about \
+         1 KiB KV pairs) on an in-process cluster of 3 memory nodes with 3 index and 3 data \
+         replicas, one thread per client. The baseline `dashmap_*` rows replay the same operation \
+         stream (same seed, same split, the same number of operations per thread as FUSEE \
+         completed, generated before the clock starts) against an in-process \
+         `DashMap<Vec<u8>, Vec<u8>>` holding the same records. Ratios: \
+         `fusee_ycsb_c_vs_dashmap` is FUSEE's ops/s over the dashmap's on YCSB-C (read-only) with \
+         one client against one map thread — the cost of disaggregation (round trips through the \
+         verbs layer, 3 replicas) against a local hash map; `fusee_ycsb_a_vs_dashmap` the same on \
+         YCSB-A; `fusee_ycsb_a_<n>_vs_1_clients` is FUSEE's own scaling. On a 2-core machine the \
+         client threads share two cores, so scaling flattens beyond 2 clients. `--workload b|c|d` \
+         runs the other YCSB mixes the same way.\n",
         &[
             ("fusee-sim-quick.svg", "FUSEE YCSB-A throughput vs clients"),
             ("fusee-sim-quick-latency.svg", "FUSEE YCSB-A latency CDF"),
@@ -264,10 +298,51 @@ pub fn render(docs: &Path) -> Result<String, CliError> {
         &[
             "backend",
             "records",
+            "value_bytes",
             "seconds_per_point",
             "threads_available",
         ],
     );
+
+    md.push_str("## FUSEE: modeled one-client latency against the paper\n\n");
+    md.push_str(
+        "`dmkit bench fusee --workload micro --quick`: **modeled, not measured.** One client on an \
+         in-process cluster (3 memory nodes, 3 index and 3 data replicas, DRAM pools, 1000-byte \
+         values) whose `sim` backend has its latency model on (2 µs round trip, 56 Gbit/s link, \
+         DRAM media: FUSEE's testbed). Each operation runs alone and is timed in virtual time \
+         (`Endpoint::virtual_now()` before and after); the client's background thread shares that \
+         clock, so the bench first waits for the previous operation's background work \
+         (`Client::flush`). `ops/s` of these rows is one client's modeled rate (1 / mean \
+         latency). The FUSEE paper's one-client figures (FAST 2023, on real RDMA NICs) beside \
+         them:\n\n",
+    );
+    match load(&docs.join("results/fusee-micro-quick.json")) {
+        Some(r) => {
+            md.push_str(
+                "Report: [`results/fusee-micro-quick.json`](results/fusee-micro-quick.json).\n\n",
+            );
+            md.push_str("| operation (modeled) | p50 µs | p99 µs | mean µs | RTTs/op | paper µs | p50 / paper |\n");
+            md.push_str("|---|---:|---:|---:|---:|---:|---:|\n");
+            for m in r["results"].as_array().into_iter().flatten() {
+                let _ = writeln!(
+                    md,
+                    "| `{}` — {} | {} | {} | {} | {} | {} | {} |",
+                    m["name"].as_str().unwrap_or("?"),
+                    m["what"].as_str().unwrap_or(""),
+                    num(m.get("p50_us"), 2),
+                    num(m.get("p99_us"), 2),
+                    num(m.get("mean_us"), 2),
+                    num(m.get("rtts_per_op"), 2),
+                    num(m.get("paper_us"), 0),
+                    num(m.get("p50_vs_paper"), 2),
+                );
+            }
+            md.push('\n');
+        }
+        None => md.push_str(
+            "_Not measured in this run (`results/fusee-micro-quick.json` is missing)._\n\n",
+        ),
+    }
 
     md.push_str("## RESP gateway against Redis\n\n");
     section(

@@ -1,19 +1,41 @@
-//! `dmkit bench fusee`: FUSEE throughput against the number of clients under YCSB-A (50%
-//! reads, 50% updates, scrambled zipfian keys, 256-byte values) on an in-process cluster of 3
-//! memory nodes with 3 index and 3 data replicas (`dmkit_fusee::LocalCluster`), one client
-//! thread each at 1, 2 and 4 clients.
+//! `dmkit bench fusee`: FUSEE under YCSB on an in-process cluster of 3 memory nodes with 3
+//! index and 3 data replicas (`dmkit_fusee::LocalCluster`), one client thread each at 1, 2
+//! and 4 clients, scrambled zipfian keys (θ = 0.99) and 1000-byte values (with YCSB's
+//! 23-byte keys, about 1 KiB KV pairs), and an in-process `DashMap<Vec<u8>, Vec<u8>>` as the
+//! same-run baseline.
 //!
-//! There is no external baseline in this bench: the ratios compare FUSEE with itself at one
-//! client (how throughput scales), measured in the same run. On `sim` without a latency model
-//! the figures are wall-clock time of the in-process code path (measured, not modeled).
+//! - `--workload a|b|c|d` (default a): throughput, p50/p99 latency and round trips per
+//!   operation against the number of clients; the scaling ratios compare FUSEE with itself at
+//!   the first client count. The baseline replays **the same operation stream** (same seed,
+//!   same split, the same number of operations per thread as FUSEE completed, pre-generated so
+//!   that only the map operations are timed) against a dashmap with the same records loaded:
+//!   `fusee_ycsb_<w>_vs_dashmap` is FUSEE's ops/s over the dashmap's at the first client
+//!   count (one client thread against one map thread), `fusee_ycsb_<w>_<n>_clients_vs_dashmap`
+//!   the same at n. When the workload is not c, YCSB-C also runs at the first client count
+//!   for `fusee_ycsb_c_vs_dashmap` (the headline ratio: read-only, where FUSEE pays its
+//!   round trips and the map pays a hash lookup).
+//! - `--workload micro`: the **modeled** one-client latency of each operation in the sim
+//!   backend's latency model (virtual time: 2 µs round trip, 56 Gbit/s, DRAM media), beside
+//!   the FUSEE paper's figures (SEARCH ≈ 5 µs, INSERT ≈ 10 µs, UPDATE ≈ 11 µs, DELETE ≈ 11 µs).
+//!   Rows `modeled_<op>` have `"modeled": true` and `paper_us`. The client's background
+//!   thread (cleanup, block prefetch) shares the endpoint's virtual clock with the client, so
+//!   each operation is measured alone: the bench waits for the background work of the previous
+//!   one (`Client::flush`), reads the clock and the round-trip counter, runs the operation and
+//!   reads them again. A block prefetch the operation itself triggers can still overlap it and
+//!   push the clock (rare; visible in p99, not p50).
+//!
+//! On `sim` without a latency model the YCSB figures are wall-clock time of the in-process
+//! code path (measured, not modeled).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use dashmap::DashMap;
 use dmkit_fusee::{Client, LocalCluster, LocalConfig};
 use dmkit_tools::ycsb::{Operation, Workload, WorkloadSpec};
+use dmkit_verbs::sim::LatencyModel;
 use hdrhistogram::Histogram;
 use serde_json::Value;
 
@@ -38,7 +60,13 @@ pub struct FuseeArgs {
     /// Client counts to measure, e.g. 1,2,4.
     #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4])]
     pub clients: Vec<usize>,
-    /// Seconds of YCSB-A per client count (default: 3 with --quick, 10 otherwise).
+    /// The workload: YCSB a, b, c or d, or `micro` (modeled one-client latency per operation).
+    #[arg(long, value_enum, default_value_t = BenchWorkload::A)]
+    pub workload: BenchWorkload,
+    /// Value bytes of every record (default 1000: about 1 KiB KV pairs with YCSB's keys).
+    #[arg(long)]
+    pub value_bytes: Option<usize>,
+    /// Seconds of the workload per client count (default: 3 with --quick, 10 otherwise).
     #[arg(long)]
     pub seconds: Option<f64>,
     /// Records loaded before the runs (default: 10000 with --quick, 50000 otherwise).
@@ -46,11 +74,41 @@ pub struct FuseeArgs {
     pub records: Option<u64>,
 }
 
+/// What `--workload` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchWorkload {
+    A,
+    B,
+    C,
+    D,
+    Micro,
+}
+
+impl BenchWorkload {
+    fn letter(self) -> Option<char> {
+        match self {
+            BenchWorkload::A => Some('a'),
+            BenchWorkload::B => Some('b'),
+            BenchWorkload::C => Some('c'),
+            BenchWorkload::D => Some('d'),
+            BenchWorkload::Micro => None,
+        }
+    }
+}
+
 fn rt(e: impl std::fmt::Display) -> CliError {
     CliError::runtime(e.to_string())
 }
 
-const VALUE_BYTES: usize = 256;
+const DEFAULT_VALUE_BYTES: usize = 1000;
+
+/// The FUSEE paper's one-client latencies (FAST 2023), in µs.
+const PAPER_US: [(&str, f64); 4] = [
+    ("search", 5.0),
+    ("insert", 10.0),
+    ("update", 11.0),
+    ("delete", 11.0),
+];
 
 pub fn run(args: FuseeArgs) -> Result<(), CliError> {
     if args.backend == Backend::Rdma {
@@ -74,16 +132,30 @@ pub fn run(args: FuseeArgs) -> Result<(), CliError> {
     if records == 0 {
         return Err(CliError::usage("--records must be at least 1"));
     }
+    let value_bytes = args.value_bytes.unwrap_or(DEFAULT_VALUE_BYTES);
+    if !(1..=16_000).contains(&value_bytes) {
+        return Err(CliError::usage(
+            "--value-bytes must lie in 1..=16000 (the largest FUSEE object is 16 KiB)",
+        ));
+    }
+    let Some(letter) = args.workload.letter() else {
+        return micro(&args, records, value_bytes);
+    };
     let mut report = Report::new("fusee");
     report.config("backend", args.backend.to_string());
     report.config("quick", args.quick);
-    report.config("workload", "ycsb-a");
+    report.config("workload", format!("ycsb-{letter}"));
     report.config("memory_nodes", 3u64);
     report.config("index_replicas", 3u64);
     report.config("data_replicas", 3u64);
     report.config("records", records);
-    report.config("value_bytes", VALUE_BYTES as u64);
+    report.config("value_bytes", value_bytes as u64);
+    report.config("zipfian_constant", 0.99);
     report.config("seconds_per_point", seconds);
+    report.config(
+        "baseline",
+        "DashMap<Vec<u8>, Vec<u8>> (dashmap crate), same operation stream",
+    );
     report.config(
         "clients",
         Value::from(args.clients.iter().map(|&c| c as u64).collect::<Vec<_>>()),
@@ -95,6 +167,11 @@ pub fn run(args: FuseeArgs) -> Result<(), CliError> {
 
     let mut cfg = LocalConfig::new(3, 3);
     cfg.pool_bytes = 256 << 20;
+    if value_bytes > 512 {
+        // Objects of 1 KiB and more: room for the loaded records, three replicas each, and
+        // the run's updates until they are reclaimed.
+        cfg.pool_bytes = (records as usize * 3 * 2 * (value_bytes + 128)).clamp(256 << 20, 1 << 30);
+    }
     let cluster = Arc::new(
         match args.backend {
             Backend::Tcp => LocalCluster::start_tcp(cfg),
@@ -102,59 +179,114 @@ pub fn run(args: FuseeArgs) -> Result<(), CliError> {
         }
         .map_err(rt)?,
     );
-    let mut spec = WorkloadSpec::standard('a').map_err(rt)?;
-    spec.record_count = records;
-    spec.field_count = 1;
-    spec.field_length = VALUE_BYTES as u32;
+    let spec_of = |w: char| -> Result<WorkloadSpec, CliError> {
+        let mut spec = WorkloadSpec::standard(w).map_err(rt)?;
+        spec.record_count = records;
+        spec.field_count = 1;
+        spec.field_length = value_bytes as u32;
+        spec.zipfian_constant = 0.99;
+        Ok(spec)
+    };
+    let spec = spec_of(letter)?;
 
     let max = *args.clients.iter().max().expect("non-empty");
     load(&cluster, &spec, records, max)?;
 
     let mut next_id = 1000u64;
+    let first = args.clients[0];
     for &n in &args.clients {
         let clients: Vec<Client> = (0..n)
             .map(|i| cluster.client(next_id + i as u64))
             .collect::<Result<_, _>>()
             .map_err(rt)?;
         next_id += n as u64;
-        let workload = Workload::new(spec.clone(), 2026 + n as u64).map_err(rt)?;
-        let s = ycsb_a(&clients, workload, Duration::from_secs_f64(seconds), n)?;
+        let seed = 2026 + n as u64;
+        let workload = Workload::new(spec.clone(), seed).map_err(rt)?;
+        let (s, per_thread) = ycsb(&clients, workload, Duration::from_secs_f64(seconds), letter)?;
         report.push(s);
         for c in &clients {
             c.flush().map_err(rt)?;
         }
+        let base = dashmap_replay(&spec, seed, &per_thread, letter)?;
+        report.push(base);
+        let ratio = fusee_vs_dashmap(&report, letter, n);
+        if n == first {
+            report.ratio(&format!("fusee_ycsb_{letter}_vs_dashmap"), ratio, None);
+        } else {
+            report.ratio(
+                &format!("fusee_ycsb_{letter}_{n}_clients_vs_dashmap"),
+                ratio,
+                None,
+            );
+        }
     }
     let tput = |r: &Report, n: usize| {
-        r.result(&format!("ycsb_a_{n}_clients"))
+        r.result(&format!("ycsb_{letter}_{n}_clients"))
             .map_or(f64::NAN, |m| m.ops_per_sec)
     };
-    let first = args.clients[0];
     for &n in &args.clients[1..] {
         let r = tput(&report, n) / tput(&report, first);
-        report.ratio(&format!("fusee_ycsb_a_{n}_vs_{first}_clients"), r, None);
+        report.ratio(
+            &format!("fusee_ycsb_{letter}_{n}_vs_{first}_clients"),
+            r,
+            None,
+        );
+    }
+    if letter != 'c' {
+        // The headline ratio is on YCSB-C: run it too, at the first client count.
+        let spec_c = spec_of('c')?;
+        let clients: Vec<Client> = (0..first)
+            .map(|i| cluster.client(next_id + i as u64))
+            .collect::<Result<_, _>>()
+            .map_err(rt)?;
+        let seed = 4052 + first as u64;
+        let workload = Workload::new(spec_c.clone(), seed).map_err(rt)?;
+        let run_for = Duration::from_secs_f64(seconds.min(3.0));
+        let (s, per_thread) = ycsb(&clients, workload, run_for, 'c')?;
+        report.push(s);
+        let base = dashmap_replay(&spec_c, seed, &per_thread, 'c')?;
+        report.push(base);
+        let ratio = fusee_vs_dashmap(&report, 'c', first);
+        report.ratio("fusee_ycsb_c_vs_dashmap", ratio, None);
     }
     report
         .finish(args.json.as_deref())
         .map_err(CliError::runtime)?;
     if let Some(p) = &args.plot {
-        plot(&report, &args, p)?;
+        plot(&report, &args, letter, p)?;
     }
     Ok(())
 }
 
-fn plot(report: &Report, args: &FuseeArgs, path: &std::path::Path) -> Result<(), CliError> {
+fn fusee_vs_dashmap(report: &Report, w: char, n: usize) -> f64 {
+    let f = report
+        .result(&format!("ycsb_{w}_{n}_clients"))
+        .map_or(f64::NAN, |m| m.ops_per_sec);
+    let d = report
+        .result(&format!("dashmap_ycsb_{w}_{n}_threads"))
+        .map_or(f64::NAN, |m| m.ops_per_sec);
+    f / d
+}
+
+fn plot(
+    report: &Report,
+    args: &FuseeArgs,
+    letter: char,
+    path: &std::path::Path,
+) -> Result<(), CliError> {
+    let up = letter.to_ascii_uppercase();
     let pts: Vec<(u32, f64)> = args
         .clients
         .iter()
         .filter_map(|&n| {
             report
-                .result(&format!("ycsb_a_{n}_clients"))
+                .result(&format!("ycsb_{letter}_{n}_clients"))
                 .map(|m| (n as u32, m.ops_per_sec))
         })
         .collect();
     let label = format!("FUSEE ({}, 3 nodes, r=3)", args.backend);
     let title = format!(
-        "dmkit bench fusee: YCSB-A throughput vs clients ({}{})",
+        "dmkit bench fusee: YCSB-{up} throughput vs clients ({}{})",
         args.backend,
         if args.quick { ", quick" } else { "" }
     );
@@ -165,11 +297,12 @@ fn plot(report: &Report, args: &FuseeArgs, path: &std::path::Path) -> Result<(),
     let ext = path.extension().and_then(|s| s.to_str()).unwrap_or("svg");
     let cdf = path.with_file_name(format!("{stem}-latency.{ext}"));
     let title = format!(
-        "dmkit bench fusee: YCSB-A operation latency ({})",
+        "dmkit bench fusee: YCSB-{up} operation latency ({})",
         args.backend
     );
+    let prefix = format!("ycsb_{letter}_");
     report
-        .plot_latency_cdf(&cdf, &title, |_| true)
+        .plot_latency_cdf(&cdf, &title, |n| n.starts_with(&prefix))
         .map_err(|e| CliError::runtime(format!("--plot: {e}")))?;
     eprintln!("wrote {}", cdf.display());
     Ok(())
@@ -189,6 +322,7 @@ fn load(
         .map_err(rt)?;
     let pb = progress(records, "FUSEE: loading");
     let keys = workload.load_keys().split(threads);
+    let value_bytes = spec.field_length as usize;
     std::thread::scope(|s| -> Result<(), CliError> {
         let hs: Vec<_> = keys
             .into_iter()
@@ -196,7 +330,7 @@ fn load(
             .map(|(keys, c)| {
                 let pb = pb.clone();
                 s.spawn(move || -> Result<(), CliError> {
-                    let value = vec![b'x'; VALUE_BYTES];
+                    let value = vec![b'x'; value_bytes];
                     for k in keys {
                         c.upsert(k.as_bytes(), &value).map_err(rt)?;
                         pb.inc(1);
@@ -218,22 +352,29 @@ fn load(
     Ok(())
 }
 
+fn new_hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("bounds")
+}
+
 struct Tally {
     hist: Histogram<u64>,
     ops: u64,
     round_trips: u64,
 }
 
-/// YCSB-A with one thread per client for `run_for`.
-fn ycsb_a(
+/// The workload with one thread per client for `run_for`; also returns how many operations
+/// each thread completed (the baseline replays exactly those).
+fn ycsb(
     clients: &[Client],
     workload: Workload,
     run_for: Duration,
-    n: usize,
-) -> Result<Sample, CliError> {
+    letter: char,
+) -> Result<(Sample, Vec<u64>), CliError> {
+    let n = clients.len();
+    let up = letter.to_ascii_uppercase();
     let pb = progress(
         run_for.as_secs().max(1),
-        &format!("FUSEE: YCSB-A, {n} clients"),
+        &format!("FUSEE: YCSB-{up}, {n} clients"),
     );
     let stop = AtomicBool::new(false);
     let start = Instant::now();
@@ -246,7 +387,7 @@ fn ycsb_a(
                 let stop = &stop;
                 s.spawn(move || -> Result<Tally, CliError> {
                     let mut t = Tally {
-                        hist: Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("bounds"),
+                        hist: new_hist(),
                         ops: 0,
                         round_trips: 0,
                     };
@@ -289,7 +430,7 @@ fn ycsb_a(
     })?;
     pb.finish_and_clear();
     let secs = start.elapsed().as_secs_f64().max(1e-9);
-    let mut hist = Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("bounds");
+    let mut hist = new_hist();
     let (mut ops, mut rtts) = (0u64, 0u64);
     for t in &tallies {
         let _ = hist.add(&t.hist);
@@ -297,7 +438,7 @@ fn ycsb_a(
         rtts += t.round_trips;
     }
     let mut m = Measurement {
-        name: format!("ycsb_a_{n}_clients"),
+        name: format!("ycsb_{letter}_{n}_clients"),
         ops_per_sec: ops as f64 / secs,
         p50_us: hist.value_at_quantile(0.5) as f64 / 1000.0,
         p99_us: hist.value_at_quantile(0.99) as f64 / 1000.0,
@@ -307,8 +448,272 @@ fn ycsb_a(
     };
     m.extra.insert("clients".into(), Value::from(n as u64));
     m.extra.insert("operations".into(), Value::from(ops));
+    let per_thread = tallies.iter().map(|t| t.ops).collect();
+    Ok((
+        Sample {
+            measurement: m,
+            hist,
+        },
+        per_thread,
+    ))
+}
+
+/// The baseline: the same records and the same operation stream (same seed and split, the
+/// same number of operations per thread) against a `DashMap`, one thread per FUSEE client.
+/// The operations are generated before the clock starts, so only the map is timed.
+fn dashmap_replay(
+    spec: &WorkloadSpec,
+    seed: u64,
+    per_thread: &[u64],
+    letter: char,
+) -> Result<Sample, CliError> {
+    let n = per_thread.len();
+    let map: DashMap<Vec<u8>, Vec<u8>> = DashMap::new();
+    let workload = Workload::new(spec.clone(), seed).map_err(rt)?;
+    let value = vec![b'x'; spec.field_length as usize];
+    for k in workload.load_keys() {
+        map.insert(k.into_bytes(), value.clone());
+    }
+    let streams: Vec<Vec<Operation>> = workload
+        .split(n)
+        .into_iter()
+        .zip(per_thread)
+        .map(|(mut w, &count)| (0..count).map(|_| w.next_op()).collect())
+        .collect();
+    let ops: u64 = per_thread.iter().sum();
+    let start = Instant::now();
+    let hists = std::thread::scope(|s| {
+        let hs: Vec<_> = streams
+            .into_iter()
+            .map(|stream| {
+                let map = &map;
+                s.spawn(move || {
+                    let mut hist = new_hist();
+                    let mut sink = 0usize;
+                    for op in stream {
+                        let s0 = Instant::now();
+                        match op {
+                            Operation::Read { key } => {
+                                sink += map.get(key.as_bytes()).map_or(0, |v| v.len());
+                            }
+                            Operation::Update { key, value } | Operation::Insert { key, value } => {
+                                map.insert(key.into_bytes(), value);
+                            }
+                            Operation::ReadModifyWrite { key, value } => {
+                                sink += map.get(key.as_bytes()).map_or(0, |v| v.len());
+                                map.insert(key.into_bytes(), value);
+                            }
+                            Operation::Scan { .. } => {}
+                        }
+                        let _ = hist.record((s0.elapsed().as_nanos() as u64).max(1));
+                    }
+                    std::hint::black_box(sink);
+                    hist
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .map_err(|_| CliError::runtime("a dashmap thread panicked"))
+            })
+            .collect::<Result<Vec<_>, _>>()
+    })?;
+    let secs = start.elapsed().as_secs_f64().max(1e-9);
+    let mut hist = new_hist();
+    for h in &hists {
+        let _ = hist.add(h);
+    }
+    let mut m = Measurement {
+        name: format!("dashmap_ycsb_{letter}_{n}_threads"),
+        ops_per_sec: ops as f64 / secs,
+        p50_us: hist.value_at_quantile(0.5) as f64 / 1000.0,
+        p99_us: hist.value_at_quantile(0.99) as f64 / 1000.0,
+        rtts_per_op: 0.0,
+        modeled: false,
+        extra: serde_json::Map::new(),
+    };
+    m.extra.insert("threads".into(), Value::from(n as u64));
+    m.extra.insert("operations".into(), Value::from(ops));
     Ok(Sample {
         measurement: m,
         hist,
     })
+}
+
+/// Virtual-time latencies and round trips of one operation kind.
+struct Modeled {
+    hist: Histogram<u64>,
+    sum_ns: u64,
+    ops: u64,
+    rtts: u64,
+}
+
+impl Modeled {
+    fn new() -> Self {
+        Self {
+            hist: new_hist(),
+            sum_ns: 0,
+            ops: 0,
+            rtts: 0,
+        }
+    }
+
+    /// Runs `op` alone on `c` (its background work from before finished) and records its
+    /// modeled time and round trips.
+    fn measure<T>(
+        &mut self,
+        c: &Client,
+        op: impl FnOnce() -> dmkit_fusee::Result<T>,
+    ) -> Result<T, CliError> {
+        c.flush().map_err(rt)?;
+        let ep = c.endpoint();
+        let (t0, r0) = (ep.virtual_now(), ep.stats().total().round_trips);
+        let out = op().map_err(rt)?;
+        let (t1, r1) = (ep.virtual_now(), ep.stats().total().round_trips);
+        let ns = (t1.saturating_sub(t0).as_nanos() as u64).max(1);
+        let _ = self.hist.record(ns);
+        self.sum_ns += ns;
+        self.ops += 1;
+        self.rtts += r1 - r0;
+        Ok(out)
+    }
+
+    fn sample(self, name: &str, paper_us: Option<f64>, what: &str) -> Sample {
+        let mean_us = self.sum_ns as f64 / self.ops.max(1) as f64 / 1000.0;
+        let mut m = Measurement {
+            name: name.to_string(),
+            ops_per_sec: if mean_us > 0.0 { 1e6 / mean_us } else { 0.0 },
+            p50_us: self.hist.value_at_quantile(0.5) as f64 / 1000.0,
+            p99_us: self.hist.value_at_quantile(0.99) as f64 / 1000.0,
+            rtts_per_op: self.rtts as f64 / self.ops.max(1) as f64,
+            modeled: true,
+            extra: serde_json::Map::new(),
+        };
+        m.extra
+            .insert("mean_us".into(), Value::from(round3(mean_us)));
+        m.extra.insert("operations".into(), Value::from(self.ops));
+        m.extra.insert("what".into(), Value::from(what));
+        if let Some(p) = paper_us {
+            m.extra.insert("paper_us".into(), Value::from(p));
+            m.extra
+                .insert("p50_vs_paper".into(), Value::from(round3(m.p50_us / p)));
+        }
+        Sample {
+            measurement: m,
+            hist: self.hist,
+        }
+    }
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// `--workload micro`: one client, each operation alone, in the sim latency model's virtual
+/// time.
+fn micro(args: &FuseeArgs, records: u64, value_bytes: usize) -> Result<(), CliError> {
+    if args.backend != Backend::Sim {
+        return Err(CliError::usage(
+            "--workload micro models latency in virtual time: it needs --backend sim",
+        ));
+    }
+    let keys = records.min(if args.quick { 2_000 } else { 10_000 });
+    let model = LatencyModel::default();
+    let mut report = Report::new("fusee");
+    report.config("backend", "sim+latency-model");
+    report.config("quick", args.quick);
+    report.config("workload", "micro");
+    report.config("memory_nodes", 3u64);
+    report.config("index_replicas", 3u64);
+    report.config("data_replicas", 3u64);
+    report.config("keys", keys);
+    report.config("value_bytes", value_bytes as u64);
+    report.config("model_rtt_us", model.rtt.as_secs_f64() * 1e6);
+    report.config("model_link_gbps", model.link_gbps);
+    report.config("media", "DRAM pools");
+    report.config(
+        "paper",
+        "FUSEE (FAST 2023) one-client latency: SEARCH 5 us, INSERT 10 us, UPDATE 11 us, DELETE 11 us",
+    );
+    let mut cfg = LocalConfig::new(3, 3);
+    cfg.pool_bytes = (keys as usize * 3 * 4 * (value_bytes + 128)).clamp(64 << 20, 1 << 30);
+    cfg.sim.latency = Some(model);
+    let cluster = LocalCluster::start(cfg).map_err(rt)?;
+    let c = cluster.client(1).map_err(rt)?;
+    let key = |i: u64| format!("micro-key-{i:012}");
+    let value = |i: u64, round: u8| {
+        let mut v = vec![b'a' + round; value_bytes];
+        let tag = i.to_le_bytes();
+        let n = tag.len().min(v.len());
+        v[..n].copy_from_slice(&tag[..n]);
+        v
+    };
+    let (mut ins, mut hit, mut cold, mut upd, mut del) = (
+        Modeled::new(),
+        Modeled::new(),
+        Modeled::new(),
+        Modeled::new(),
+        Modeled::new(),
+    );
+    let pb = progress(keys * 5, "FUSEE: modeled micro");
+    for i in 0..keys {
+        ins.measure(&c, || c.insert(key(i).as_bytes(), &value(i, 0)))?;
+        pb.inc(1);
+    }
+    for i in 0..keys {
+        let v = hit.measure(&c, || c.search(key(i).as_bytes()))?;
+        if v.as_deref() != Some(&value(i, 0)[..]) {
+            return Err(CliError::runtime(format!(
+                "micro: SEARCH of {} lost its value",
+                key(i)
+            )));
+        }
+        pb.inc(1);
+    }
+    for i in 0..keys {
+        upd.measure(&c, || c.update(key(i).as_bytes(), &value(i, 1)))?;
+        pb.inc(1);
+    }
+    // A second client with an empty address cache: SEARCH without a cache hit.
+    let c2 = cluster.client(2).map_err(rt)?;
+    for i in 0..keys {
+        cold.measure(&c2, || c2.search(key(i).as_bytes()))?;
+        pb.inc(1);
+    }
+    for i in 0..keys {
+        del.measure(&c, || c.delete(key(i).as_bytes()))?;
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    c.flush().map_err(rt)?;
+    let paper = |op: &str| PAPER_US.iter().find(|(n, _)| *n == op).map(|(_, v)| *v);
+    report.push(hit.sample(
+        "modeled_search",
+        paper("search"),
+        "SEARCH, address-cache hit (slot and object read together)",
+    ));
+    report.push(cold.sample(
+        "modeled_search_uncached",
+        None,
+        "SEARCH from a client with an empty address cache (buckets, then object)",
+    ));
+    report.push(ins.sample("modeled_insert", paper("insert"), "INSERT of a new key"));
+    report.push(upd.sample("modeled_update", paper("update"), "UPDATE of a present key"));
+    report.push(del.sample("modeled_delete", paper("delete"), "DELETE of a present key"));
+    report
+        .finish(args.json.as_deref())
+        .map_err(CliError::runtime)?;
+    println!(
+        "(modeled: virtual time of the sim latency model, one client, one operation at a time)"
+    );
+    for m in &report.results {
+        if let Some(p) = m.extra.get("paper_us").and_then(Value::as_f64) {
+            println!(
+                "  {:<24} modeled p50 {:>7.2} us   paper {:>5.1} us",
+                m.name, m.p50_us, p
+            );
+        }
+    }
+    Ok(())
 }

@@ -1,3 +1,7 @@
+//! `dmkit bench gengar [--app micro]`: the micro-benchmark (see [`micro`](self::run_micro)):
+//! DRAM hit share against an oracle, modeled read latency and throughput with and without the
+//! DRAM cache, and the writer's wait per proxied against synchronous write.
+//!
 //! `dmkit bench gengar --app kv|wordcount|pagerank`: each app (from
 //! `dmkit_tools::gengar_apps`) in four configurations in one run — the plain pool (no DRAM
 //! cache, synchronous writes), + DRAM cache (GengarD), + proxied writes (GengarR) and both
@@ -19,6 +23,8 @@ use crate::{Backend, CliError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum App {
+    /// The micro-benchmark (the default): hot reads against an oracle, write wait.
+    Micro,
     Kv,
     Wordcount,
     Pagerank,
@@ -26,9 +32,9 @@ pub enum App {
 
 #[derive(Debug, clap::Args)]
 pub struct GengarArgs {
-    /// The workload.
+    /// The workload (default: the micro-benchmark).
     #[arg(long, value_enum)]
-    pub app: App,
+    pub app: Option<App>,
     /// Backend: sim (modeled time) or tcp (measured wall time).
     #[arg(long, value_enum, default_value_t = Backend::Sim)]
     pub backend: Backend,
@@ -76,7 +82,8 @@ fn jobs(args: &GengarArgs) -> Vec<Job> {
     let quick = args.quick;
     let tcp = args.backend != Backend::Sim;
     let per_server = |bytes: usize| (bytes / SERVERS as usize + (32 << 20)).next_power_of_two();
-    match args.app {
+    match args.app.unwrap_or(App::Micro) {
+        App::Micro => Vec::new(),
         App::Kv => {
             let (records, operations) = match (quick, tcp) {
                 (true, false) => (20_000, 40_000),
@@ -142,6 +149,9 @@ fn jobs(args: &GengarArgs) -> Vec<Job> {
 }
 
 pub fn run(args: GengarArgs) -> Result<(), CliError> {
+    if args.app.is_none_or(|a| a == App::Micro) {
+        return run_micro(&args);
+    }
     let modeled = match args.backend {
         Backend::Sim => true,
         Backend::Tcp => false,
@@ -154,7 +164,7 @@ pub fn run(args: GengarArgs) -> Result<(), CliError> {
     if args.workers == 0 {
         return Err(CliError::usage("--workers must be at least 1"));
     }
-    let app = format!("{:?}", args.app).to_lowercase();
+    let app = format!("{:?}", args.app.unwrap_or(App::Micro)).to_lowercase();
     let mut report = Report::new("gengar");
     report.config("app", app.clone());
     report.config("backend", args.backend.to_string());
@@ -301,4 +311,271 @@ fn print_table(r: &Report, modeled: bool) {
     }
     println!("(time = the timed part: kv run phase, wordcount map+reduce, pagerank iterations;");
     println!(" setup = kv load, wordcount TeraGen, pagerank graph load; vs plain < 1 is faster)");
+}
+
+/// DRAM buffer per server in the micro-benchmark (the servers' minimum).
+const MICRO_DRAM: usize = 1 << 20;
+/// Objects fill 1 KiB slots exactly (8-byte header).
+const MICRO_OBJECT: usize = 1016;
+/// Bytes per proxied/synchronous write of the write side.
+const MICRO_WRITE: usize = 256;
+
+fn hist_mean_us(h: &hdrhistogram::Histogram<u64>) -> f64 {
+    h.mean() / 1000.0
+}
+
+/// The micro-benchmark: the read mix on sim (modeled time) with the plain pool (no DRAM cache,
+/// synchronous writes) and Gengar (DRAM cache, proxied writes) in the same run, then the write
+/// wait on tcp (measured).
+fn run_micro(args: &GengarArgs) -> Result<(), CliError> {
+    use dmkit_tools::gengar_apps::micro::{self, MicroConfig};
+    if args.backend == Backend::Rdma {
+        return Err(CliError::usage(
+            "bench gengar runs in one process on sim or tcp",
+        ));
+    }
+    if args.workers == 0 {
+        return Err(CliError::usage("--workers must be at least 1"));
+    }
+    let capacity = micro::dram_capacity_objects(MICRO_DRAM, MICRO_OBJECT).map_err(rt)?;
+    let cfg = MicroConfig {
+        objects: 10 * usize::from(SERVERS) * MICRO_DRAM / MICRO_OBJECT,
+        object_size: MICRO_OBJECT,
+        clients: args.workers,
+        accesses: if args.quick { 60_000 } else { 250_000 },
+        window: std::time::Duration::from_millis(std::env::var("WIN").ok().and_then(|v| v.parse().ok()).unwrap_or(20)),
+        ..MicroConfig::default()
+    };
+    let writes = if args.quick { 3_000 } else { 20_000 };
+    let mut report = Report::new("gengar");
+    report.config("app", "micro");
+    report.config("quick", args.quick);
+    report.config("servers", u64::from(SERVERS));
+    report.config("clients", args.workers as u64);
+    report.config("dram_bytes_per_server", MICRO_DRAM as u64);
+    report.config("dram_capacity_objects_per_server", capacity as u64);
+    report.config("objects", cfg.objects as u64);
+    report.config("object_bytes", cfg.object_size as u64);
+    report.config("accesses_per_client", cfg.accesses as u64);
+    report.config(
+        "read_mix",
+        format!(
+            "zipfian {} over the objects, {}% reads",
+            cfg.theta,
+            100.0 - cfg.write_fraction * 100.0
+        ),
+    );
+    report.config("warmup_share", cfg.warmup);
+    report.config("window_ms", cfg.window.as_millis() as u64);
+    report.config(
+        "hit_share",
+        "reads served from a DRAM copy over the steady part (after the warm-up share of each client's trace), server windows running during the trace",
+    );
+    report.config(
+        "oracle",
+        "per server, the DRAM capacity in objects filled with that server's most-read objects by exact counts of the same measured trace part",
+    );
+    report.config(
+        "read_side_time",
+        "modeled (sim latency model, virtual time: network and media, no CPU)",
+    );
+    report.config(
+        "write_side_time",
+        "measured (wall time, tcp over loopback, one writer): the time until the call returns",
+    );
+    report.config("write_bytes", MICRO_WRITE as u64);
+    report.config("writes_per_mode", writes as u64);
+
+    let traces = micro::trace(&cfg);
+    let pb = progress(3, "Gengar micro");
+    let nvm_bytes = (cfg.objects * 1024 / usize::from(SERVERS) + (16 << 20)).next_power_of_two();
+    let deployment = |cache: bool| DeploymentConfig {
+        servers: SERVERS,
+        nvm_bytes,
+        server: ServerConfig {
+            dram_bytes: if cache { MICRO_DRAM } else { 0 },
+            min_hot_count: std::env::var("MHC")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(4),
+            ..ServerConfig::default()
+        },
+        client: dmkit_gengar::ClientConfig {
+            counter: dmkit_cache::CounterConfig {
+                top_k: std::env::var("TOPK")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(128),
+                ..Default::default()
+            },
+            report_every: std::env::var("REP")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(2048),
+            ..Default::default()
+        },
+        ..DeploymentConfig::default()
+    };
+    let mut reads = Vec::new();
+    for (name, cache, mode) in [
+        ("plain", false, WriteMode::Sync),
+        ("gengar", true, WriteMode::Proxied),
+    ] {
+        let d = Deployment::sim(&deployment(cache), true).map_err(rt)?;
+        let objs = micro::load(&d, &cfg).map_err(rt)?;
+        let out = micro::run_read_mix(&d, &objs, &traces, mode, &cfg)
+            .map_err(|e| CliError::runtime(format!("read mix ({name}): {e}")))?;
+        let oracle = micro::oracle_share(&traces, cfg.warmup, &objs, capacity);
+        pb.inc(1);
+        reads.push((name, cache, out, oracle));
+    }
+    for (name, cache, out, oracle) in &reads {
+        let mut extra = Map::new();
+        extra.insert("dram_cache".into(), Value::from(*cache));
+        extra.insert(
+            "writes".into(),
+            Value::from(if *cache { "proxied" } else { "sync" }),
+        );
+        extra.insert(
+            "dram_read_share".into(),
+            Value::from(round3(out.dram_share())),
+        );
+        extra.insert(
+            "oracle_dram_read_share".into(),
+            Value::from(round3(*oracle)),
+        );
+        extra.insert(
+            "read_mean_us".into(),
+            Value::from(round3(hist_mean_us(&out.read_latency))),
+        );
+        extra.insert(
+            "op_mean_us".into(),
+            Value::from(round3(hist_mean_us(&out.op_latency))),
+        );
+        extra.insert("measured_reads".into(), Value::from(out.reads));
+        extra.insert("measured_writes".into(), Value::from(out.writes));
+        extra.insert("modeled_s".into(), Value::from(out.modeled.as_secs_f64()));
+        extra.insert("wall_s".into(), Value::from(out.wall.as_secs_f64()));
+        extra.insert("windows".into(), Value::from(out.windows));
+        extra.insert("promotions".into(), Value::from(out.promotions));
+        extra.insert("evictions".into(), Value::from(out.evictions));
+        report.results.push(Measurement {
+            name: format!("micro-read/{name}"),
+            ops_per_sec: out.ops() as f64 / out.modeled.as_secs_f64().max(1e-12),
+            p50_us: out.read_latency.value_at_quantile(0.5) as f64 / 1000.0,
+            p99_us: out.read_latency.value_at_quantile(0.99) as f64 / 1000.0,
+            rtts_per_op: out.round_trips as f64 / out.ops().max(1) as f64,
+            modeled: true,
+            extra,
+        });
+    }
+    let (plain, gengar) = (&reads[0].2, &reads[1].2);
+    report.ratio(
+        "gengar_dram_hit_ratio_vs_oracle",
+        gengar.dram_share() / reads[1].3.max(1e-12),
+        Some(">= 0.85"),
+    );
+    report.ratio(
+        "gengar_modeled_read_latency_vs_plain",
+        gengar.read_latency.mean() / plain.read_latency.mean().max(1e-12),
+        None,
+    );
+    let tput = |o: &micro::ReadMixOutcome| o.ops() as f64 / o.modeled.as_secs_f64().max(1e-12);
+    report.ratio(
+        "gengar_modeled_throughput_vs_plain",
+        tput(gengar) / tput(plain).max(1e-12),
+        None,
+    );
+
+    // The write side, measured over tcp.
+    let d = Deployment::tcp(&DeploymentConfig {
+        servers: SERVERS,
+        nvm_bytes: 16 << 20,
+        server: ServerConfig {
+            dram_bytes: MICRO_DRAM,
+            ..ServerConfig::default()
+        },
+        ..DeploymentConfig::default()
+    })
+    .map_err(rt)?;
+    let (sync, proxied, drain) = micro::write_wait(&d, writes, MICRO_WRITE).map_err(rt)?;
+    pb.inc(1);
+    for (name, h) in [("sync", &sync), ("proxied", &proxied)] {
+        let mut extra = Map::new();
+        extra.insert("wait_mean_us".into(), Value::from(round3(hist_mean_us(h))));
+        if name == "proxied" {
+            extra.insert(
+                "drain_after_last_call_s".into(),
+                Value::from(drain.as_secs_f64()),
+            );
+        }
+        report.results.push(Measurement {
+            name: format!("micro-write/{name}"),
+            ops_per_sec: 1e9 / h.mean().max(1e-12),
+            p50_us: h.value_at_quantile(0.5) as f64 / 1000.0,
+            p99_us: h.value_at_quantile(0.99) as f64 / 1000.0,
+            rtts_per_op: 1.0,
+            modeled: false,
+            extra,
+        });
+    }
+    report.ratio(
+        "gengar_proxied_write_wait_vs_sync",
+        proxied.mean() / sync.mean().max(1e-12),
+        Some("<= 0.2"),
+    );
+    pb.finish_and_clear();
+    print_micro(&report);
+    if let Some(p) = &args.json {
+        report.write_json(p).map_err(CliError::runtime)?;
+    }
+    Ok(())
+}
+
+fn print_micro(r: &Report) {
+    println!(
+        "gengar micro bench — read side modeled (sim latency model), write side measured (tcp)"
+    );
+    println!(
+        "{:<22} {:>12} {:>10} {:>10} {:>10} {:>9} {:>9}",
+        "name", "ops/s", "mean us", "p50 us", "p99 us", "DRAM", "oracle"
+    );
+    for m in &r.results {
+        let f = |k: &str| m.extra.get(k).and_then(Value::as_f64);
+        let share = |k: &str| {
+            f(k).map(|v| format!("{:.3}", v))
+                .unwrap_or_else(|| "-".into())
+        };
+        println!(
+            "{:<22} {:>12.0} {:>10.3} {:>10.3} {:>10.3} {:>9} {:>9}{}",
+            m.name,
+            m.ops_per_sec,
+            f("read_mean_us").or(f("wait_mean_us")).unwrap_or(0.0),
+            m.p50_us,
+            m.p99_us,
+            share("dram_read_share"),
+            share("oracle_dram_read_share"),
+            if m.modeled {
+                "  (modeled)"
+            } else {
+                "  (measured)"
+            }
+        );
+    }
+    println!("ratios (same run):");
+    let targets = r.config.get("targets").and_then(Value::as_object);
+    for (k, v) in &r.ratios {
+        let t = targets
+            .and_then(|t| t.get(k))
+            .and_then(Value::as_str)
+            .map(|t| format!("   target {t}"))
+            .unwrap_or_default();
+        println!("  {k:<44} {v}{t}");
+    }
+    println!(
+        "(micro-read: mean/p50/p99 are read latency; ops/s all accesses over the modeled makespan;"
+    );
+    println!(
+        " DRAM = share of the steady-part reads served from DRAM; micro-write: the writer's wait per call)"
+    );
 }

@@ -23,6 +23,7 @@
 //! ```
 
 pub mod kv;
+pub mod micro;
 pub mod pagerank;
 pub mod wordcount;
 

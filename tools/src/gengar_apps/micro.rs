@@ -1,0 +1,391 @@
+//! The Gengar micro-benchmark's workloads.
+//!
+//! - **Read mix** ([`run_read_mix`]): every client replays its part of a pre-generated trace
+//!   (zipfian 0.99 over objects whose total size is a multiple of the servers' DRAM buffers,
+//!   mostly reads) while the servers' hot-object windows run on their own threads. Each read
+//!   notes whether it was served from a DRAM copy; the share is taken over the steady part of
+//!   the trace (after a warm-up prefix). [`oracle_share`] is what a cache that always held
+//!   the truly hottest objects of each server (exact counts of the same trace part, as many
+//!   as fit its DRAM buffer) would serve from DRAM.
+//! - **Write wait** ([`write_wait`]): the time a writer waits per write, synchronous
+//!   (`write`, until NVM has it) against proxied (`write_proxied`, until the call returns).
+//!
+//! Objects carry a signature (object index and a version) that every read checks, so a read
+//! served from a wrong or stale copy fails the run.
+
+use std::time::{Duration, Instant};
+
+use dmkit_gengar::{GengarClient, GlobalAddr, WindowThread};
+use dmkit_pmem_pool::{Pool, PoolOptions};
+use hdrhistogram::Histogram;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::{AppError, AppResult, Deployment, WriteMode};
+use crate::ycsb::Zipfian;
+
+/// One access of the trace: an object index and whether it is a write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Access {
+    pub obj: u32,
+    pub write: bool,
+}
+
+/// Settings of the read mix.
+#[derive(Debug, Clone)]
+pub struct MicroConfig {
+    pub objects: usize,
+    pub object_size: usize,
+    pub clients: usize,
+    /// Accesses per client.
+    pub accesses: usize,
+    /// Share of writes (the rest are reads).
+    pub write_fraction: f64,
+    pub theta: f64,
+    /// Share of each client's trace that is warm-up (not measured).
+    pub warmup: f64,
+    /// Hot-object window of the servers (they run on their own threads during the trace).
+    pub window: Duration,
+    pub seed: u64,
+}
+
+impl Default for MicroConfig {
+    fn default() -> Self {
+        Self {
+            objects: 10_000,
+            object_size: 1016,
+            clients: 4,
+            accesses: 50_000,
+            write_fraction: 0.05,
+            theta: 0.99,
+            warmup: 0.3,
+            window: Duration::from_millis(20),
+            seed: 7,
+        }
+    }
+}
+
+/// Objects of `object_size` bytes a DRAM buffer of `dram_bytes` holds (the server's DRAM pool
+/// is set up exactly like this one).
+pub fn dram_capacity_objects(dram_bytes: usize, object_size: usize) -> AppResult<usize> {
+    let pool = Pool::create_dram(
+        dram_bytes.max(1 << 20),
+        PoolOptions::default().block_size(64 << 10),
+    )
+    .map_err(|e| AppError::Setup(e.to_string()))?;
+    let mut n = 0;
+    while pool.alloc_object(object_size).is_ok() {
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// Per client, its trace: zipfian(theta) ranks mapped through a fixed random permutation (so
+/// the hot objects are scattered over the servers).
+pub fn trace(cfg: &MicroConfig) -> Vec<Vec<Access>> {
+    let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
+    let mut perm: Vec<u32> = (0..cfg.objects as u32).collect();
+    perm.shuffle(&mut rng);
+    (0..cfg.clients)
+        .map(|c| {
+            let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed.wrapping_add(1 + c as u64));
+            let mut z = Zipfian::new(0, cfg.objects as i64 - 1, cfg.theta);
+            (0..cfg.accesses)
+                .map(|_| Access {
+                    obj: perm[z.next(&mut rng) as usize],
+                    write: rng.random::<f64>() < cfg.write_fraction,
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The signature at the start of every object: its index and a version.
+fn signature(obj: u32, version: u32) -> [u8; 8] {
+    let mut b = [0u8; 8];
+    b[..4].copy_from_slice(&obj.to_le_bytes());
+    b[4..].copy_from_slice(&version.to_le_bytes());
+    b
+}
+
+/// Allocates the objects (each with its signature) through one client; placement is the
+/// client's (the server with the most free NVM).
+pub fn load(d: &Deployment, cfg: &MicroConfig) -> AppResult<Vec<GlobalAddr>> {
+    let c = d.client()?;
+    let mut body = vec![0u8; cfg.object_size];
+    (0..cfg.objects as u32)
+        .map(|i| {
+            let a = c.alloc(cfg.object_size)?;
+            body[..8].copy_from_slice(&signature(i, 0));
+            c.write_proxied(a, 0, &body)?;
+            Ok(a)
+        })
+        .collect::<AppResult<Vec<_>>>()
+        .and_then(|v| {
+            c.flush()?;
+            Ok(v)
+        })
+}
+
+/// The fraction of the measured reads a perfect static cache would serve from DRAM: per
+/// server, the `capacity` objects of that server with the most reads in the measured part of
+/// the trace.
+pub fn oracle_share(
+    traces: &[Vec<Access>],
+    warmup: f64,
+    objs: &[GlobalAddr],
+    capacity: usize,
+) -> f64 {
+    let mut counts = vec![0u64; objs.len()];
+    let mut total = 0u64;
+    for t in traces {
+        for a in &t[(t.len() as f64 * warmup) as usize..] {
+            if !a.write {
+                counts[a.obj as usize] += 1;
+                total += 1;
+            }
+        }
+    }
+    let mut per_server: std::collections::BTreeMap<u16, Vec<u64>> = Default::default();
+    for (i, c) in counts.iter().enumerate() {
+        per_server.entry(objs[i].server.0).or_default().push(*c);
+    }
+    let hits: u64 = per_server
+        .into_values()
+        .map(|mut v| {
+            v.sort_unstable_by(|a, b| b.cmp(a));
+            v.iter().take(capacity).sum::<u64>()
+        })
+        .sum();
+    hits as f64 / total.max(1) as f64
+}
+
+/// What one run of the read mix saw (measured part only, except `wall`).
+#[derive(Debug)]
+pub struct ReadMixOutcome {
+    pub reads: u64,
+    pub dram_reads: u64,
+    pub writes: u64,
+    /// Modeled latency of each read (ns of virtual time; empty without a latency model).
+    pub read_latency: Histogram<u64>,
+    /// Modeled latency of every access, reads and writes.
+    pub op_latency: Histogram<u64>,
+    /// The largest advance of a client's virtual clock over the measured part.
+    pub modeled: Duration,
+    pub wall: Duration,
+    /// Round trips of the measured part, all operations.
+    pub round_trips: u64,
+    pub promotions: u64,
+    pub evictions: u64,
+    pub windows: u64,
+}
+
+impl ReadMixOutcome {
+    pub fn dram_share(&self) -> f64 {
+        self.dram_reads as f64 / self.reads.max(1) as f64
+    }
+
+    pub fn ops(&self) -> u64 {
+        self.reads + self.writes
+    }
+}
+
+fn hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds")
+}
+
+/// Replays `traces` (one client each) on `d` with the servers' windows running every
+/// `cfg.window`; writes in `mode` (proxied writes are flushed at the end). Every read checks
+/// the object's signature.
+pub fn run_read_mix(
+    d: &Deployment,
+    objs: &[GlobalAddr],
+    traces: &[Vec<Access>],
+    mode: WriteMode,
+    cfg: &MicroConfig,
+) -> AppResult<ReadMixOutcome> {
+    let clients: Vec<GengarClient> = traces
+        .iter()
+        .map(|_| d.client())
+        .collect::<AppResult<_>>()?;
+    let stat = |f: fn(&dmkit_gengar::ServerStats) -> &std::sync::atomic::AtomicU64| -> u64 {
+        d.servers
+            .iter()
+            .map(|s| f(s.stats()).load(std::sync::atomic::Ordering::Relaxed))
+            .sum()
+    };
+    let before = (
+        stat(|s| &s.promotions),
+        stat(|s| &s.evictions),
+        stat(|s| &s.windows),
+    );
+    let windows: Vec<WindowThread> = d
+        .servers
+        .iter()
+        .map(|s| s.spawn_windows(cfg.window))
+        .collect();
+    let t0 = Instant::now();
+    let parts = std::thread::scope(|s| {
+        let hs: Vec<_> = clients
+            .iter()
+            .zip(traces)
+            .enumerate()
+            .map(|(ci, (c, t))| s.spawn(move || replay(c, ci, objs, t, mode, cfg)))
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or(Err(AppError::Panicked)))
+            .collect::<AppResult<Vec<_>>>()
+    });
+    let wall = t0.elapsed();
+    drop(windows);
+    let parts = parts?;
+    let mut out = ReadMixOutcome {
+        reads: 0,
+        dram_reads: 0,
+        writes: 0,
+        read_latency: hist(),
+        op_latency: hist(),
+        modeled: Duration::ZERO,
+        wall,
+        round_trips: 0,
+        promotions: stat(|s| &s.promotions) - before.0,
+        evictions: stat(|s| &s.evictions) - before.1,
+        windows: stat(|s| &s.windows) - before.2,
+    };
+    for p in parts {
+        out.reads += p.reads;
+        out.dram_reads += p.dram_reads;
+        out.writes += p.writes;
+        out.read_latency.add(&p.read_latency).expect("same bounds");
+        out.op_latency.add(&p.op_latency).expect("same bounds");
+        out.modeled = out.modeled.max(p.modeled);
+        out.round_trips += p.round_trips;
+    }
+    Ok(out)
+}
+
+struct Part {
+    reads: u64,
+    dram_reads: u64,
+    writes: u64,
+    read_latency: Histogram<u64>,
+    op_latency: Histogram<u64>,
+    modeled: Duration,
+    round_trips: u64,
+}
+
+fn round_trips(c: &GengarClient) -> u64 {
+    use dmkit_gengar::tags;
+    let s = c.endpoint().stats();
+    [tags::READ, tags::WRITE, tags::LOCK, tags::REPORT]
+        .iter()
+        .map(|t| s.tag(t).round_trips)
+        .sum()
+}
+
+fn replay(
+    c: &GengarClient,
+    ci: usize,
+    objs: &[GlobalAddr],
+    t: &[Access],
+    mode: WriteMode,
+    cfg: &MicroConfig,
+) -> AppResult<Part> {
+    let warm = (t.len() as f64 * cfg.warmup) as usize;
+    let mut p = Part {
+        reads: 0,
+        dram_reads: 0,
+        writes: 0,
+        read_latency: hist(),
+        op_latency: hist(),
+        modeled: Duration::ZERO,
+        round_trips: 0,
+    };
+    let (mut v0, mut rt0) = (c.endpoint().virtual_now(), round_trips(c));
+    let mut version = 0u32;
+    for (i, a) in t.iter().enumerate() {
+        if i == warm {
+            v0 = c.endpoint().virtual_now();
+            rt0 = round_trips(c);
+        }
+        let addr = objs[a.obj as usize];
+        let s = c.endpoint().virtual_now();
+        if a.write {
+            // The signature stays the object's; the version says which client wrote last.
+            version = version.wrapping_add(1);
+            let sig = signature(a.obj, (ci as u32) << 24 | (version & 0xff_ffff));
+            match mode {
+                WriteMode::Sync => c.write(addr, 0, &sig)?,
+                WriteMode::Proxied => {
+                    c.write_proxied(addr, 0, &sig)?;
+                }
+            }
+        } else {
+            let b = c.read(addr)?;
+            if b.len() != addr.size as usize || b[..4] != a.obj.to_le_bytes() {
+                return Err(AppError::Corrupt(format!(
+                    "object {} read as object {}",
+                    a.obj,
+                    u32::from_le_bytes(b[..4].try_into().expect("4 bytes"))
+                )));
+            }
+            if i >= warm {
+                p.reads += 1;
+                p.dram_reads += u64::from(c.cached_in_dram(addr));
+                let _ = p
+                    .read_latency
+                    .record((c.endpoint().virtual_now() - s).as_nanos() as u64);
+            }
+        }
+        if i >= warm {
+            p.writes += u64::from(a.write);
+            let _ = p
+                .op_latency
+                .record((c.endpoint().virtual_now() - s).as_nanos() as u64);
+        }
+    }
+    c.flush()?;
+    p.modeled = c.endpoint().virtual_now() - v0;
+    p.round_trips = round_trips(c) - rt0;
+    Ok(p)
+}
+
+/// Per-write wait of one writer: `n` writes of `size` bytes to distinct objects (after one
+/// warm-up pass that takes the leases), synchronous and proxied, alternating in rounds so a
+/// noisy machine moves both. Returns (sync, proxied) histograms of the wait in ns and the
+/// time the proxied writes took to drain after the last call returned.
+pub fn write_wait(
+    d: &Deployment,
+    n: usize,
+    size: usize,
+) -> AppResult<(Histogram<u64>, Histogram<u64>, Duration)> {
+    let c = d.client()?;
+    let objs: Vec<GlobalAddr> = (0..256).map(|_| c.alloc(size)).collect::<Result<_, _>>()?;
+    let data = vec![0x5au8; size];
+    for a in &objs {
+        c.write(*a, 0, &data)?;
+    }
+    let (mut sync, mut proxied) = (hist(), hist());
+    let mut drain = Duration::ZERO;
+    let rounds = 10;
+    let per = n.div_ceil(rounds);
+    for _ in 0..rounds {
+        for i in 0..per {
+            let a = objs[i % objs.len()];
+            let s = Instant::now();
+            c.write(a, 0, &data)?;
+            let _ = sync.record(s.elapsed().as_nanos() as u64);
+        }
+        for i in 0..per {
+            let a = objs[i % objs.len()];
+            let s = Instant::now();
+            c.write_proxied(a, 0, &data)?;
+            let _ = proxied.record(s.elapsed().as_nanos() as u64);
+        }
+        let s = Instant::now();
+        c.flush()?;
+        drain += s.elapsed();
+    }
+    Ok((sync, proxied, drain))
+}

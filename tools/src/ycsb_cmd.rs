@@ -1,0 +1,303 @@
+//! `dmkit ycsb`: one FUSEE client process running a YCSB workload against a cluster file's
+//! cluster — the building block of multi-process runs (several of these at once, on one host
+//! or many).
+//!
+//! It joins like `dmkit kv` (the client id is locked for the process's lifetime — a second
+//! process with the same id on this host fails at once — and the client is recovered under
+//! its id first), optionally loads the records, runs the workload for `--seconds`, prints one
+//! summary line on stdout and, with `--ack-log PATH`, appends every acknowledged write as
+//! `key<TAB>tag<TAB>fnv1a64-of-value-in-hex` (tag = `c<client id>:<counter>`, also the value's
+//! first bytes, so every write's value is unique).
+//!
+//! `--partition K/N` makes this client write only keys whose record number is K modulo N (an
+//! update drawn for another key is moved to the nearest key of its own share, and keys outside
+//! the loaded records, like workload D's inserts, get a `-c<id>` suffix), so that several
+//! processes never write the same key and every key's last acknowledged write is well
+//! defined; reads still go anywhere.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use dmkit_fusee::{Client, InsertResult, UpdateResult};
+use dmkit_tools::ycsb::{Operation, Workload, WorkloadSpec, fnv1a_64};
+use hdrhistogram::Histogram;
+
+use crate::CliError;
+use crate::cluster_file::ClusterFile;
+
+#[derive(Debug, clap::Args)]
+pub struct YcsbArgs {
+    /// The cluster file.
+    #[arg(long)]
+    pub cluster: PathBuf,
+    /// The FUSEE client id of this process (unique among running clients).
+    #[arg(long)]
+    pub client_id: u64,
+    /// The YCSB workload: a, b, c, d or f (e's scans are not supported by FUSEE).
+    #[arg(long, default_value = "a")]
+    pub workload: char,
+    /// Seconds of the run phase (0: load only).
+    #[arg(long, default_value_t = 10.0)]
+    pub seconds: f64,
+    /// Records of the key space.
+    #[arg(long, default_value_t = 10_000)]
+    pub records: u64,
+    /// Value bytes of every write.
+    #[arg(long, default_value_t = 1000)]
+    pub value_bytes: usize,
+    /// Load the records first (insert, or overwrite when present).
+    #[arg(long)]
+    pub load: bool,
+    /// Write only the keys of share K of N (`K/N`); see the module docs.
+    #[arg(long)]
+    pub partition: Option<String>,
+    /// Random seed of the operation stream (default: derived from the client id).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Append every acknowledged write here as `key\ttag\tvalue-hash`.
+    #[arg(long)]
+    pub ack_log: Option<PathBuf>,
+}
+
+fn fail(e: dmkit_fusee::Error) -> CliError {
+    CliError::with_code(e.to_string(), 3)
+}
+
+/// Who writes what: the share of the key space this client writes.
+struct Partition {
+    share: u64,
+    of: u64,
+    /// Loaded key -> record number.
+    keynums: HashMap<String, u64>,
+    /// Record number -> key.
+    keys: Vec<String>,
+    suffix: String,
+}
+
+impl Partition {
+    /// The key a write drawn for `key` goes to.
+    fn remap(&self, key: String) -> String {
+        let Some(&n) = self.keynums.get(&key) else {
+            return format!("{key}{}", self.suffix);
+        };
+        if n % self.of == self.share {
+            return key;
+        }
+        let mut m = n - n % self.of + self.share;
+        if m >= self.keys.len() as u64 {
+            m = m.saturating_sub(self.of);
+        }
+        self.keys[m as usize].clone()
+    }
+}
+
+fn parse_partition(s: &str) -> Result<(u64, u64), CliError> {
+    let bad = || CliError::usage(format!("--partition takes K/N with K < N, not '{s}'"));
+    let (k, n) = s.split_once('/').ok_or_else(bad)?;
+    let (k, n): (u64, u64) = (
+        k.trim().parse().map_err(|_| bad())?,
+        n.trim().parse().map_err(|_| bad())?,
+    );
+    if n == 0 || k >= n {
+        return Err(bad());
+    }
+    Ok((k, n))
+}
+
+struct Writes {
+    id: u64,
+    counter: u64,
+    log: Option<std::io::BufWriter<std::fs::File>>,
+    acked: u64,
+}
+
+impl Writes {
+    /// A unique value of `len` bytes: the tag first, then `filler`.
+    fn value(&mut self, filler: &[u8], len: usize) -> (String, Vec<u8>) {
+        self.counter += 1;
+        let tag = format!("c{}:{}", self.id, self.counter);
+        let mut v = tag.as_bytes().to_vec();
+        v.push(b'|');
+        v.extend_from_slice(filler);
+        v.resize(len.max(tag.len() + 1), b'.');
+        (tag, v)
+    }
+
+    fn ack(&mut self, key: &str, tag: &str, value: &[u8]) -> Result<(), CliError> {
+        self.acked += 1;
+        if let Some(log) = &mut self.log {
+            writeln!(log, "{key}\t{tag}\t{:016x}", fnv1a_64(value))
+                .map_err(|e| CliError::runtime(format!("cannot write the ack log: {e}")))?;
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<(), CliError> {
+        if let Some(log) = &mut self.log {
+            log.flush()
+                .map_err(|e| CliError::runtime(format!("cannot write the ack log: {e}")))?;
+        }
+        Ok(())
+    }
+}
+
+/// Insert, or overwrite when present.
+fn put(c: &Client, key: &[u8], value: &[u8]) -> Result<(), CliError> {
+    loop {
+        if c.insert(key, value).map_err(fail)? == InsertResult::Inserted {
+            return Ok(());
+        }
+        if c.update(key, value).map_err(fail)? == UpdateResult::Updated {
+            return Ok(());
+        }
+    }
+}
+
+pub fn run(args: YcsbArgs) -> Result<(), CliError> {
+    let file = ClusterFile::load(&args.cluster).map_err(CliError::usage)?;
+    let w = args.workload.to_ascii_lowercase();
+    if !matches!(w, 'a' | 'b' | 'c' | 'd' | 'f') {
+        return Err(CliError::usage(format!(
+            "--workload takes a, b, c, d or f, not '{}'",
+            args.workload
+        )));
+    }
+    if !(0.0..=86_400.0).contains(&args.seconds) {
+        return Err(CliError::usage("--seconds must lie in [0, 86400]"));
+    }
+    if args.records == 0 {
+        return Err(CliError::usage("--records must be at least 1"));
+    }
+    if !(1..=16_000).contains(&args.value_bytes) {
+        return Err(CliError::usage(
+            "--value-bytes must lie in 1..=16000 (the largest FUSEE object is 16 KiB)",
+        ));
+    }
+    let partition = args.partition.as_deref().map(parse_partition).transpose()?;
+    if let Some((_, n)) = partition {
+        if n > args.records {
+            return Err(CliError::usage("--partition: more shares than --records"));
+        }
+    }
+    let mut spec = WorkloadSpec::standard(w).map_err(|e| CliError::usage(e.to_string()))?;
+    spec.record_count = args.records;
+    spec.field_count = 1;
+    spec.field_length = args.value_bytes as u32;
+    spec.zipfian_constant = 0.99;
+    let seed = args.seed.unwrap_or(0x5EED_0000 ^ args.client_id);
+    let mut workload = Workload::new(spec, seed).map_err(|e| CliError::usage(e.to_string()))?;
+    let log = match &args.ack_log {
+        Some(p) => Some(std::io::BufWriter::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .map_err(|e| CliError::usage(format!("cannot open {}: {e}", p.display())))?,
+        )),
+        None => None,
+    };
+    // Fails at once (non-blocking) when another process acts as this client id.
+    let _lock = crate::kv::lock_id(args.client_id, false)?;
+    let c = crate::kv::client(&file, args.client_id)?;
+    let part = partition.map(|(share, of)| {
+        let keys: Vec<String> = workload.load_keys().collect();
+        Partition {
+            share,
+            of,
+            keynums: keys
+                .iter()
+                .enumerate()
+                .map(|(i, k)| (k.clone(), i as u64))
+                .collect(),
+            keys,
+            suffix: format!("-c{}", args.client_id),
+        }
+    });
+    let mut writes = Writes {
+        id: args.client_id,
+        counter: 0,
+        log,
+        acked: 0,
+    };
+    let r = run_phases(&args, &c, &mut workload, part.as_ref(), &mut writes);
+    let flushed = writes.finish();
+    // Finish background cleanups before exiting, so nothing is left for the next recovery.
+    let _ = c.flush();
+    r.and(flushed)
+}
+
+fn run_phases(
+    args: &YcsbArgs,
+    c: &Client,
+    workload: &mut Workload,
+    part: Option<&Partition>,
+    writes: &mut Writes,
+) -> Result<(), CliError> {
+    let id = args.client_id;
+    if args.load {
+        let t = Instant::now();
+        let keys: Vec<String> = workload.load_keys().collect();
+        let mut loaded = 0u64;
+        for key in keys {
+            let (tag, value) = writes.value(&[], args.value_bytes);
+            put(c, key.as_bytes(), &value)?;
+            writes.ack(&key, &tag, &value)?;
+            loaded += 1;
+        }
+        eprintln!(
+            "ycsb: client {id} loaded {loaded} records in {:.2} s",
+            t.elapsed().as_secs_f64()
+        );
+    }
+    eprintln!(
+        "ycsb: client {id} running workload {} for {} s",
+        args.workload, args.seconds
+    );
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("bounds");
+    let rtt0 = c.endpoint().stats().total().round_trips;
+    let run_for = Duration::from_secs_f64(args.seconds);
+    let start = Instant::now();
+    let mut ops = 0u64;
+    while start.elapsed() < run_for {
+        let op = workload.next_op();
+        let s0 = Instant::now();
+        let mut write = |key: String, filler: Vec<u8>| -> Result<(), CliError> {
+            let key = match part {
+                Some(p) => p.remap(key),
+                None => key,
+            };
+            let (tag, value) = writes.value(&filler, args.value_bytes);
+            c.upsert(key.as_bytes(), &value).map_err(fail)?;
+            writes.ack(&key, &tag, &value)
+        };
+        match op {
+            Operation::Read { key } => {
+                c.search(key.as_bytes()).map_err(fail)?;
+            }
+            Operation::Update { key, value } | Operation::Insert { key, value } => {
+                write(key, value)?;
+            }
+            Operation::ReadModifyWrite { key, value } => {
+                c.search(key.as_bytes()).map_err(fail)?;
+                write(key, value)?;
+            }
+            Operation::Scan { .. } => {}
+        }
+        let _ = hist.record((s0.elapsed().as_nanos() as u64).max(1));
+        ops += 1;
+    }
+    let secs = start.elapsed().as_secs_f64().max(1e-9);
+    let rtts = c.endpoint().stats().total().round_trips - rtt0;
+    println!(
+        "ycsb-{} client {id}: {ops} ops in {secs:.2} s, {:.0} ops/s, p50 {:.1} us, p99 {:.1} us, {:.2} RTTs/op, {} writes acknowledged",
+        args.workload,
+        ops as f64 / secs,
+        hist.value_at_quantile(0.5) as f64 / 1000.0,
+        hist.value_at_quantile(0.99) as f64 / 1000.0,
+        rtts as f64 / ops.max(1) as f64,
+        writes.acked,
+    );
+    Ok(())
+}
