@@ -74,7 +74,13 @@ pub struct Daemon {
 
 impl Daemon {
     pub fn start(args: &[&str], ready: &str) -> Daemon {
+        Self::start_with_env(args, ready, &[])
+    }
+
+    /// Like [`Daemon::start`] with extra environment variables.
+    pub fn start_with_env(args: &[&str], ready: &str, env: &[(&str, &str)]) -> Daemon {
         let mut child = Command::new(dmkit_bin())
+            .envs(env.iter().copied())
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

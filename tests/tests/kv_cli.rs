@@ -109,3 +109,71 @@ fn failures_exit_two_or_more_with_one_line() {
     assert!(out.is_empty());
     assert!(!err.is_empty());
 }
+
+#[test]
+fn a_client_without_the_cluster_secret_gets_nothing_and_changes_nothing() {
+    use std::process::Command;
+    let dir = tempfile::tempdir().unwrap();
+    let secret = "a-cluster-secret-of-enough-bytes";
+    let sfile = dir.path().join("secret");
+    std::fs::write(&sfile, secret).unwrap();
+    let s = sfile.to_str().unwrap();
+    let memnodes: Vec<_> = (0..3u16)
+        .map(|i| {
+            Memnode::start(&[
+                "--id",
+                &i.to_string(),
+                "--dram",
+                "16MiB",
+                "--block-size",
+                "64KiB",
+                "--secret-file",
+                s,
+            ])
+        })
+        .collect();
+    let addrs: Vec<_> = memnodes
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (i as u16, m.addr.clone()))
+        .collect();
+    let file = cluster_file(dir.path(), "127.0.0.1:0", 1, &addrs);
+    let file = file.to_str().unwrap().to_string();
+    let run = |env: Option<&str>, args: &[&str]| {
+        let mut cmd = Command::new(dmkit_tests::procs::dmkit_bin());
+        cmd.env_remove("DMKIT_SECRET")
+            .env_remove("DMKIT_SECRET_FILE");
+        if let Some(v) = env {
+            cmd.env("DMKIT_SECRET", v);
+        }
+        cmd.args(args).output().unwrap()
+    };
+    let _master = {
+        let out = run(Some(secret), &["kv", "--cluster", &file, "get", "x"]);
+        // Not formatted yet: the master formats it (with the secret from the environment).
+        assert_ne!(out.status.code(), Some(0));
+        Daemon::start_with_env(
+            &["master", "--listen", "127.0.0.1:0", "--cluster", &file],
+            "serving on",
+            &[("DMKIT_SECRET", secret)],
+        )
+    };
+    let ok = run(Some(secret), &["kv", "--cluster", &file, "put", "k", "v"]);
+    assert_eq!(
+        ok.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    for bad in [None, Some("the-wrong-secret-of-enough-bytes")] {
+        let out = run(bad, &["kv", "--cluster", &file, "put", "k", "stolen"]);
+        assert!(out.status.code().unwrap_or(0) >= 2);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("secret") || err.contains("authentication"),
+            "{err}"
+        );
+    }
+    let got = run(Some(secret), &["kv", "--cluster", &file, "get", "k"]);
+    assert_eq!(String::from_utf8_lossy(&got.stdout), "v\n");
+}

@@ -8,15 +8,32 @@ use dmkit_verbs::{Connector, Endpoint, NodeId};
 use crate::cluster_file::ClusterFile;
 use crate::{Backend, CliError};
 
+/// The cluster secret: `DMKIT_SECRET` (the secret itself), else the file named by
+/// `DMKIT_SECRET_FILE`, else the cluster file's `secret_file`; `None` when none is set.
+pub fn secret(file: Option<&ClusterFile>) -> Result<Option<Vec<u8>>, CliError> {
+    if let Ok(s) = std::env::var("DMKIT_SECRET") {
+        let s = s.trim().as_bytes().to_vec();
+        if s.len() < 16 {
+            return Err(CliError::usage(format!(
+                "DMKIT_SECRET holds {} bytes; use at least 16",
+                s.len()
+            )));
+        }
+        return Ok(Some(s));
+    }
+    if let Ok(p) = std::env::var("DMKIT_SECRET_FILE") {
+        return crate::memnode::read_secret(std::path::Path::new(&p)).map(Some);
+    }
+    file.and_then(|f| f.secret_file.as_deref())
+        .map(crate::memnode::read_secret)
+        .transpose()
+}
+
 /// The connector for the file's backend (with the cluster secret, if any).
 pub fn connector(file: &ClusterFile) -> Result<Arc<dyn Connector>, CliError> {
     match file.backend {
         Backend::Tcp => {
-            let secret = file
-                .secret_file
-                .as_deref()
-                .map(crate::memnode::read_secret)
-                .transpose()?;
+            let secret = secret(Some(file))?;
             Ok(Arc::new(TcpConnector {
                 secret,
                 ..TcpConnector::default()

@@ -71,11 +71,7 @@ pub fn run(args: MasterArgs) -> Result<(), CliError> {
         .u8(view.data_replicas as u8);
     let status = view.nodes.iter().fold(status, |w, n| w.u16(n.0)).finish();
     node.set_rpc_handler(Arc::new(move |_p: &Peer, _req: &[u8]| Ok(status.clone())));
-    let secret = file
-        .secret_file
-        .as_deref()
-        .map(crate::memnode::read_secret)
-        .transpose()?;
+    let secret = crate::connect::secret(Some(&file))?;
     let server = TcpServer::start(
         args.listen.as_str(),
         node,

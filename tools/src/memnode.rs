@@ -77,7 +77,10 @@ pub fn run(args: MemnodeArgs) -> Result<(), CliError> {
             "nothing to serve: give --dram SIZE (e.g. --dram 64MiB) and/or --pool PATH --size SIZE",
         ));
     }
-    let secret = args.secret_file.as_deref().map(read_secret).transpose()?;
+    let secret = match args.secret_file.as_deref() {
+        Some(p) => Some(read_secret(p)?),
+        None => crate::connect::secret(None)?,
+    };
     if args.dram.is_some() && args.pool.is_some() {
         return Err(CliError::usage(
             "give either --dram SIZE (volatile) or --pool PATH (persistent), not both",
@@ -127,6 +130,7 @@ pub fn run(args: MemnodeArgs) -> Result<(), CliError> {
         .map_err(|e| CliError::runtime(e.to_string()))?;
     let node = memnode.node().clone();
     let served = [what];
+    let has_secret = secret.is_some();
     let server = TcpServer::start(
         args.listen.as_str(),
         node,
@@ -141,7 +145,7 @@ pub fn run(args: MemnodeArgs) -> Result<(), CliError> {
         args.id,
         served.join(" and "),
         server.local_addr(),
-        if args.secret_file.is_some() {
+        if has_secret {
             ", cluster secret required"
         } else {
             ""
