@@ -14,9 +14,10 @@
 //!   every unfinished operation of every task ([`Client::recover`]).
 //!
 //! Round trips per operation (r ≥ 2, no conflict): SEARCH 1 on an address-cache hit, 2
-//! otherwise; INSERT, UPDATE and DELETE 4 (object write + bucket read, backup CAS, commit
-//! record, primary CAS), plus one read of the old object for UPDATE and DELETE when the
-//! address is not cached.
+//! otherwise (buckets, then the object); INSERT 4 (object write + bucket read, backup CAS,
+//! commit record, primary CAS); UPDATE and DELETE 5 (the same, plus reading the object whose
+//! fingerprint matched to compare keys). A won write's cleanup — freeing the replaced object
+//! and marking the log entry finished — takes 2 more, on the client's background thread.
 //!
 //! ```
 //! use dmkit_fusee::{InsertResult, LocalCluster, LocalConfig};
