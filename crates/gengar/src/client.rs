@@ -1,7 +1,7 @@
 //! The Gengar client: a global address space over many servers, with leases on cached
 //! addresses, write-through, proxied writes with write confirms, and locks.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -100,7 +100,8 @@ pub struct GengarClient {
     clock: Arc<dyn Clock>,
     servers: BTreeMap<NodeId, ServerState>,
     table: Mutex<HashMap<GlobalAddr, Entry>>,
-    confirms: Mutex<HashMap<GlobalAddr, Vec<Confirm>>>,
+    /// Outstanding proxied writes per object, oldest first.
+    confirms: Mutex<HashMap<GlobalAddr, VecDeque<Confirm>>>,
     accesses: AtomicU64,
 }
 
@@ -170,6 +171,7 @@ impl GengarClient {
 
     /// One RPC; returns the status and the rest of the reply, after noting free capacity.
     fn call(&self, t: Tag, node: NodeId, req: Vec<u8>) -> Result<(Status, Vec<u8>)> {
+        let s = self.server(node)?;
         let reply = self.ep.rpc(t, node, &req)?;
         let mut r = Reader::new(&reply);
         let ReplyHead {
@@ -180,7 +182,6 @@ impl GengarClient {
             node: node.0,
             reason: e.to_string(),
         })?;
-        let s = self.server(node)?;
         s.free_nvm.store(free_nvm, Ordering::Relaxed);
         s.free_dram.store(free_dram, Ordering::Relaxed);
         let rest = reply[reply.len() - r.remaining()..].to_vec();
@@ -434,8 +435,13 @@ impl GengarClient {
         let c = Confirm(Arc::new(confirms));
         let mut all = self.confirms.lock();
         let list = all.entry(addr).or_default();
-        list.retain(|c| !c.is_confirmed());
-        list.push(c.clone());
+        // Confirms mostly fire in posting order: dropping the confirmed ones at the front keeps
+        // the list short at O(1) per write (a scan of every outstanding one would make a fast
+        // writer's calls slower the more it has in flight).
+        while list.front().is_some_and(Confirm::is_confirmed) {
+            list.pop_front();
+        }
+        list.push_back(c.clone());
         Ok(c)
     }
 

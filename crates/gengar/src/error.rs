@@ -5,8 +5,9 @@ use crate::addr::GlobalAddr;
 pub enum Error {
     #[error(transparent)]
     Verbs(#[from] dmkit_verbs::Error),
-    /// The object was freed (or its slot re-allocated): its address is stale.
-    #[error("object {0} was freed")]
+    /// The object was freed (or its slot re-allocated), or the address never named an
+    /// object: it is stale or invalid.
+    #[error("object {0} was freed (or never allocated)")]
     Freed(GlobalAddr),
     /// No server has room for an object of this size.
     #[error("no server has room for an object of {size} bytes")]

@@ -11,7 +11,8 @@
 //!   NVM only otherwise, so eviction just drops the copy.
 //! - **Leases.** A client needs a lease on an object to use its address: one round trip per
 //!   access with a valid lease, two without (lease RPC, then the access). Free, promotion and
-//!   eviction wait until the object's leases expired. Durations adapt per object
+//!   eviction wait until the object's leases expired, plus a grace for operations posted
+//!   under a lease that arrive late (`ServerConfig::late_op_grace`). Durations adapt per object
 //!   (`dmkit_lease::LeaseTuner`): short for hot objects still in NVM, long in DRAM.
 //! - **Proxied writes and locks.** [`GengarClient::write_proxied`] returns once the write is
 //!   staged and posted; its [`Confirm`] fires when the server completed it. Unlocking a shared

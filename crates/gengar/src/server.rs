@@ -6,8 +6,9 @@
 //! - The NVM copy of every object is always current (write-through: clients write DRAM *and*
 //!   NVM for a cached object, NVM only otherwise), so eviction just drops the DRAM copy.
 //! - An object's location only changes (promotion, eviction, free) while its leases are fenced
-//!   and after every lease granted on it has expired: a client holding a valid lease never
-//!   uses a stale location.
+//!   and after every lease granted on it has expired, plus `late_op_grace` for operations
+//!   posted under a lease that arrive late: a client holding a valid lease never uses a stale
+//!   location, and a write posted under one never lands after its object moved.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -53,6 +54,11 @@ pub struct ServerConfig {
     pub hysteresis: f64,
     /// A lock not released within this time is considered abandoned (its holder died).
     pub lock_ttl: Duration,
+    /// How long after an object's last lease expired a one-sided operation posted under it
+    /// may still arrive (a delayed network, a descheduled soft NIC). Free, promotion and
+    /// eviction wait this much more, so a late write never lands in a re-used slot or after
+    /// the NVM copy was taken for DRAM.
+    pub late_op_grace: Duration,
 }
 
 impl Default for ServerConfig {
@@ -65,6 +71,7 @@ impl Default for ServerConfig {
             history_decay: 0.75,
             hysteresis: 0.2,
             lock_ttl: Duration::from_secs(30),
+            late_op_grace: Duration::from_millis(10),
         }
     }
 }
@@ -385,6 +392,7 @@ impl GengarServer {
         }
         let fence = self.leases.fence(off);
         fence.wait_until_expired();
+        self.grace();
         self.drop_cached(off);
         self.policy.lock().remove(off);
         self.heat.lock().remove(&off);
@@ -457,10 +465,23 @@ impl GengarServer {
         } else {
             self.policy.lock().plan(&hot)
         };
+        // Fence every object that moves at once, so their leases drain together, then give
+        // late operations their grace once.
+        let fences: Vec<_> = plan
+            .evict
+            .iter()
+            .copied()
+            .chain(plan.promote.iter().map(|h| h.obj))
+            .map(|o| self.leases.fence(o))
+            .collect();
+        for f in &fences {
+            f.wait_until_expired();
+        }
+        if !fences.is_empty() {
+            self.grace();
+        }
         let mut evicted = 0;
         for obj in &plan.evict {
-            let fence = self.leases.fence(*obj);
-            fence.wait_until_expired();
             if self.drop_cached(*obj) {
                 evicted += 1;
             }
@@ -475,6 +496,7 @@ impl GengarServer {
                 }
             }
         }
+        drop(fences);
         self.tuner.end_window();
         self.leases.prune();
         self.stats.windows.fetch_add(1, Ordering::Relaxed);
@@ -546,14 +568,20 @@ impl GengarServer {
             .sum()
     }
 
+    /// Waits out `late_op_grace`.
+    fn grace(&self) {
+        if !self.cfg.late_op_grace.is_zero() {
+            std::thread::sleep(self.cfg.late_op_grace);
+        }
+    }
+
     /// Copies the object NVM → DRAM; the DRAM copy then holds the real data (the module
-    /// invariants say why that is safe).
+    /// invariants say why that is safe). The caller holds the object's fence, its leases
+    /// expired and the grace for late operations passed.
     fn promote(&self, obj: u64) -> std::result::Result<(), String> {
         if self.cached.lock().contains_key(&obj) {
             return Ok(());
         }
-        let fence = self.leases.fence(obj);
-        fence.wait_until_expired();
         let h = self
             .nvm
             .object_header(obj as usize)
@@ -580,7 +608,6 @@ impl GengarServer {
             },
         );
         self.tuner.set_tier(obj, Tier::Dram);
-        drop(fence);
         Ok(())
     }
 

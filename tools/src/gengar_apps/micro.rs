@@ -60,7 +60,7 @@ impl Default for MicroConfig {
             write_fraction: 0.05,
             theta: 0.99,
             warmup: 0.3,
-            window: Duration::from_millis(20),
+            window: Duration::from_millis(50),
             seed: 7,
         }
     }
@@ -351,41 +351,154 @@ fn replay(
     Ok(p)
 }
 
-/// Per-write wait of one writer: `n` writes of `size` bytes to distinct objects (after one
-/// warm-up pass that takes the leases), synchronous and proxied, alternating in rounds so a
-/// noisy machine moves both. Returns (sync, proxied) histograms of the wait in ns and the
-/// time the proxied writes took to drain after the last call returned.
-pub fn write_wait(
-    d: &Deployment,
-    n: usize,
-    size: usize,
-) -> AppResult<(Histogram<u64>, Histogram<u64>, Duration)> {
+/// Records of the writer's log object in [`write_wait`] (the object fits one 64 KiB slot).
+pub const LOG_RECORDS: usize = 255;
+
+/// The writer's wait per write, by mode (ns per call, until the call returned).
+#[derive(Debug)]
+pub struct WriteWait {
+    /// Synchronous `write`, back to back.
+    pub sync: Histogram<u64>,
+    /// `write_proxied` back to back: the writer outpaces the server, so this includes the
+    /// back-pressure of bounded staging and of the connection.
+    pub proxied: Histogram<u64>,
+    /// Time the proxied rounds took to drain after their last call returned (`flush`).
+    pub drain: Duration,
+    /// Round trips per write (lease renewals included; a proxied write counts one).
+    pub sync_rtts: f64,
+    pub proxied_rtts: f64,
+}
+
+/// One writer appending `size`-byte records round-robin to a log object of [`LOG_RECORDS`]
+/// records (its lease is renewed inside the measured calls when it expires), `n` writes per
+/// mode in alternating rounds (so a noisy machine moves both modes) of `burst` writes back to
+/// back: synchronous `write`, then `write_proxied` followed by a `flush` (not counted as
+/// wait). The longer the burst, the more a proxied writer outpaces the server and waits for
+/// its drain (back-pressure, and lease renewals queued behind its own writes).
+pub fn write_wait(d: &Deployment, n: usize, size: usize, burst: usize) -> AppResult<WriteWait> {
     let c = d.client()?;
-    let objs: Vec<GlobalAddr> = (0..256).map(|_| c.alloc(size)).collect::<Result<_, _>>()?;
+    let log = c.alloc(size * LOG_RECORDS)?;
     let data = vec![0x5au8; size];
-    for a in &objs {
-        c.write(*a, 0, &data)?;
-    }
-    let (mut sync, mut proxied) = (hist(), hist());
-    let mut drain = Duration::ZERO;
-    let rounds = 10;
-    let per = n.div_ceil(rounds);
+    c.write(log, 0, &vec![0u8; size * LOG_RECORDS])?;
+    let mut w = WriteWait {
+        sync: hist(),
+        proxied: hist(),
+        drain: Duration::ZERO,
+        sync_rtts: 0.0,
+        proxied_rtts: 0.0,
+    };
+    let rts = || {
+        c.endpoint()
+            .stats()
+            .tag(dmkit_gengar::tags::WRITE)
+            .round_trips
+    };
+    let (mut sync_rt, mut proxied_rt) = (0, 0);
+    let per = burst.clamp(1, n.max(1));
+    let rounds = n.div_ceil(per);
+    let at = |i: usize| (i % LOG_RECORDS) * size;
     for _ in 0..rounds {
+        let r0 = rts();
         for i in 0..per {
-            let a = objs[i % objs.len()];
             let s = Instant::now();
-            c.write(a, 0, &data)?;
-            let _ = sync.record(s.elapsed().as_nanos() as u64);
+            c.write(log, at(i), &data)?;
+            let _ = w.sync.record(s.elapsed().as_nanos() as u64);
         }
+        let r1 = rts();
         for i in 0..per {
-            let a = objs[i % objs.len()];
             let s = Instant::now();
-            c.write_proxied(a, 0, &data)?;
-            let _ = proxied.record(s.elapsed().as_nanos() as u64);
+            c.write_proxied(log, at(i), &data)?;
+            let _ = w.proxied.record(s.elapsed().as_nanos() as u64);
         }
+        sync_rt += r1 - r0;
+        proxied_rt += rts() - r1;
         let s = Instant::now();
         c.flush()?;
-        drain += s.elapsed();
+        w.drain += s.elapsed();
     }
-    Ok((sync, proxied, drain))
+    w.sync_rtts = sync_rt as f64 / (per * rounds) as f64;
+    w.proxied_rtts = proxied_rt as f64 / (per * rounds) as f64;
+    Ok(w)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gengar_apps::DeploymentConfig;
+    use dmkit_gengar::ServerConfig;
+    use dmkit_verbs::NodeId;
+
+    fn addr(server: u16, i: u64) -> GlobalAddr {
+        GlobalAddr {
+            server: NodeId(server),
+            offset: i * 64,
+            generation: 1,
+            size: 8,
+        }
+    }
+
+    #[test]
+    fn the_oracle_caches_each_servers_most_read_objects() {
+        let objs = [addr(0, 1), addr(0, 2), addr(1, 3), addr(1, 4)];
+        let r = |obj| Access { obj, write: false };
+        // Warm-up (first half) is not counted; writes are not reads.
+        let w = |obj| Access { obj, write: true };
+        let t = vec![r(1), r(1), r(1), r(1), r(1), r(0), r(0), r(1), r(2), w(3)];
+        // Measured reads: 0, 0, 1, 2 — one slot per server: obj 0 (2 reads) and obj 2 (1).
+        assert!((oracle_share(std::slice::from_ref(&t), 0.5, &objs, 1) - 3.0 / 4.0).abs() < 1e-9);
+        assert!((oracle_share(&[t], 0.5, &objs, 2) - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn traces_are_deterministic_and_skewed() {
+        let cfg = MicroConfig {
+            objects: 1000,
+            clients: 2,
+            accesses: 20_000,
+            ..MicroConfig::default()
+        };
+        let (a, b) = (trace(&cfg), trace(&cfg));
+        assert_eq!(a, b);
+        let mut counts = vec![0u32; cfg.objects];
+        for x in a.iter().flatten() {
+            counts[x.obj as usize] += 1;
+        }
+        counts.sort_unstable_by(|x, y| y.cmp(x));
+        let top: u32 = counts[..100].iter().sum();
+        assert!(
+            top > 20_000,
+            "top 10% of objects got {top} of 40000 accesses"
+        );
+    }
+
+    #[test]
+    fn a_small_read_mix_promotes_hot_objects_and_checks_every_read() {
+        let cfg = MicroConfig {
+            objects: 2000,
+            clients: 2,
+            accesses: 6000,
+            window: Duration::from_millis(5),
+            ..MicroConfig::default()
+        };
+        let d = Deployment::sim(
+            &DeploymentConfig {
+                servers: 2,
+                nvm_bytes: 8 << 20,
+                server: ServerConfig {
+                    dram_bytes: 1 << 20,
+                    ..ServerConfig::default()
+                },
+                ..DeploymentConfig::default()
+            },
+            false,
+        )
+        .unwrap();
+        let objs = load(&d, &cfg).unwrap();
+        let traces = trace(&cfg);
+        let out = run_read_mix(&d, &objs, &traces, WriteMode::Proxied, &cfg).unwrap();
+        assert!(out.reads > 7000, "{out:?}");
+        assert!(out.promotions > 0, "{out:?}");
+        assert!(out.dram_reads > 0, "{out:?}");
+        assert!(dram_capacity_objects(1 << 20, 1016).unwrap() > 900);
+    }
 }
