@@ -243,3 +243,66 @@ impl Drop for Memnode {
         self.kill9();
     }
 }
+
+/// A FUSEE cluster of processes on loopback: `nodes` `dmkit memnode`s on DRAM (64 KiB
+/// blocks), a cluster file in a temporary directory, and a `dmkit master` that formatted it.
+/// Everything is killed when it is dropped.
+#[derive(Debug)]
+pub struct ProcCluster {
+    /// The cluster file's path.
+    pub file: String,
+    pub master: Daemon,
+    pub memnodes: Vec<Memnode>,
+    /// Holds the cluster file (and whatever else a test puts there).
+    pub dir: tempfile::TempDir,
+}
+
+impl ProcCluster {
+    /// `nodes` memory nodes of `dram` each, `replicas` index and data replicas.
+    pub fn start(nodes: u16, replicas: usize, dram: &str) -> ProcCluster {
+        Self::start_with(nodes, replicas, dram, |_| Vec::new())
+    }
+
+    /// Like [`ProcCluster::start`], with extra arguments for memory node `i`.
+    pub fn start_with(
+        nodes: u16,
+        replicas: usize,
+        dram: &str,
+        extra: impl Fn(u16) -> Vec<String>,
+    ) -> ProcCluster {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let memnodes: Vec<_> = (0..nodes)
+            .map(|i| {
+                let id = i.to_string();
+                let more = extra(i);
+                let mut args = vec!["--id", &id, "--dram", dram, "--block-size", "64KiB"];
+                args.extend(more.iter().map(String::as_str));
+                Memnode::start(&args)
+            })
+            .collect();
+        let addrs: Vec<_> = memnodes
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (i as u16, m.addr.clone()))
+            .collect();
+        let file = cluster_file(dir.path(), "127.0.0.1:0", replicas, &addrs)
+            .to_str()
+            .expect("a UTF-8 path")
+            .to_string();
+        let master = Daemon::start(
+            &["master", "--listen", "127.0.0.1:0", "--cluster", &file],
+            "serving on",
+        );
+        assert!(
+            master.ready_line.contains("formatted"),
+            "the master did not format the cluster: {}",
+            master.ready_line
+        );
+        ProcCluster {
+            file,
+            master,
+            memnodes,
+            dir,
+        }
+    }
+}

@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use dmkit_fusee::{Client, ClientConfig};
-use dmkit_tests::procs::{Daemon, Memnode, cluster_file, dmkit_bin, run_dmkit};
+use dmkit_tests::procs::{ProcCluster, dmkit_bin, run_dmkit};
 use dmkit_verbs::tcp::TcpConnector;
 use dmkit_verbs::{Endpoint, NodeId};
 
@@ -43,30 +43,8 @@ fn last_writes(log: &str, into: &mut HashMap<String, (String, u64)>) -> usize {
 
 #[test]
 fn four_ycsb_a_processes_every_acknowledged_write_is_readable() {
-    let dir = tempfile::tempdir().unwrap();
-    let memnodes: Vec<_> = (0..3u16)
-        .map(|i| {
-            Memnode::start(&[
-                "--id",
-                &i.to_string(),
-                "--dram",
-                "64MiB",
-                "--block-size",
-                "64KiB",
-            ])
-        })
-        .collect();
-    let addrs: Vec<_> = memnodes
-        .iter()
-        .enumerate()
-        .map(|(i, m)| (i as u16, m.addr.clone()))
-        .collect();
-    let file = cluster_file(dir.path(), "127.0.0.1:0", 3, &addrs);
-    let file = file.to_str().unwrap().to_string();
-    let _master = Daemon::start(
-        &["master", "--listen", "127.0.0.1:0", "--cluster", &file],
-        "serving on",
-    );
+    let cluster = ProcCluster::start(3, 3, "64MiB");
+    let (dir, file) = (&cluster.dir, cluster.file.clone());
     let records = RECORDS.to_string();
     let load_log = dir.path().join("ack-load.log");
     let out = run_dmkit(
@@ -152,7 +130,12 @@ fn four_ycsb_a_processes_every_acknowledged_write_is_readable() {
     );
 
     // Read everything back with an in-test client over tcp.
-    let nodes: Vec<_> = addrs.iter().map(|(i, a)| (NodeId(*i), a.clone())).collect();
+    let nodes: Vec<_> = cluster
+        .memnodes
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (NodeId(i as u16), m.addr.clone()))
+        .collect();
     let ids: Vec<_> = nodes.iter().map(|(i, _)| *i).collect();
     let (c, _) = Client::recover(
         || Ok(Endpoint::connect(&TcpConnector::default(), &nodes)?),

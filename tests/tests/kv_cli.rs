@@ -3,51 +3,12 @@
 
 use std::time::Duration;
 
-use dmkit_tests::procs::{Daemon, Memnode, cluster_file, run_dmkit};
+use dmkit_tests::procs::{Daemon, Memnode, ProcCluster, cluster_file, run_dmkit};
 
-struct Cluster {
-    _dir: tempfile::TempDir,
-    file: String,
-    _master: Daemon,
-    memnodes: Vec<Memnode>,
-}
+type Cluster = ProcCluster;
 
 fn start(replicas: usize) -> Cluster {
-    let dir = tempfile::tempdir().unwrap();
-    let memnodes: Vec<_> = (0..3u16)
-        .map(|i| {
-            Memnode::start(&[
-                "--id",
-                &i.to_string(),
-                "--dram",
-                "32MiB",
-                "--block-size",
-                "64KiB",
-            ])
-        })
-        .collect();
-    let addrs: Vec<_> = memnodes
-        .iter()
-        .enumerate()
-        .map(|(i, m)| (i as u16, m.addr.clone()))
-        .collect();
-    let file = cluster_file(dir.path(), "127.0.0.1:0", replicas, &addrs);
-    let file = file.to_str().unwrap().to_string();
-    let master = Daemon::start(
-        &["master", "--listen", "127.0.0.1:0", "--cluster", &file],
-        "serving on",
-    );
-    assert!(
-        master.ready_line.contains("formatted"),
-        "{}",
-        master.ready_line
-    );
-    Cluster {
-        _dir: dir,
-        file,
-        _master: master,
-        memnodes,
-    }
+    ProcCluster::start(3, replicas, "32MiB")
 }
 
 fn kv(c: &Cluster, args: &[&str]) -> (i32, String, String) {

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use dmkit_tests::procs::{Daemon, Memnode, cluster_file};
+use dmkit_tests::procs::{Daemon, ProcCluster};
 
 /// A free loopback port (the kernel's pick; released before the caller binds it).
 fn free_addr() -> String {
@@ -175,31 +175,10 @@ fn prometheus_scrapes_memnode_and_gateway_metrics() {
     eprintln!("using {}", prom_bin.display());
     let dir = tempfile::tempdir().unwrap();
     let metrics: Vec<String> = (0..3).map(|_| free_addr()).collect();
-    let memnodes: Vec<Memnode> = (0..3u16)
-        .map(|i| {
-            Memnode::start(&[
-                "--id",
-                &i.to_string(),
-                "--dram",
-                "32MiB",
-                "--block-size",
-                "64KiB",
-                "--metrics",
-                &metrics[i as usize],
-            ])
-        })
-        .collect();
-    let addrs: Vec<_> = memnodes
-        .iter()
-        .enumerate()
-        .map(|(i, m)| (i as u16, m.addr.clone()))
-        .collect();
-    let file = cluster_file(dir.path(), "127.0.0.1:0", 3, &addrs);
-    let file = file.to_str().unwrap().to_string();
-    let _master = Daemon::start(
-        &["master", "--listen", "127.0.0.1:0", "--cluster", &file],
-        "serving on",
-    );
+    let cluster = ProcCluster::start_with(3, 3, "32MiB", |i| {
+        vec!["--metrics".to_string(), metrics[i as usize].clone()]
+    });
+    let file = cluster.file.clone();
     let resp_metrics = free_addr();
     let resp = Daemon::start(
         &[

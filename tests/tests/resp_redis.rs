@@ -12,46 +12,12 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use dmkit_tests::procs::{Daemon, Memnode, cluster_file, run_dmkit};
+use dmkit_tests::procs::{Daemon, ProcCluster, cluster_file, run_dmkit};
 
-struct Cluster {
-    _dir: tempfile::TempDir,
-    file: String,
-    _master: Daemon,
-    _memnodes: Vec<Memnode>,
-}
+type Cluster = ProcCluster;
 
 fn start_cluster(nodes: u16, replicas: usize) -> Cluster {
-    let dir = tempfile::tempdir().unwrap();
-    let memnodes: Vec<_> = (0..nodes)
-        .map(|i| {
-            Memnode::start(&[
-                "--id",
-                &i.to_string(),
-                "--dram",
-                "32MiB",
-                "--block-size",
-                "64KiB",
-            ])
-        })
-        .collect();
-    let addrs: Vec<_> = memnodes
-        .iter()
-        .enumerate()
-        .map(|(i, m)| (i as u16, m.addr.clone()))
-        .collect();
-    let file = cluster_file(dir.path(), "127.0.0.1:0", replicas, &addrs);
-    let file = file.to_str().unwrap().to_string();
-    let master = Daemon::start(
-        &["master", "--listen", "127.0.0.1:0", "--cluster", &file],
-        "serving on",
-    );
-    Cluster {
-        _dir: dir,
-        file,
-        _master: master,
-        _memnodes: memnodes,
-    }
+    ProcCluster::start(nodes, replicas, "32MiB")
 }
 
 /// `dmkit resp` on a free loopback port, with its own client id (tests run in parallel).
