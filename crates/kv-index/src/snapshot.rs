@@ -26,6 +26,7 @@ use crate::error::{Error, Result};
 use crate::hooks::{NoHooks, WriteHooks};
 use crate::index::{Backoff, RaceIndex};
 use crate::layout::SlotPos;
+use crate::slot::is_frozen;
 
 /// Which SNAPSHOT rule made a writer the last writer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -217,15 +218,27 @@ impl RaceIndex {
         }
         if rule != Rule::AllBackups {
             let mut batches = Vec::new();
+            let mut which = Vec::new();
             for (k, &old) in olds.iter().enumerate() {
                 if old != expected {
                     let mut b = self.ep.batch(self.spaces[k + 1].region.node);
-                    b.cas(self.slot_addr(k + 1, pos), old, new);
+                    let i = b.cas(self.slot_addr(k + 1, pos), old, new);
                     batches.push(b);
+                    which.push((k + 1, old, i));
                 }
             }
-            for r in self.ep.execute_many(tag, batches) {
-                r?;
+            let mut missed = Vec::new();
+            for (r, (k, old, i)) in self.ep.execute_many(tag, batches).into_iter().zip(which) {
+                let was = r?.old(i);
+                if was != old && was != new {
+                    missed.push(k);
+                }
+            }
+            // A repair can miss when the value it replaces moved meanwhile (a loser of an
+            // older round taking its value back). The primary must not change before every
+            // backup holds the winner's value, or the slot stays split forever.
+            for k in missed {
+                self.force_backup(tag, k, pos, new)?;
             }
         }
         hooks.before_primary(expected)?;
@@ -256,6 +269,30 @@ impl RaceIndex {
         }
         metrics::counter!("dmkit_kv_index_snapshot_abandoned_total").increment(1);
         Ok((RawOutcome::Lost(now), Vec::new()))
+    }
+
+    /// Moves backup `k` of `pos` to `new` with CASes from whatever it holds.
+    fn force_backup(&self, tag: Tag, k: usize, pos: SlotPos, new: u64) -> Result<()> {
+        let at = self.slot_addr(k, pos);
+        for _ in 0..64 {
+            let v = self.ep.read(tag, at, 8)?;
+            let cur = u64::from_le_bytes(v[..8].try_into().map_err(|_| Error::Corrupt {
+                node: self.spaces[k].region.node,
+                what: "short slot read".into(),
+            })?);
+            if cur == new || is_frozen(cur) {
+                // (Frozen: a split holds the slot; the primary swap will fail and roll back.)
+                return Ok(());
+            }
+            if self.ep.cas(tag, at, cur, new)? == cur {
+                metrics::counter!("dmkit_kv_index_forced_repairs_total").increment(1);
+                return Ok(());
+            }
+        }
+        Err(Error::SnapshotStalled {
+            waited: std::time::Duration::ZERO,
+            state: format!("backup {k} of slot {pos:?} kept changing under a repair"),
+        })
     }
 
     pub(crate) fn read_primary_slot(&self, tag: Tag, pos: SlotPos) -> Result<u64> {
