@@ -159,6 +159,29 @@ pub fn run(args: DemoArgs) -> Result<(), CliError> {
     Ok(())
 }
 
+/// Shows progress until `run_for` has passed since `start`, tells the workers to stop and
+/// collects what each counted.
+fn finish_workers(
+    start: Instant,
+    run_for: Duration,
+    pb: &indicatif::ProgressBar,
+    stop: &AtomicBool,
+    workers: Vec<std::thread::ScopedJoinHandle<'_, Result<Tally, CliError>>>,
+) -> Result<Vec<Tally>, CliError> {
+    while start.elapsed() < run_for {
+        std::thread::sleep(Duration::from_millis(200));
+        pb.set_position(start.elapsed().as_secs());
+    }
+    stop.store(true, Ordering::Relaxed);
+    workers
+        .into_iter()
+        .map(|h| {
+            h.join()
+                .map_err(|_| CliError::runtime("a client thread panicked"))?
+        })
+        .collect()
+}
+
 fn fusee_ycsb_a(args: &DemoArgs, run_for: Duration) -> Result<(Tally, f64), CliError> {
     let mut cfg = LocalConfig::new(3, 3);
     cfg.pool_bytes = 256 << 20;
@@ -250,17 +273,7 @@ fn fusee_ycsb_a(args: &DemoArgs, run_for: Duration) -> Result<(Tally, f64), CliE
                 })
             })
             .collect();
-        while start.elapsed() < run_for {
-            std::thread::sleep(Duration::from_millis(200));
-            pb.set_position(start.elapsed().as_secs());
-        }
-        stop.store(true, Ordering::Relaxed);
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .map_err(|_| CliError::runtime("a client thread panicked"))?
-            })
-            .collect::<Result<Vec<_>, _>>()
+        finish_workers(start, run_for, &pb, &stop, hs)
     })?;
     pb.finish_and_clear();
     let secs = start.elapsed().as_secs_f64();
@@ -383,17 +396,7 @@ fn gengar_hot_reads(args: &DemoArgs, run_for: Duration) -> Result<(Tally, f64), 
                 })
             })
             .collect();
-        while start.elapsed() < run_for {
-            std::thread::sleep(Duration::from_millis(200));
-            pb.set_position(start.elapsed().as_secs());
-        }
-        stop.store(true, Ordering::Relaxed);
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .map_err(|_| CliError::runtime("a client thread panicked"))?
-            })
-            .collect::<Result<Vec<_>, _>>()
+        finish_workers(start, run_for, &pb, &stop, hs)
     })?;
     pb.finish_and_clear();
     let secs = start.elapsed().as_secs_f64();

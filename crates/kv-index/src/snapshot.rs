@@ -271,6 +271,30 @@ impl RaceIndex {
         Ok((RawOutcome::Lost(now), Vec::new()))
     }
 
+    /// CASes the primary of every item (one batch); items whose primary held something else
+    /// go to `again`, retargeted from what it held.
+    fn cas_primaries(
+        &self,
+        tag: Tag,
+        items: &[(SlotPos, u64, u64)],
+        again: &mut Vec<(SlotPos, u64, u64)>,
+        retarget: &impl Fn(u64) -> u64,
+    ) -> Result<()> {
+        let mut b = self.ep.batch(self.primary_node());
+        let idx: Vec<_> = items
+            .iter()
+            .map(|(pos, e, n)| b.cas(self.slot_addr(0, *pos), *e, *n))
+            .collect();
+        let res = self.ep.execute(tag, b)?;
+        for (it, i) in items.iter().zip(idx) {
+            let old = res.old(i);
+            if old != it.1 {
+                again.push((it.0, old, retarget(old)));
+            }
+        }
+        Ok(())
+    }
+
     /// Moves backup `k` of `pos` to `new` with CASes from whatever it holds.
     fn force_backup(&self, tag: Tag, k: usize, pos: SlotPos, new: u64) -> Result<()> {
         let at = self.slot_addr(k, pos);
@@ -360,18 +384,7 @@ impl RaceIndex {
         while !items.is_empty() {
             let mut again = Vec::new();
             if self.spaces.len() == 1 {
-                let mut b = self.ep.batch(self.primary_node());
-                let idx: Vec<_> = items
-                    .iter()
-                    .map(|(pos, e, n)| b.cas(self.slot_addr(0, *pos), *e, *n))
-                    .collect();
-                let res = self.ep.execute(tag, b)?;
-                for (it, i) in items.iter().zip(idx) {
-                    let old = res.old(i);
-                    if old != it.1 {
-                        again.push((it.0, old, retarget(old)));
-                    }
-                }
+                self.cas_primaries(tag, &items, &mut again, &retarget)?;
             } else {
                 let olds = self.cas_backups(tag, &items)?;
                 let mut rule1 = Vec::new();
@@ -389,18 +402,7 @@ impl RaceIndex {
                     }
                 }
                 if !rule1.is_empty() {
-                    let mut b = self.ep.batch(self.primary_node());
-                    let idx: Vec<_> = rule1
-                        .iter()
-                        .map(|(pos, e, n)| b.cas(self.slot_addr(0, *pos), *e, *n))
-                        .collect();
-                    let res = self.ep.execute(tag, b)?;
-                    for (it, i) in rule1.iter().zip(idx) {
-                        let old = res.old(i);
-                        if old != it.1 {
-                            again.push((it.0, old, retarget(old)));
-                        }
-                    }
+                    self.cas_primaries(tag, &rule1, &mut again, &retarget)?;
                 }
             }
             if !again.is_empty() && !backoff.pause() {
