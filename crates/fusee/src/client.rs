@@ -56,6 +56,13 @@ pub struct ClientConfig {
     pub prefetch_below: usize,
     /// Reclaim freed objects (read the blocks' bitmaps) every this many allocations.
     pub reclaim_every: u64,
+    /// Run background jobs (cleanup, prefetch, reclaim) on the calling thread right after the
+    /// operation that queued them, instead of on the client's background thread: slower, but
+    /// every verb is issued by the caller's thread (deterministic simulation needs that).
+    pub inline_jobs: bool,
+    /// How long an operation that hit a failed memory node waits for the master to publish
+    /// a membership without it (then it fails with the original error).
+    pub failover_wait: Duration,
 }
 
 impl ClientConfig {
@@ -69,6 +76,8 @@ impl ClientConfig {
             },
             prefetch_below: 16,
             reclaim_every: 256,
+            inline_jobs: false,
+            failover_wait: Duration::from_secs(30),
         }
     }
 }
@@ -125,8 +134,10 @@ pub(crate) enum Job {
 pub(crate) struct Inner {
     pub ep: Endpoint,
     pub id: u64,
-    pub view: ClusterView,
-    pub index: RaceIndex,
+    /// The membership epoch's view and index (replaced when the membership changes).
+    state: parking_lot::RwLock<(Arc<ClusterView>, Arc<RaceIndex>)>,
+    /// The ring order of the cluster's memory nodes (as the client was given them).
+    pub(crate) nodes: Vec<NodeId>,
     pub free: Mutex<FreeLists>,
     cache: AddressCache<Vec<u8>, CachedAddr>,
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
@@ -134,6 +145,8 @@ pub(crate) struct Inner {
     cfg: ClientConfig,
     /// One block acquisition at a time.
     pub(crate) block_lock: Mutex<u64>,
+    /// Reconnects to memory nodes that restarted (set by the process that knows addresses).
+    reconnect: Mutex<Option<crate::failover::Reconnect>>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -217,14 +230,15 @@ impl Client {
         let inner = Arc::new(Inner {
             id: cfg.id,
             ep,
-            view,
-            index,
+            state: parking_lot::RwLock::new((Arc::new(view), Arc::new(index))),
+            nodes: nodes.to_vec(),
             free: Mutex::new(FreeLists::default()),
             cache,
             jobs: Mutex::new(Some(tx)),
             allocs: std::sync::atomic::AtomicU64::new(0),
             cfg,
             block_lock: Mutex::new(0),
+            reconnect: Mutex::new(None),
         });
         Ok((Client { inner }, rx))
     }
@@ -246,8 +260,9 @@ impl Client {
         &self.inner.ep
     }
 
-    pub fn view(&self) -> &ClusterView {
-        &self.inner.view
+    /// The cluster as of the client's current membership epoch.
+    pub fn view(&self) -> Arc<ClusterView> {
+        self.inner.view()
     }
 
     /// The address cache's statistics.
@@ -302,6 +317,12 @@ impl Client {
     /// object read together), two otherwise (buckets, then object).
     pub fn search(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         Self::check_key(key)?;
+        // While the index is repaired a SEARCH waits for it too: a slot the survivors disagree
+        // on is being decided.
+        self.with_failover(true, || self.search_once(key))
+    }
+
+    fn search_once(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         let inner = &self.inner;
         let k = key.to_vec();
         if !inner.cache.should_bypass() {
@@ -312,8 +333,9 @@ impl Client {
                 }
             }
         }
-        let v = Verifier::new(&inner.view);
-        match inner.index.search_at(&v, key)? {
+        let view = inner.view();
+        let v = Verifier::new(&view);
+        match inner.index().search_at(&v, key)? {
             Some((slot, pos)) => {
                 let Some((s, obj)) = v.take() else {
                     return Err(Error::Corrupt(
@@ -343,15 +365,40 @@ impl Client {
     /// INSERT: `key → value` unless the key is present.
     pub fn insert(&self, key: &[u8], value: &[u8]) -> Result<InsertResult> {
         Self::check_key(key)?;
+        // The object of an attempt cut short by a failover: the master may have completed
+        // that attempt, and then the key holds it.
+        let tried: Mutex<Vec<Addr>> = Mutex::new(Vec::new());
+        let r = self.with_failover(true, || self.insert_once(key, value, &tried))?;
+        let tried = tried.into_inner();
+        if r == InsertResult::AlreadyExists && tried.len() > 1 {
+            for prev in tried {
+                if self.inner.points_to(key, prev)? {
+                    return Ok(InsertResult::Inserted);
+                }
+            }
+        }
+        Ok(r)
+    }
+
+    fn insert_once(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        tried: &Mutex<Vec<Addr>>,
+    ) -> Result<InsertResult> {
         let inner = &self.inner;
         let a = inner.allocate(object::object_len(key.len(), value.len()))?;
+        // Earlier attempts' objects are left as they are: the master may have made one the
+        // key's value (they leak otherwise, one object per failover).
+        tried.lock().push(a.addr);
         let res = (|| {
             let bytes = object::encode(key, value, a.next, a.prev, a.generation, Op::Insert)?;
             let slot = inner.slot_of(key, &a, bytes.len())?;
-            let v = Verifier::new(&inner.view);
+            let view = inner.view();
+        let v = Verifier::new(&view);
             let hooks = inner.hooks(&a, &bytes, Op::Insert, &v);
             Ok((
-                inner.index.insert_hooked(&v, key, slot, &hooks)?,
+                inner.index().insert_hooked(&v, key, slot, &hooks)?,
                 slot,
                 bytes.len(),
             ))
@@ -380,13 +427,19 @@ impl Client {
     /// UPDATE: replaces the value of a present key.
     pub fn update(&self, key: &[u8], value: &[u8]) -> Result<UpdateResult> {
         Self::check_key(key)?;
+        // Retrying an UPDATE cut short by a failover is harmless: it sets the same value.
+        self.with_failover(true, || self.update_once(key, value))
+    }
+
+    fn update_once(&self, key: &[u8], value: &[u8]) -> Result<UpdateResult> {
         let inner = &self.inner;
         let a = inner.allocate(object::object_len(key.len(), value.len()))?;
         let bytes = object::encode(key, value, a.next, a.prev, a.generation, Op::Update)?;
         let slot = inner.slot_of(key, &a, bytes.len())?;
-        let v = Verifier::new(&inner.view);
+        let view = inner.view();
+        let v = Verifier::new(&view);
         let hooks = inner.hooks(&a, &bytes, Op::Update, &v);
-        let m = inner.index.update_hooked(&v, key, slot, &hooks)?;
+        let m = inner.index().update_hooked(&v, key, slot, &hooks)?;
         let found = v.take();
         match m {
             None => {
@@ -429,14 +482,32 @@ impl Client {
     /// DELETE: removes a present key.
     pub fn delete(&self, key: &[u8]) -> Result<DeleteResult> {
         Self::check_key(key)?;
+        let cut_short = std::sync::atomic::AtomicBool::new(false);
+        let r = self.with_failover(true, || {
+            let r = self.delete_once(key);
+            if r.as_ref().is_err_and(needs_membership) {
+                cut_short.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            r
+        })?;
+        // An attempt cut short may have been completed by the master: the retry then finds
+        // nothing, and the DELETE did happen.
+        if r == DeleteResult::NotFound && cut_short.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(DeleteResult::Deleted);
+        }
+        Ok(r)
+    }
+
+    fn delete_once(&self, key: &[u8]) -> Result<DeleteResult> {
         let inner = &self.inner;
         loop {
             // The log entry of a DELETE lives in a temporary object holding the key.
             let a = inner.allocate(object::object_len(key.len(), 0))?;
             let bytes = object::encode(key, &[], a.next, a.prev, a.generation, Op::Delete)?;
-            let v = Verifier::new(&inner.view);
+            let view = inner.view();
+        let v = Verifier::new(&view);
             let hooks = inner.hooks(&a, &bytes, Op::Delete, &v);
-            let m = inner.index.delete_hooked(&v, key, &hooks)?;
+            let m = inner.index().delete_hooked(&v, key, &hooks)?;
             let found = v.take();
             inner.cache.remove(&key.to_vec());
             match m {
@@ -471,6 +542,42 @@ impl Client {
         }
     }
 
+    /// Sets how this client reconnects to memory nodes that restart (their old connections
+    /// are dead). Without it, a restarted node is only used by new clients.
+    pub fn set_reconnect(&self, reconnect: crate::failover::Reconnect) {
+        *self.inner.reconnect.lock() = Some(reconnect);
+    }
+
+    /// The membership epoch this client works in.
+    pub fn epoch(&self) -> u64 {
+        self.inner.view().epoch
+    }
+
+    /// Runs `op`; when it fails because a memory node failed or was fenced, waits for the
+    /// master's next membership and runs it again. Writes also wait while a membership is
+    /// being repaired.
+    fn with_failover<T>(&self, write: bool, op: impl Fn() -> Result<T>) -> Result<T> {
+        let mut attempts = 0;
+        loop {
+            let view = self.inner.view();
+            if write && view.repairing {
+                self.inner.refresh(view.epoch, true)?;
+                continue;
+            }
+            match op() {
+                Err(e) if needs_membership(&e) && attempts < 16 => {
+                    attempts += 1;
+                    metrics::counter!("dmkit_fusee_failover_retries_total").increment(1);
+                    if let Err(again) = self.inner.refresh(view.epoch, write) {
+                        tracing::warn!(error = %again, "no new membership");
+                        return Err(e);
+                    }
+                }
+                r => return r,
+            }
+        }
+    }
+
     /// SET semantics: update if present, insert otherwise.
     pub fn upsert(&self, key: &[u8], value: &[u8]) -> Result<()> {
         loop {
@@ -490,25 +597,109 @@ impl Drop for Inner {
     }
 }
 
+/// Whether `e` means the membership changed under the operation (a failed or fenced node, a
+/// rotated rkey), so it should be retried in the next epoch.
+pub(crate) fn needs_membership(e: &Error) -> bool {
+    let verbs = match e {
+        Error::Verbs(v) | Error::Index(dmkit_kv_index::Error::Verbs(v)) => v,
+        Error::Unavailable(_) => return true,
+        Error::Index(dmkit_kv_index::Error::SnapshotStalled { .. })
+        | Error::Index(dmkit_kv_index::Error::SplitStalled { .. }) => return true,
+        Error::Index(dmkit_kv_index::Error::Verifier(m)) => {
+            return m.contains("does not serve") || m.contains("node");
+        }
+        _ => return false,
+    };
+    use dmkit_verbs::{AccessFault, Error as V};
+    verbs.is_node_failure()
+        || matches!(
+            verbs,
+            V::RemoteAccess {
+                fault: AccessFault::UnknownRkey | AccessFault::Fenced,
+                ..
+            } | V::NoSuchNode(_)
+                | V::Dropped { .. }
+        )
+}
+
 impl Inner {
+    /// Waits for a membership newer than epoch `seen` (an active one if `active`) and
+    /// switches to it. Fails after `failover_wait`.
+    pub(crate) fn refresh(&self, seen: u64, active: bool) -> Result<()> {
+        let deadline = std::time::Instant::now() + self.cfg.failover_wait;
+        let rc = self.reconnect.lock().clone();
+        loop {
+            let mut best: Option<crate::membership::Membership> = None;
+            for n in &self.nodes {
+                let Ok(q) = crate::failover::query_or_reconnect(&self.ep, rc.as_ref(), *n) else {
+                    continue;
+                };
+                if let Some(r) = q.record {
+                    if best.as_ref().is_none_or(|b| r.epoch > b.epoch) {
+                        best = Some(r);
+                    }
+                }
+            }
+            if let Some(m) = best.filter(|m| m.epoch > seen && !(active && m.repairing)) {
+                let view = cluster::open_at(&self.ep, &self.nodes, &m)?;
+                let index = RaceIndex::open(&self.ep, &view.index_spaces())?;
+                let mut st = self.state.write();
+                if st.0.epoch < view.epoch {
+                    tracing::info!(client = self.id, epoch = view.epoch, "membership changed");
+                    *st = (Arc::new(view), Arc::new(index));
+                }
+                return Ok(());
+            }
+            if self.state.read().0.epoch > seen && !(active && self.state.read().0.repairing) {
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(Error::Membership(format!(
+                    "no membership newer than epoch {seen} within {:?} (is the master running?)",
+                    self.cfg.failover_wait
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Whether the key's primary slot points at `addr`.
+    pub(crate) fn points_to(&self, key: &[u8], addr: Addr) -> Result<bool> {
+        let view = self.view();
+        let v = Verifier::new(&view);
+        Ok(self
+            .index()
+            .search(&v, key)?
+            .is_some_and(|s| slot_addr(s) == addr))
+    }
+
+    /// The cluster view of the current membership epoch.
+    pub(crate) fn view(&self) -> Arc<ClusterView> {
+        self.state.read().0.clone()
+    }
+
+    /// The index over the current epoch's serving replicas.
+    pub(crate) fn index(&self) -> Arc<RaceIndex> {
+        self.state.read().1.clone()
+    }
+
     /// SEARCH through the address cache: the slot word and the object it should point to,
     /// read together (one round trip). `None` when the cache entry is stale.
     fn cached_search(&self, key: &[u8], c: CachedAddr) -> Result<Option<Vec<u8>>> {
-        let slot_at = self.index.primary_slot_addr(c.pos);
+        let slot_at = self.index().primary_slot_addr(c.pos);
         let obj = slot_addr(c.slot);
-        let Some(region) = self.view.region(obj.node) else {
+        let Some(obj_at) = self.view().acting(obj.node, obj.offset) else {
             return Ok(None);
         };
-        let obj_at = region.at(obj.offset);
-        let (batches, si, oi, same) = if slot_at.node == obj.node {
-            let mut b = self.ep.batch(obj.node);
+        let (batches, si, oi, same) = if slot_at.node == obj_at.node {
+            let mut b = self.ep.batch(obj_at.node);
             let si = b.read(slot_at, 8);
             let oi = b.read(obj_at, c.slot.object_len());
             (vec![b], si, oi, true)
         } else {
             let mut b1 = self.ep.batch(slot_at.node);
             let si = b1.read(slot_at, 8);
-            let mut b2 = self.ep.batch(obj.node);
+            let mut b2 = self.ep.batch(obj_at.node);
             let oi = b2.read(obj_at, c.slot.object_len());
             (vec![b1, b2], si, oi, false)
         };
@@ -539,12 +730,10 @@ impl Inner {
             return Ok(0);
         };
         let a = slot_addr(s);
-        let Some(region) = self.view.region(a.node) else {
+        let Some(at) = self.view().acting(a.node, a.offset) else {
             return Ok(0);
         };
-        let h = self
-            .ep
-            .read(tags::COMMIT, region.at(a.offset), object::HEADER_LEN)?;
+        let h = self.ep.read(tags::COMMIT, at, object::HEADER_LEN)?;
         Ok(object::decode_header(&h).map(|h| h.generation).unwrap_or(0))
     }
 
@@ -553,6 +742,10 @@ impl Inner {
     }
 
     fn send(&self, j: Job) -> bool {
+        if self.cfg.inline_jobs {
+            self.run_job(j);
+            return true;
+        }
         match self.jobs.lock().as_ref() {
             Some(tx) => tx.send(j).is_ok(),
             None => false,
@@ -566,7 +759,7 @@ impl Inner {
             len_class: ObjPtr::len_class_of(len)
                 .ok_or(Error::ObjectTooLarge(len, alloc::MAX_OBJECT))?,
         };
-        Ok(self.index.slot_for(key, ptr)?)
+        Ok(self.index().slot_for(key, ptr)?)
     }
 
     fn hooks<'a>(
@@ -576,14 +769,16 @@ impl Inner {
         op: Op,
         v: &'a Verifier<'a>,
     ) -> Hooks<'a> {
+        let view = self.view();
+        // Replicas on nodes that failed since the block was fetched are skipped (degraded).
         let batches = a
             .replicas
             .iter()
-            .map(|r| {
+            .filter_map(|r| {
+                let region = view.region(r.node)?;
                 let mut b = self.ep.batch(r.node);
-                let region = self.view.region(r.node).expect("replica in the cluster");
                 b.write_durable(region.at(r.offset), bytes);
-                b
+                Some(b)
             })
             .collect();
         Hooks {
@@ -618,26 +813,26 @@ impl Inner {
     fn write_commit(&self, a: &Allocation, op: Op, c: Commit, old_raw: u64) -> Result<()> {
         let rec = object::encode_commit(&c, a.generation, op, a.addr);
         let at = a.log_offset + object::COMMIT_OFF as u64;
+        let view = self.view();
         let mut batches: Vec<_> = a
             .replicas
             .iter()
-            .map(|r| {
+            .filter_map(|r| {
+                let region = view.region(r.node)?;
                 let mut b = self.ep.batch(r.node);
-                let region = self.view.region(r.node).expect("replica in the cluster");
                 b.write_durable(region.at(r.offset + at), &rec);
-                b
+                Some(b)
             })
             .collect();
         if let Some(old) = Slot::from_raw(old_raw)? {
             let o = slot_addr(old);
-            if let Some(region) = self.view.region(o.node) {
-                let flag = region.at(o.offset + object::FLAGS_OFF as u64);
-                match batches.iter_mut().find(|b| b.node() == o.node) {
+            if let Some(flag) = view.acting(o.node, o.offset + object::FLAGS_OFF as u64) {
+                match batches.iter_mut().find(|b| b.node() == flag.node) {
                     Some(b) => {
                         b.write(flag, &[object::FLAG_OUTDATED]);
                     }
                     None => {
-                        let mut b = self.ep.batch(o.node);
+                        let mut b = self.ep.batch(flag.node);
                         b.write(flag, &[object::FLAG_OUTDATED]);
                         batches.push(b);
                     }
@@ -653,12 +848,11 @@ impl Inner {
     /// Gives back an object that never made it into the index (reclaimed flag first, then the
     /// free list): before the operation returns, so recovery never redoes it.
     fn take_back(&self, a: &Allocation) -> Result<()> {
-        let region = self.view.region(a.addr.node).expect("in the cluster");
-        self.ep.write(
-            tags::RECLAIM,
-            region.at(a.addr.offset + object::FLAGS_OFF as u64),
-            &[object::FLAG_RECLAIMED],
-        )?;
+        let at = self
+            .view()
+            .acting(a.addr.node, a.addr.offset + object::FLAGS_OFF as u64)
+            .ok_or(Error::Unavailable(a.addr.node))?;
+        self.ep.write(tags::RECLAIM, at, &[object::FLAG_RECLAIMED])?;
         self.free.lock().push(
             a.class,
             alloc::FreeObject {
@@ -698,7 +892,7 @@ impl Inner {
                 let mut f = self.free.lock();
                 // Keep one spare so the next pointer is always known.
                 if f.len(class) >= 2 {
-                    let mut a = f.pop(&self.view, class).expect("non-empty");
+                    let mut a = f.pop(&self.view(), class).expect("non-empty");
                     a.log_offset = object::log_offset_for_len(len) as u64;
                     if f.len(class) < self.cfg.prefetch_below {
                         drop(f);
@@ -716,6 +910,13 @@ impl Inner {
 fn worker(inner: std::sync::Weak<Inner>, rx: mpsc::Receiver<Job>) {
     while let Ok(job) = rx.recv() {
         let Some(inner) = inner.upgrade() else { return };
+        inner.run_job(job);
+    }
+}
+
+impl Inner {
+    /// Runs one background job (on the background thread, or inline with `inline_jobs`).
+    fn run_job(&self, job: Job) {
         let r = match job {
             Job::Cleanup {
                 ours,
@@ -724,23 +925,23 @@ fn worker(inner: std::sync::Weak<Inner>, rx: mpsc::Receiver<Job>) {
                 old,
                 class,
                 generation,
-            } => inner.cleanup(ours, ours_len, op, old, class, generation),
+            } => self.cleanup(ours, ours_len, op, old, class, generation),
             Job::Prefetch(class) => {
-                let low = inner.free.lock().len(class) < inner.cfg.prefetch_below;
+                let low = self.free.lock().len(class) < self.cfg.prefetch_below;
                 if low {
-                    inner.acquire_block(class)
+                    self.acquire_block(class)
                 } else {
                     Ok(())
                 }
             }
-            Job::Reclaim => inner.reclaim().map(drop),
+            Job::Reclaim => self.reclaim().map(drop),
             Job::Flush(tx) => {
                 let _ = tx.send(Ok(()));
                 Ok(())
             }
         };
         if let Err(e) = r {
-            tracing::warn!(client = inner.id, error = %e, "FUSEE background job failed");
+            tracing::warn!(client = self.id, error = %e, "FUSEE background job failed");
         }
     }
 }

@@ -13,7 +13,7 @@
 use dmkit_kv_index::{IndexConfig, IndexReplicaSpace, RaceIndex};
 use dmkit_pmem_pool::MAX_OWNER;
 use dmkit_verbs::wire::{Reader, Writer};
-use dmkit_verbs::{Endpoint, NodeId, RegionDesc};
+use dmkit_verbs::{Endpoint, NodeId, RegionDesc, RemoteAddr};
 
 use crate::error::{Error, Result};
 use crate::memnode::{POOL_BASE, status, tag};
@@ -95,12 +95,19 @@ impl ClusterConfig {
 /// What a client knows of the cluster after reading the superblock.
 #[derive(Debug, Clone)]
 pub struct ClusterView {
+    /// Every memory node of the cluster, in ring order (as formatted).
     pub nodes: Vec<NodeId>,
+    /// The serving ones (see [`crate::membership`]), in ring order.
+    pub members: Vec<NodeId>,
+    /// The membership epoch this view belongs to.
+    pub epoch: u64,
+    /// The membership is being repaired: writes wait for the next epoch.
+    pub repairing: bool,
     pub index_replicas: usize,
     pub data_replicas: usize,
     pub block_size: u64,
     pub index_blocks: u64,
-    /// Each node's pool region.
+    /// Each member's pool region (with the rkey of this epoch).
     pub regions: Vec<RegionDesc>,
 }
 
@@ -120,24 +127,57 @@ impl ClusterView {
         self.nodes.iter().position(|n| *n == node)
     }
 
-    /// The region of `node`.
+    /// The region of `node`, if it is a member.
     pub fn region(&self, node: NodeId) -> Option<RegionDesc> {
         self.regions.iter().find(|r| r.node == node).copied()
     }
 
-    /// The data replicas of block `b`: its primary first.
-    pub fn block_replicas(&self, b: u64) -> Vec<NodeId> {
+    /// Whether `node` serves in this view.
+    pub fn is_member(&self, node: NodeId) -> bool {
+        self.members.contains(&node)
+    }
+
+    /// Every data replica of block `b` as formatted (its primary first), members or not.
+    pub fn all_block_replicas(&self, b: u64) -> Vec<NodeId> {
         let n = self.nodes.len() as u64;
         (0..self.data_replicas as u64)
             .map(|i| self.node_at(((b % n) + i) as usize))
             .collect()
     }
 
-    /// The index replica spaces, primary first.
+    /// The serving data replicas of block `b`: its acting primary (the first serving one)
+    /// first. Empty when every replica is down.
+    pub fn block_replicas(&self, b: u64) -> Vec<NodeId> {
+        self.all_block_replicas(b)
+            .into_iter()
+            .filter(|n| self.is_member(*n))
+            .collect()
+    }
+
+    /// Where the data at `offset` that `node` holds (an object, a block's bitmap) is served:
+    /// on `node` itself while it is a member, else on its block's acting primary (replicas
+    /// hold a block at the same offset). `None` when no replica serves it.
+    pub fn acting(&self, node: NodeId, offset: u64) -> Option<RemoteAddr> {
+        if let Some(r) = self.region(node) {
+            return Some(r.at(offset));
+        }
+        let b = offset / self.block_size.max(1);
+        let n = *self.block_replicas(b).first()?;
+        self.region(n).map(|r| r.at(offset))
+    }
+
+    /// The node index replica `i` lives on (the first `index_replicas` nodes hold one each).
+    pub fn index_holders(&self) -> &[NodeId] {
+        &self.nodes[..self.index_replicas.min(self.nodes.len())]
+    }
+
+    /// The serving index replica spaces, primary first.
     pub fn index_spaces(&self) -> Vec<IndexReplicaSpace> {
-        (0..self.index_replicas)
-            .map(|i| IndexReplicaSpace {
-                region: self.region(self.nodes[i]).expect("every node has a region"),
+        self.index_holders()
+            .iter()
+            .filter_map(|n| self.region(*n))
+            .map(|region| IndexReplicaSpace {
+                region,
                 offset: self.block_size,
                 len: self.index_blocks * self.block_size,
             })
@@ -248,6 +288,9 @@ pub fn format(ep: &Endpoint, cfg: &ClusterConfig) -> Result<ClusterView> {
     }
     let view = ClusterView {
         nodes: cfg.nodes.clone(),
+        members: cfg.nodes.clone(),
+        epoch: 0,
+        repairing: false,
         index_replicas: cfg.index_replicas,
         data_replicas: cfg.data_replicas,
         block_size,
@@ -279,11 +322,32 @@ pub fn format(ep: &Endpoint, cfg: &ClusterConfig) -> Result<ClusterView> {
 /// cluster (the same uuid and shape: a node formatted as part of another cluster, or not
 /// formatted while the others are, is an error) and that it names exactly `nodes`.
 pub fn open(ep: &Endpoint, nodes: &[NodeId]) -> Result<ClusterView> {
+    let membership = crate::membership::newest(ep, nodes).ok_or_else(|| {
+        Error::Cluster(format!(
+            "none of the memory nodes {nodes:?} answers (are they running?)"
+        ))
+    })?;
+    open_at(ep, nodes, &membership)
+}
+
+/// [`open`] with a known membership: reads the superblocks of its members only.
+pub fn open_at(
+    ep: &Endpoint,
+    nodes: &[NodeId],
+    membership: &crate::membership::Membership,
+) -> Result<ClusterView> {
+    let region_of = |node: NodeId| -> Result<RegionDesc> {
+        let mut r = pool_region(ep, node)?;
+        if let Some(k) = membership.rkey(node) {
+            r.rkey = k;
+        }
+        Ok(r)
+    };
     let mut last = None;
     // (node, its superblock) of the nodes that answered; None = no superblock.
     let mut seen: Vec<(NodeId, Option<Super>)> = Vec::new();
-    for node in nodes {
-        let region = match pool_region(ep, *node) {
+    for node in nodes.iter().filter(|n| membership.is_member(**n)) {
+        let region = match region_of(*node) {
             Ok(r) => r,
             Err(e) => {
                 last = Some(e);
@@ -352,12 +416,20 @@ pub fn open(ep: &Endpoint, nodes: &[NodeId]) -> Result<ClusterView> {
             sb.nodes
         )));
     }
+    let members: Vec<NodeId> = sb
+        .nodes
+        .iter()
+        .copied()
+        .filter(|n| membership.is_member(*n))
+        .collect();
     Ok(ClusterView {
-        regions: sb
-            .nodes
+        regions: members
             .iter()
-            .map(|n| pool_region(ep, *n))
+            .map(|n| region_of(*n))
             .collect::<Result<_>>()?,
+        members,
+        epoch: membership.epoch,
+        repairing: membership.repairing,
         nodes: sb.nodes,
         index_replicas: sb.index_replicas,
         data_replicas: sb.data_replicas,

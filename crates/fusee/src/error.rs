@@ -28,6 +28,12 @@ pub enum Error {
     /// Remote data that is not what it should be (a corrupt object or header).
     #[error("corrupt remote data: {0}")]
     Corrupt(String),
+    /// Every replica of some data is on failed memory nodes.
+    #[error("no serving replica of data on memory node {0} (it failed and so did its replicas)")]
+    Unavailable(NodeId),
+    /// The operation could not finish across membership changes (see [`crate::membership`]).
+    #[error("membership: {0}")]
+    Membership(String),
     /// Bad settings.
     #[error("invalid configuration: {0}")]
     Config(String),

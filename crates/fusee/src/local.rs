@@ -8,6 +8,7 @@ use dmkit_verbs::sim::{SimCluster, SimConfig};
 use dmkit_verbs::tcp::{TcpConnector, TcpServer, TcpServerConfig};
 use dmkit_verbs::{Endpoint, NodeId};
 
+use crate::failover::Master;
 use crate::client::{Client, ClientConfig};
 use crate::cluster::{self, ClusterConfig, ClusterView};
 use crate::error::{Error, Result};
@@ -94,7 +95,18 @@ impl LocalCluster {
     /// An endpoint for client `id` over the cluster's transport.
     pub fn endpoint(&self, id: u64) -> Result<Endpoint> {
         if self.tcp.is_empty() {
-            return Ok(self.sim.endpoint(id)?);
+            // Every node that is up (a failed one is reached again after it recovers).
+            let conn = self.sim.connector(id);
+            let ep = Endpoint::default();
+            for n in &self.cfg.cluster.nodes {
+                if let Ok(c) = dmkit_verbs::Connector::connect(&conn, &n.0.to_string()) {
+                    ep.add_connection(c);
+                }
+            }
+            if ep.nodes().is_empty() {
+                return Err(Error::Cluster("no memory node is up".into()));
+            }
+            return Ok(ep);
         }
         let nodes: Vec<_> = self
             .tcp
@@ -124,6 +136,12 @@ impl LocalCluster {
             &self.cfg.cluster.nodes,
             ClientConfig::new(id),
         )
+    }
+
+    /// A master for this cluster (in-process; drive it with [`Master::fail_over`],
+    /// [`Master::rejoin`] or [`Master::run`]).
+    pub fn master(&self) -> Result<Arc<Master>> {
+        Master::new(self.endpoint(u64::MAX - 17)?, &self.cfg.cluster.nodes)
     }
 
     pub fn nodes(&self) -> &[NodeId] {

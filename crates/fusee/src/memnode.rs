@@ -14,6 +14,7 @@ use dmkit_verbs::wire::{Reader, WireError, Writer};
 use dmkit_verbs::{Access, FnBacking, Media, MemoryNode, NodeId, Peer, RegionDesc};
 
 use crate::error::{Error, Result};
+use crate::membership::Membership;
 
 /// The remote base of the pool's data area on every FUSEE memory node.
 pub const POOL_BASE: u64 = 1 << 44;
@@ -25,7 +26,16 @@ pub(crate) mod tag {
     pub const BLOCKS_OF: u8 = 4;
     pub const STAT: u8 = 5;
     pub const RESERVE: u8 = 6;
+    pub const MEMBERSHIP_GET: u8 = 7;
+    pub const MEMBERSHIP_SET: u8 = 8;
+    pub const REKEY: u8 = 9;
+    pub const BLOCK_TABLE: u8 = 10;
+    pub const SET_BLOCK: u8 = 11;
+    pub const SET_FENCED: u8 = 12;
 }
+
+/// "No owner" in a SET_BLOCK request.
+pub(crate) const NO_OWNER: u64 = u64::MAX;
 
 pub(crate) mod status {
     pub const OK: u8 = 0;
@@ -64,7 +74,9 @@ pub fn pool_backing(pool: &Arc<Pool>) -> FnBacking {
 pub struct Memnode {
     node: Arc<MemoryNode>,
     pool: Arc<Pool>,
-    region: RegionDesc,
+    region: parking_lot::Mutex<RegionDesc>,
+    /// The newest membership record the master gave this node.
+    membership: parking_lot::Mutex<Option<Membership>>,
 }
 
 impl Memnode {
@@ -76,7 +88,12 @@ impl Memnode {
         let region = node
             .register(Arc::new(pool_backing(&pool)), Access::ALL, Some(POOL_BASE))
             .map_err(Error::Verbs)?;
-        let m = Arc::new(Memnode { node, pool, region });
+        let m = Arc::new(Memnode {
+            node,
+            pool,
+            region: parking_lot::Mutex::new(region),
+            membership: parking_lot::Mutex::new(None),
+        });
         let weak = Arc::downgrade(&m);
         m.node
             .set_rpc_handler(Arc::new(move |peer: &Peer, req: &[u8]| {
@@ -96,8 +113,14 @@ impl Memnode {
         &self.pool
     }
 
+    /// The pool region's descriptor (its rkey changes when the master fences the cluster).
     pub fn region(&self) -> RegionDesc {
-        self.region
+        *self.region.lock()
+    }
+
+    /// The newest membership record this node was given.
+    pub fn membership(&self) -> Option<Membership> {
+        self.membership.lock().clone()
     }
 
     fn handle(&self, peer: &Peer, req: &[u8]) -> Vec<u8> {
@@ -183,6 +206,89 @@ impl Memnode {
                 r.finish()?;
                 for b in first..first.saturating_add(count) {
                     if let Err(e) = self.pool.alloc_block_at(BlockId(b), owner) {
+                        return Ok(fail(e));
+                    }
+                }
+                Writer::new().u8(status::OK).finish()
+            }
+            tag::MEMBERSHIP_GET => {
+                r.finish()?;
+                let m = self.membership.lock().clone();
+                let w = Writer::new()
+                    .u8(status::OK)
+                    .u8(u8::from(self.node.is_fenced()));
+                match m {
+                    Some(m) => w.u8(1).bytes(&m.encode()).finish(),
+                    None => w.u8(0).finish(),
+                }
+            }
+            tag::MEMBERSHIP_SET => {
+                let m = Membership::decode(r.bytes()?)?;
+                r.finish()?;
+                let mut cur = self.membership.lock();
+                if cur.as_ref().is_some_and(|c| c.epoch > m.epoch) {
+                    return Ok(Writer::new()
+                        .u8(status::FAILED)
+                        .bytes(b"an older membership epoch")
+                        .finish());
+                }
+                let member = m.is_member(self.node.id());
+                if !member && !self.node.is_fenced() {
+                    tracing::warn!(
+                        epoch = m.epoch,
+                        "fenced: this memory node is not a member of the new membership"
+                    );
+                }
+                self.node.set_fenced(!member);
+                *cur = Some(m);
+                Writer::new().u8(status::OK).finish()
+            }
+            tag::REKEY => {
+                r.finish()?;
+                let mut region = self.region.lock();
+                match self.node.rekey(region.rkey) {
+                    Some(d) => {
+                        *region = d;
+                        Writer::new().u8(status::OK).u32(d.rkey.0).finish()
+                    }
+                    None => Writer::new()
+                        .u8(status::FAILED)
+                        .bytes(b"the pool region is not registered")
+                        .finish(),
+                }
+            }
+            tag::SET_FENCED => {
+                let fenced = r.u8()? != 0;
+                r.finish()?;
+                self.node.set_fenced(fenced);
+                Writer::new().u8(status::OK).finish()
+            }
+            tag::BLOCK_TABLE => {
+                r.finish()?;
+                let all: Vec<_> = (0..self.pool.block_count() as u64)
+                    .filter_map(|b| self.pool.block_owner(BlockId(b)).map(|o| (b, o)))
+                    .collect();
+                let mut w = Writer::new().u8(status::OK).u32(all.len() as u32);
+                for (b, o) in all {
+                    w = w.u64(b).u64(o);
+                }
+                w.finish()
+            }
+            tag::SET_BLOCK => {
+                let (block, owner) = (r.u64()?, r.u64()?);
+                r.finish()?;
+                let b = BlockId(block);
+                let cur = self.pool.block_owner(b);
+                if cur == (owner != NO_OWNER).then_some(owner) {
+                    return Ok(Writer::new().u8(status::OK).finish());
+                }
+                if cur.is_some() {
+                    if let Err(e) = self.pool.free_block(b) {
+                        return Ok(fail(e));
+                    }
+                }
+                if owner != NO_OWNER {
+                    if let Err(e) = self.pool.alloc_block_at(b, owner) {
                         return Ok(fail(e));
                     }
                 }

@@ -33,17 +33,17 @@ impl Inner {
         if self.free.lock().len(class) >= 2.max(self.cfg_prefetch_below()) {
             return Ok(());
         }
-        let n = self.view.nodes.len();
+        let n = self.view().nodes.len();
         let mut last_err = None;
         for attempt in 0..n {
             let pos = ((*turn as usize) + self.id as usize + attempt) % n;
-            let node = self.view.node_at(pos);
+            let node = self.view().node_at(pos);
             let req = Writer::new()
                 .u8(tag::ALLOC_STRIPE)
                 .u64(self.id)
                 .u16(n as u16)
                 .u16(pos as u16)
-                .u64(self.view.first_data_block())
+                .u64(self.view().first_data_block())
                 .finish();
             let (st, rest) = match self.block_rpc(node, req) {
                 Ok(r) => r,
@@ -77,7 +77,7 @@ impl Inner {
     }
 
     fn install_block(&self, block: u64, class: usize) -> Result<()> {
-        let replicas = self.view.block_replicas(block);
+        let replicas = self.view().block_replicas(block);
         for node in &replicas[1..] {
             let req = Writer::new()
                 .u8(tag::ALLOC_AT)
@@ -92,18 +92,19 @@ impl Inner {
                 });
             }
         }
-        let bs = self.view.block_size;
+        let bs = self.view().block_size;
         let mut image = vec![0u8; bs as usize];
         image[0..4].copy_from_slice(&alloc::BLOCK_MAGIC.to_le_bytes());
         image[4] = class as u8;
         image[8..16].copy_from_slice(&self.id.to_le_bytes());
+        let view = self.view();
         let batches = replicas
             .iter()
-            .map(|node| {
-                let region = self.view.region(*node).expect("in the cluster");
+            .filter_map(|node| {
+                let region = view.region(*node)?;
                 let mut b = self.ep.batch(*node);
                 b.write_durable(region.at(block * bs), &image);
-                b
+                Some(b)
             })
             .collect();
         for r in self.ep.execute_many(tags::BLOCKS, batches) {
@@ -136,19 +137,22 @@ impl Inner {
         if blocks.is_empty() {
             return Ok(0);
         }
-        let bs = self.view.block_size;
+        let bs = self.view().block_size;
         let mut by_node: BTreeMap<NodeId, Vec<OwnedBlock>> = BTreeMap::new();
+        let view = self.view();
         for b in blocks {
-            by_node
-                .entry(self.view.block_replicas(b.id)[0])
-                .or_default()
-                .push(b);
+            // Blocks with no serving replica wait for their nodes to rejoin.
+            if let Some(n) = view.block_replicas(b.id).first() {
+                by_node.entry(*n).or_default().push(b);
+            }
         }
         // Round 1: the bitmaps.
         let mut batches = Vec::new();
         let mut plan = Vec::new();
         for (node, blocks) in &by_node {
-            let region = self.view.region(*node).expect("in the cluster");
+            let Some(region) = view.region(*node) else {
+                continue;
+            };
             let mut b = self.ep.batch(*node);
             let mut p = Vec::new();
             for blk in blocks {
@@ -169,7 +173,9 @@ impl Inner {
         let mut found = Vec::new();
         for (res, (node, p)) in results.into_iter().zip(plan) {
             let res = res?;
-            let region = self.view.region(node).expect("in the cluster");
+            let Some(region) = view.region(node) else {
+                continue;
+            };
             let mut b = self.ep.batch(node);
             let mut items = Vec::new();
             for (blk, g, idx) in p {
@@ -234,16 +240,17 @@ impl Inner {
     /// readers and its bit in its block's bitmap, in one batch on its primary.
     pub(crate) fn free_object(&self, old: Slot) -> Result<()> {
         let addr = slot_addr(old);
-        let (bit_at, mask) = alloc::free_bit(&self.view, addr, old.object_len())?;
-        let region = self.view.region(addr.node).ok_or_else(|| {
-            Error::Corrupt(format!("slot points to unknown memory node {}", addr.node))
-        })?;
-        let mut b = self.ep.batch(addr.node);
-        b.write(
-            region.at(addr.offset + object::FLAGS_OFF as u64),
-            &[object::FLAG_OUTDATED],
-        );
-        b.faa(region.at(bit_at.offset), mask);
+        let (bit_at, mask) = alloc::free_bit(&self.view(), addr, old.object_len())?;
+        let view = self.view();
+        let flag = view
+            .acting(addr.node, addr.offset + object::FLAGS_OFF as u64)
+            .ok_or(Error::Unavailable(addr.node))?;
+        let bit = view
+            .acting(bit_at.node, bit_at.offset)
+            .ok_or(Error::Unavailable(addr.node))?;
+        let mut b = self.ep.batch(flag.node);
+        b.write(flag, &[object::FLAG_OUTDATED]);
+        b.faa(bit, mask);
         self.ep.execute(tags::CLEANUP, b)?;
         Ok(())
     }
@@ -262,15 +269,18 @@ impl Inner {
         if let Some((old, _)) = old {
             self.free_object(old)?;
         }
-        let region = self.view.region(ours.node).expect("in the cluster");
+        let view = self.view();
         let log = ours.offset + object::log_offset_for_len(ours_len) as u64;
-        let mut b = self.ep.batch(ours.node);
-        b.write(region.at(log + object::FINISHED_OFF as u64), &[1]);
+        let fin = view
+            .acting(ours.node, log + object::FINISHED_OFF as u64)
+            .ok_or(Error::Unavailable(ours.node))?;
+        let mut b = self.ep.batch(fin.node);
+        b.write(fin, &[1]);
         if op == Op::Delete {
-            b.write(
-                region.at(ours.offset + object::FLAGS_OFF as u64),
-                &[object::FLAG_RECLAIMED],
-            );
+            let flag = view
+                .acting(ours.node, ours.offset + object::FLAGS_OFF as u64)
+                .ok_or(Error::Unavailable(ours.node))?;
+            b.write(flag, &[object::FLAG_RECLAIMED]);
         }
         self.ep.execute(tags::CLEANUP, b)?;
         if op == Op::Delete {

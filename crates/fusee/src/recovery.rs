@@ -85,9 +85,9 @@ impl Client {
         let t = Instant::now();
         let (client, rx) = Client::open(ep, nodes, cfg)?;
         let inner = &client.inner;
-        let view = inner.view.clone();
+        let view = inner.view().clone();
         let mut owned = Vec::new();
-        for node in &view.nodes {
+        for node in &view.members {
             let (st, rest) = inner.block_rpc(
                 *node,
                 Writer::new().u8(tag::BLOCKS_OF).u64(inner.id).finish(),
@@ -107,7 +107,7 @@ impl Client {
             for _ in 0..n {
                 let b = r.u64().map_err(bad)?;
                 // Each block is listed by all its replicas; take it from its primary.
-                if view.block_replicas(b)[0] == *node {
+                if view.block_replicas(b).first() == Some(node) {
                     owned.push(b);
                 }
             }
@@ -119,14 +119,13 @@ impl Client {
         let bs = view.block_size;
         let mut by_node: BTreeMap<NodeId, Vec<u64>> = BTreeMap::new();
         for b in &owned {
-            by_node
-                .entry(view.block_replicas(*b)[0])
-                .or_default()
-                .push(*b);
+            if let Some(n) = view.block_replicas(*b).first() {
+                by_node.entry(*n).or_default().push(*b);
+            }
         }
         let mut blocks: Vec<(OwnedBlock, Addr, Vec<u8>)> = Vec::new();
         for (node, ids) in &by_node {
-            let region = view.region(*node).expect("in the cluster");
+            let region = view.region(*node).ok_or(Error::Unavailable(*node))?;
             for chunk in ids.chunks(16) {
                 let mut b = inner.ep.batch(*node);
                 let idx: Vec<_> = chunk
@@ -274,10 +273,10 @@ impl Client {
         }
         // Clear the free bits of the objects listed now.
         for ((node, at), mask) in bitmaps {
-            let region = view.region(node).expect("in the cluster");
+            let at = view.acting(node, at).ok_or(Error::Unavailable(node))?;
             inner
                 .ep
-                .faa(tags::RECLAIM, region.at(at), 0u64.wrapping_sub(mask))?;
+                .faa(tags::RECLAIM, at, 0u64.wrapping_sub(mask))?;
         }
         {
             let mut fl = inner.free.lock();
@@ -336,7 +335,7 @@ impl crate::client::Inner {
     fn redo(&self, addr: Addr, class: usize, len: usize, op: Op, obj: &KvObject) -> Result<Redone> {
         let alloc = crate::alloc::Allocation {
             addr,
-            replicas: crate::alloc::replicas_of(&self.view, addr),
+            replicas: crate::alloc::replicas_of(&self.view(), addr),
             class,
             generation: obj.generation,
             prev: obj.log.prev,
@@ -347,9 +346,10 @@ impl crate::client::Inner {
             Op::Delete => 0,
             _ => self.slot_of(&obj.key, &alloc, len)?.raw(),
         };
-        let v = Verifier::new(&self.view);
+        let view = self.view();
+        let v = Verifier::new(&view);
         let hooks = self.hooks_for_redo(&alloc, op, &v);
-        let outcome = self.index.resume(&v, &obj.key, new_raw, &hooks)?;
+        let outcome = self.index().resume(&v, &obj.key, new_raw, &hooks)?;
         let commit = obj.log.commit;
         // What this operation replaced, and whether its cleanup may already have run.
         let replaced: Option<(u64, Option<u32>)> = match outcome {
@@ -395,13 +395,17 @@ impl crate::client::Inner {
     /// already: recovery may be redoing a cleanup that had happened.
     fn free_if_unchanged(&self, old: Slot, old_gen: u32) -> Result<()> {
         let addr = slot_addr(old);
-        let (bit_at, mask) = alloc::free_bit(&self.view, addr, old.object_len())?;
-        let region = self.view.region(addr.node).ok_or_else(|| {
-            Error::Corrupt(format!("slot points to unknown memory node {}", addr.node))
-        })?;
-        let mut b = self.ep.batch(addr.node);
-        let bits = b.read(region.at(bit_at.offset), 8);
-        let hdr = b.read(region.at(addr.offset), object::HEADER_LEN);
+        let (bit_at, mask) = alloc::free_bit(&self.view(), addr, old.object_len())?;
+        let view = self.view();
+        let obj = view
+            .acting(addr.node, addr.offset)
+            .ok_or(Error::Unavailable(addr.node))?;
+        let bit = view
+            .acting(bit_at.node, bit_at.offset)
+            .ok_or(Error::Unavailable(addr.node))?;
+        let mut b = self.ep.batch(obj.node);
+        let bits = b.read(bit, 8);
+        let hdr = b.read(obj, object::HEADER_LEN);
         let res = self.ep.execute(tags::CLEANUP, b)?;
         let word = u64::from_le_bytes(res.read(bits).try_into().expect("8 bytes"));
         let h = object::decode_header(res.read(hdr));
@@ -414,42 +418,45 @@ impl crate::client::Inner {
     }
 
     fn mark_finished(&self, addr: Addr, len: usize, reclaim: bool) -> Result<()> {
-        let region = self.view.region(addr.node).expect("in the cluster");
-        let mut b = self.ep.batch(addr.node);
+        let view = self.view();
         let log = addr.offset + object::log_offset_for_len(len) as u64;
-        b.write(region.at(log + object::FINISHED_OFF as u64), &[1]);
+        let fin = view
+            .acting(addr.node, log + object::FINISHED_OFF as u64)
+            .ok_or(Error::Unavailable(addr.node))?;
+        let mut b = self.ep.batch(fin.node);
+        b.write(fin, &[1]);
         if reclaim {
-            b.write(
-                region.at(addr.offset + object::FLAGS_OFF as u64),
-                &[object::FLAG_RECLAIMED],
-            );
+            let flag = view
+                .acting(addr.node, addr.offset + object::FLAGS_OFF as u64)
+                .ok_or(Error::Unavailable(addr.node))?;
+            b.write(flag, &[object::FLAG_RECLAIMED]);
         }
         self.ep.execute(tags::CLEANUP, b)?;
         Ok(())
     }
 
     pub(crate) fn mark_reclaimed(&self, addr: Addr) -> Result<()> {
-        let region = self.view.region(addr.node).expect("in the cluster");
-        self.ep.write(
-            tags::RECLAIM,
-            region.at(addr.offset + object::FLAGS_OFF as u64),
-            &[object::FLAG_RECLAIMED],
-        )?;
+        let at = self
+            .view()
+            .acting(addr.node, addr.offset + object::FLAGS_OFF as u64)
+            .ok_or(Error::Unavailable(addr.node))?;
+        self.ep.write(tags::RECLAIM, at, &[object::FLAG_RECLAIMED])?;
         Ok(())
     }
 
     /// Whether the index's primary slot for `key` points at `addr`.
     fn is_referenced(&self, key: &[u8], addr: Addr) -> Result<bool> {
-        let v = Verifier::new(&self.view);
+        let view = self.view();
+        let v = Verifier::new(&view);
         Ok(self
-            .index
+            .index()
             .search(&v, key)?
             .is_some_and(|s| slot_addr(s) == addr))
     }
 
     fn release_block(&self, block: u64, primary: NodeId) -> Result<()> {
         let _ = primary;
-        for node in self.view.block_replicas(block) {
+        for node in self.view().block_replicas(block) {
             let req = Writer::new()
                 .u8(tag::FREE_BLOCK)
                 .u64(self.id)

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use dmkit_kv_index::{KeyVerifier, Slot};
-use dmkit_verbs::{Endpoint, NodeId, OpIdx};
+use dmkit_verbs::{Endpoint, NodeId, OpIdx, RemoteAddr};
 use parking_lot::Mutex;
 
 use crate::cluster::ClusterView;
@@ -28,22 +28,24 @@ pub(crate) fn read_objects(
     view: &ClusterView,
     slots: &[Slot],
 ) -> dmkit_kv_index::Result<Vec<Option<KvObject>>> {
-    let mut by_node: BTreeMap<NodeId, Vec<(usize, Slot)>> = BTreeMap::new();
+    // Objects are read where they are served: their node, or (failed over) a data replica.
+    let mut by_node: BTreeMap<NodeId, Vec<(usize, Slot, RemoteAddr)>> = BTreeMap::new();
     for (i, s) in slots.iter().enumerate() {
-        by_node.entry(s.node()).or_default().push((i, *s));
+        let Some(at) = view.acting(s.node(), s.offset()) else {
+            return Err(dmkit_kv_index::Error::Verifier(format!(
+                "slot points to memory node {}, which does not serve (nor any replica of its block)",
+                s.node()
+            )));
+        };
+        by_node.entry(at.node).or_default().push((i, *s, at));
     }
     let mut batches = Vec::new();
     let mut plan: Vec<Vec<(usize, Slot, OpIdx)>> = Vec::new();
     for (node, items) in by_node {
-        let Some(region) = view.region(node) else {
-            return Err(dmkit_kv_index::Error::Verifier(format!(
-                "slot points to memory node {node}, which is not in the cluster"
-            )));
-        };
         let mut b = ep.batch(node);
         let mut p = Vec::new();
-        for (i, s) in items {
-            let idx = b.read(region.at(s.offset()), s.object_len());
+        for (i, s, at) in items {
+            let idx = b.read(at, s.object_len());
             p.push((i, s, idx));
         }
         batches.push(b);

@@ -317,7 +317,8 @@ impl RaceIndex {
                 seed: w[(HDR_SEED / 8) as usize],
                 capacity: w[(HDR_CAPACITY / 8) as usize],
             };
-            if usize::from(l.replicas) != spaces.len() {
+            // Fewer is a degraded index (a replica's node failed; see `repair`).
+            if usize::from(l.replicas) < spaces.len() {
                 return Err(bad(format!(
                     "formatted for {} replicas, opened with {}",
                     l.replicas,

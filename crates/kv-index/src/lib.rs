@@ -108,6 +108,7 @@ mod error;
 mod hooks;
 mod index;
 mod layout;
+pub mod repair;
 mod slot;
 mod snapshot;
 mod split;

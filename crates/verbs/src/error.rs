@@ -20,6 +20,10 @@ pub enum AccessFault {
     /// A durable write whose persist failed on the node.
     #[error("persist failed on the memory node")]
     PersistFailed,
+    /// The memory node is fenced: it was cut out of its cluster (a master decided it failed,
+    /// or it lost its lease) and refuses one-sided verbs until it rejoins.
+    #[error("the memory node is fenced out of its cluster")]
+    Fenced,
 }
 
 impl AccessFault {
@@ -30,6 +34,7 @@ impl AccessFault {
             AccessFault::NoAccess(_) => 3,
             AccessFault::Misaligned => 4,
             AccessFault::PersistFailed => 5,
+            AccessFault::Fenced => 6,
         }
     }
 
@@ -44,6 +49,7 @@ impl AccessFault {
             }),
             4 => AccessFault::Misaligned,
             5 => AccessFault::PersistFailed,
+            6 => AccessFault::Fenced,
             _ => return None,
         })
     }

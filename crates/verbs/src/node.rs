@@ -73,6 +73,7 @@ pub struct MemoryNode {
     id: NodeId,
     regions: RwLock<HashMap<RKey, Region>>,
     handler: RwLock<Option<Arc<dyn RpcHandler>>>,
+    fenced: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for MemoryNode {
@@ -94,7 +95,40 @@ impl MemoryNode {
             id,
             regions: RwLock::new(HashMap::new()),
             handler: RwLock::new(None),
+            fenced: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Fences the node (`true`): every one-sided verb is refused with
+    /// [`AccessFault::Fenced`] until it is unfenced; RPCs still reach the handler, so the
+    /// node can be told it rejoined. Verbs already executing finish.
+    pub fn set_fenced(&self, fenced: bool) {
+        self.fenced
+            .store(fenced, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether the node is fenced.
+    pub fn is_fenced(&self) -> bool {
+        self.fenced.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Gives region `rkey` a fresh unpredictable rkey: verbs with the old one fail from now
+    /// on (with [`AccessFault::UnknownRkey`]), so peers holding it are cut off until they
+    /// learn the new descriptor. Returns it, or `None` for an unknown rkey.
+    pub fn rekey(&self, rkey: RKey) -> Option<RegionDesc> {
+        let mut regions = self.regions.write();
+        let mut r = regions.remove(&rkey)?;
+        let mut rng = rand::rng();
+        let fresh = loop {
+            let k = RKey(rng.next_u32());
+            if k.0 != 0 && k != rkey && !regions.contains_key(&k) {
+                break k;
+            }
+        };
+        r.desc.rkey = fresh;
+        let desc = r.desc;
+        regions.insert(fresh, r);
+        Some(desc)
     }
 
     pub fn id(&self) -> NodeId {
@@ -193,6 +227,9 @@ impl MemoryNode {
     }
 
     fn lookup(&self, rkey: RKey, addr: u64, len: u64, op: OpKind) -> Result<Region, AccessFault> {
+        if self.is_fenced() {
+            return Err(AccessFault::Fenced);
+        }
         let regions = self.regions.read();
         let r = regions.get(&rkey).ok_or(AccessFault::UnknownRkey)?;
         let (need, what) = op.needs();
@@ -251,5 +288,54 @@ impl MemoryNode {
                 r.mem.faa(off, add)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DramBacking;
+
+    fn node_with_region() -> (MemoryNode, RegionDesc) {
+        let n = MemoryNode::new(NodeId(1));
+        let b = Arc::new(DramBacking::new(4096));
+        let d = n.register(b, Access::ALL, None).unwrap();
+        (n, d)
+    }
+
+    #[test]
+    fn a_fenced_node_refuses_every_verb_until_unfenced() {
+        let (n, d) = node_with_region();
+        let mut buf = [0u8; 8];
+        n.set_fenced(true);
+        let w = n.execute(OpKind::Write { durable: false }, d.rkey, d.base, 8, &[7; 8], &mut []);
+        assert_eq!(w, Err(AccessFault::Fenced));
+        let r = n.execute(OpKind::Read, d.rkey, d.base, 8, &[], &mut buf);
+        assert_eq!(r, Err(AccessFault::Fenced));
+        assert_eq!(buf, [0; 8], "a fenced write touched nothing");
+        n.set_fenced(false);
+        n.execute(OpKind::Write { durable: false }, d.rkey, d.base, 8, &[7; 8], &mut [])
+            .unwrap();
+        n.execute(OpKind::Read, d.rkey, d.base, 8, &[], &mut buf).unwrap();
+        assert_eq!(buf, [7; 8]);
+    }
+
+    #[test]
+    fn rekeying_cuts_off_the_old_rkey_and_keeps_the_memory() {
+        let (n, d) = node_with_region();
+        n.execute(OpKind::Write { durable: false }, d.rkey, d.base, 8, &[9; 8], &mut [])
+            .unwrap();
+        let fresh = n.rekey(d.rkey).unwrap();
+        assert_ne!(fresh.rkey, d.rkey);
+        assert_eq!((fresh.base, fresh.len), (d.base, d.len));
+        let mut buf = [0u8; 8];
+        assert_eq!(
+            n.execute(OpKind::Read, d.rkey, d.base, 8, &[], &mut buf),
+            Err(AccessFault::UnknownRkey)
+        );
+        n.execute(OpKind::Read, fresh.rkey, d.base, 8, &[], &mut buf)
+            .unwrap();
+        assert_eq!(buf, [9; 8]);
+        assert!(n.rekey(d.rkey).is_none());
     }
 }

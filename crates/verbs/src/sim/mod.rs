@@ -1,6 +1,8 @@
 //! The in-process backend: memory nodes live in this process and verbs execute on the
 //! caller's thread (or, when delayed, on a timer thread), with fault injection and an optional
-//! latency model in virtual time.
+//! latency model in virtual time. With a [`DetScheduler`] attached
+//! ([`SimCluster::set_scheduler`]) the threads registered with it run in a seeded,
+//! reproducible interleaving, verb by verb (the deterministic mode, see [`sched`]).
 //!
 //! ```
 //! use std::sync::Arc;
@@ -19,13 +21,18 @@
 //! ```
 
 mod latency;
+pub mod sched;
 mod timer;
 
 pub use latency::LatencyModel;
+pub use sched::{
+    DetConfig, DetFaults, DetScheduler, DetThread, Outcome, Trace, TraceEntry, TracedOp,
+    TracedVerb, Work,
+};
 
 use latency::Calendar;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -42,6 +49,7 @@ use crate::node::{MemoryNode, Peer};
 use crate::pending::{Pending, Slot};
 use crate::types::{NodeId, RegionDesc};
 
+use sched::Turn;
 use timer::Timer;
 
 /// Settings of a simulated cluster.
@@ -131,6 +139,8 @@ struct Inner {
     faults: Mutex<Faults>,
     timer: Timer,
     next_conn: AtomicU64,
+    /// The deterministic mode's scheduler, when one is attached.
+    sched: RwLock<Option<DetScheduler>>,
 }
 
 /// An in-process cluster of memory nodes with fault injection.
@@ -154,8 +164,34 @@ impl SimCluster {
                 }),
                 timer: Timer::default(),
                 next_conn: AtomicU64::new(1),
+                sched: RwLock::new(None),
             }),
         }
+    }
+
+    /// Attaches a deterministic scheduler (or detaches it with `None`): from now on, batches
+    /// and RPCs that threads registered with it post through this cluster run one at a time,
+    /// in the order it draws from its seed, and its node failures fail nodes of this
+    /// cluster. Attach it before the registered threads start posting. See [`sched`].
+    pub fn set_scheduler(&self, sched: Option<DetScheduler>) {
+        let mut cur = self.inner.sched.write();
+        if let Some(old) = cur.take() {
+            old.set_fail_hook(None);
+        }
+        if let Some(s) = &sched {
+            let weak = Arc::downgrade(&self.inner);
+            s.set_fail_hook(Some(Arc::new(move |node| {
+                if let Some(inner) = weak.upgrade() {
+                    SimCluster { inner }.fail_node(node);
+                }
+            })));
+        }
+        *cur = sched;
+    }
+
+    /// The attached deterministic scheduler.
+    pub fn scheduler(&self) -> Option<DetScheduler> {
+        self.inner.sched.read().clone()
     }
 
     /// Adds a memory node (replacing one with the same id: a restarted node).
@@ -374,6 +410,7 @@ impl Connector for SimConnector {
             alive: AtomicBool::new(true),
             order_until: Mutex::new(None),
             queued: Arc::new(AtomicU64::new(0)),
+            det_line: Mutex::new(VecDeque::new()),
         }))
     }
 }
@@ -393,6 +430,23 @@ struct SimConnection {
     /// are any, later batches go behind them (the timer may run late: time alone is no proof
     /// that they have executed).
     queued: Arc<AtomicU64>,
+    /// Deterministic mode: deferred requests of this connection (by the step they were
+    /// first granted at), oldest first; later ones wait behind them.
+    det_line: Mutex<VecDeque<u64>>,
+}
+
+/// Takes a deferred request out of its connection's line if its thread unwinds.
+struct LineGuard<'a> {
+    line: &'a Mutex<VecDeque<u64>>,
+    me: Option<u64>,
+}
+
+impl Drop for LineGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(me) = self.me {
+            self.line.lock().retain(|x| *x != me);
+        }
+    }
 }
 
 impl SimConnection {
@@ -421,6 +475,189 @@ impl SimConnection {
             return Err(crashed());
         }
         Ok(allowed)
+    }
+
+    /// Deterministic mode: waits for the calling thread's turn (when it is registered with
+    /// the attached scheduler), then serves the request's deferrals — injected ones, and
+    /// delay rules as steps when `delay_rules` — and waits behind this connection's earlier
+    /// deferred requests. Returns the turn under which the work executes and the scheduler's
+    /// drop decision.
+    fn det_turn(
+        &self,
+        work: impl FnOnce() -> Work,
+        delay_rules: bool,
+    ) -> Option<(Turn, Option<DropPoint>)> {
+        let sched = self.cluster.inner.sched.read().clone()?;
+        let mut turn = sched.turn(work)?;
+        let dropped = turn.drop;
+        let mut defer = turn.defer;
+        if delay_rules {
+            if let Some(d) = self.cluster.decide_delay(self.node) {
+                defer += sched.steps_for(d);
+            }
+        }
+        let me = turn.posted;
+        let mut guard = LineGuard {
+            line: &self.det_line,
+            me: None,
+        };
+        loop {
+            let mut line = self.det_line.lock();
+            let behind = line.front().is_some_and(|f| *f != me);
+            if defer == 0 && !behind {
+                if guard.me.take().is_some() {
+                    line.pop_front();
+                }
+                break;
+            }
+            if guard.me.is_none() {
+                line.push_back(me);
+                guard.me = Some(me);
+            }
+            drop_guard(line);
+            turn = turn.defer(defer);
+            defer = 0;
+        }
+        Some((turn, dropped))
+    }
+
+    /// Posts a batch: at once, or (delay rules, earlier delayed work) on the timer thread.
+    /// `det` is set in deterministic mode, with the scheduler's drop decision: the work then
+    /// executes now, on this thread (its deferrals were served in its turn).
+    fn post_work(
+        &self,
+        batch: Batch,
+        ctx: PostCtx,
+        det: Option<Option<DropPoint>>,
+    ) -> Pending<BatchResult> {
+        let node = self.node;
+        if let Err(e) = self.check_alive() {
+            return Pending::ready(node, Err(e));
+        }
+        let n = batch.len();
+        let allowed = match self.admit(n as u64) {
+            Ok(a) => a as usize,
+            Err(e) => return Pending::ready(node, Err(e)),
+        };
+        let modeled = self.cluster.inner.cfg.latency.as_ref().and_then(|m| {
+            let sn = self.cluster.sim_node(node).ok()?;
+            Some(m.batch_done(&sn, ctx.virtual_now, &batch))
+        });
+        let rule = self.cluster.decide_drop(node);
+        let drop = det.flatten().or(rule);
+        if let Ok(sn) = self.cluster.sim_node(node) {
+            let mut held = sn.held.lock();
+            if let Some(list) = held.as_mut() {
+                let slot = Slot::new();
+                let s = slot.clone();
+                let cluster = self.cluster.clone();
+                let client = Some(self.client_id);
+                list.push(Box::new(move || {
+                    s.complete(run_batch(&cluster, node, batch, allowed, client, drop));
+                }));
+                return Pending::waiting(node, slot, self.cluster.inner.cfg.timeout, None)
+                    .modeled(modeled);
+            }
+        }
+        if det.is_some() {
+            let r = run_batch(&self.cluster, node, batch, allowed, Some(self.client_id), drop);
+            return Pending::ready(node, r).modeled(modeled);
+        }
+        let delay = self.cluster.decide_delay(node);
+        let now = Instant::now();
+        let mut order = self.order_until.lock();
+        let queued_behind = if self.queued.load(Ordering::SeqCst) > 0 {
+            Some(order.unwrap_or(now))
+        } else {
+            None
+        };
+        let exec_at = match (delay, queued_behind) {
+            (None, None) => None,
+            (d, q) => Some((now + d.unwrap_or_default()).max(q.unwrap_or(now))),
+        };
+        let client = Some(self.client_id);
+        match exec_at {
+            None => {
+                drop_guard(order);
+                Pending::ready(
+                    node,
+                    run_batch(&self.cluster, node, batch, allowed, client, drop),
+                )
+                .modeled(modeled)
+            }
+            Some(at) => {
+                *order = Some(at);
+                self.queued.fetch_add(1, Ordering::SeqCst);
+                drop_guard(order);
+                let slot = Slot::new();
+                let s = slot.clone();
+                let cluster = self.cluster.clone();
+                let queued = self.queued.clone();
+                // Jobs at the same instant run in posting order, so this one runs after
+                // every earlier one of this connection.
+                self.cluster.inner.timer.schedule(at, move || {
+                    let r = run_batch(&cluster, node, batch, allowed, client, drop);
+                    queued.fetch_sub(1, Ordering::SeqCst);
+                    s.complete(r);
+                });
+                Pending::waiting(node, slot, self.cluster.inner.cfg.timeout, None).modeled(modeled)
+            }
+        }
+    }
+
+    /// Sends an RPC, executed on this thread; `dropped` is the deterministic scheduler's drop
+    /// decision.
+    fn rpc_work(&self, req: &[u8], ctx: PostCtx, dropped: Option<DropPoint>) -> Pending<Vec<u8>> {
+        let node = self.node;
+        if let Err(e) = self.check_alive() {
+            return Pending::ready(node, Err(e));
+        }
+        if let Err(e) = self.admit(1) {
+            return Pending::ready(node, Err(e));
+        }
+        let sn = match self.cluster.sim_node(node) {
+            Ok(n) => n,
+            Err(e) => return Pending::ready(node, Err(e)),
+        };
+        let rule = self.cluster.decide_drop(node);
+        let drop = dropped.or(rule);
+        if drop == Some(DropPoint::BeforeExecute) {
+            return Pending::ready(node, Err(Error::Dropped { node }));
+        }
+        let peer = Peer {
+            conn_id: self.conn_id,
+            addr: format!("sim-client-{}", self.client_id),
+        };
+        {
+            let mut held = sn.held.lock();
+            if let Some(list) = held.as_mut() {
+                let slot = Slot::new();
+                let s = slot.clone();
+                let req = req.to_vec();
+                let n2 = sn.node.clone();
+                list.push(Box::new(move || {
+                    s.complete(
+                        n2.rpc(&peer, &req)
+                            .map_err(|reason| Error::Rpc { node, reason }),
+                    );
+                }));
+                return Pending::waiting(node, slot, self.cluster.inner.cfg.timeout, None);
+            }
+        }
+        let r = sn
+            .node
+            .rpc(&peer, req)
+            .map_err(|reason| Error::Rpc { node, reason });
+        let r = if drop == Some(DropPoint::AfterExecute) {
+            Err(Error::Dropped { node })
+        } else {
+            r
+        };
+        let modeled = self.cluster.inner.cfg.latency.as_ref().map(|m| {
+            let reply = r.as_ref().map(|v| v.len()).unwrap_or(0);
+            m.rpc_done(ctx.virtual_now, req.len() + reply)
+        });
+        Pending::ready(node, r).modeled(modeled)
     }
 
     fn check_alive(&self) -> Result<()> {
@@ -503,126 +740,25 @@ impl Connection for SimConnection {
     }
 
     fn post(&self, batch: Batch, ctx: PostCtx) -> Pending<BatchResult> {
-        let node = self.node;
-        if let Err(e) = self.check_alive() {
-            return Pending::ready(node, Err(e));
-        }
-        let n = batch.len();
-        let allowed = match self.admit(n as u64) {
-            Ok(a) => a as usize,
-            Err(e) => return Pending::ready(node, Err(e)),
-        };
-        let modeled = self.cluster.inner.cfg.latency.as_ref().and_then(|m| {
-            let sn = self.cluster.sim_node(node).ok()?;
-            Some(m.batch_done(&sn, ctx.virtual_now, &batch))
-        });
-        let drop = self.cluster.decide_drop(node);
-        if let Ok(sn) = self.cluster.sim_node(node) {
-            let mut held = sn.held.lock();
-            if let Some(list) = held.as_mut() {
-                let slot = Slot::new();
-                let s = slot.clone();
-                let cluster = self.cluster.clone();
-                let client = Some(self.client_id);
-                list.push(Box::new(move || {
-                    s.complete(run_batch(&cluster, node, batch, allowed, client, drop));
-                }));
-                return Pending::waiting(node, slot, self.cluster.inner.cfg.timeout, None)
-                    .modeled(modeled);
-            }
-        }
-        let delay = self.cluster.decide_delay(node);
-        let now = Instant::now();
-        let mut order = self.order_until.lock();
-        let queued_behind = if self.queued.load(Ordering::SeqCst) > 0 {
-            Some(order.unwrap_or(now))
-        } else {
-            None
-        };
-        let exec_at = match (delay, queued_behind) {
-            (None, None) => None,
-            (d, q) => Some((now + d.unwrap_or_default()).max(q.unwrap_or(now))),
-        };
-        let client = Some(self.client_id);
-        match exec_at {
-            None => {
-                drop_guard(order);
-                Pending::ready(
-                    node,
-                    run_batch(&self.cluster, node, batch, allowed, client, drop),
-                )
-                .modeled(modeled)
-            }
-            Some(at) => {
-                *order = Some(at);
-                self.queued.fetch_add(1, Ordering::SeqCst);
-                drop_guard(order);
-                let slot = Slot::new();
-                let s = slot.clone();
-                let cluster = self.cluster.clone();
-                let queued = self.queued.clone();
-                // Jobs at the same instant run in posting order, so this one runs after
-                // every earlier one of this connection.
-                self.cluster.inner.timer.schedule(at, move || {
-                    let r = run_batch(&cluster, node, batch, allowed, client, drop);
-                    queued.fetch_sub(1, Ordering::SeqCst);
-                    s.complete(r);
-                });
-                Pending::waiting(node, slot, self.cluster.inner.cfg.timeout, None).modeled(modeled)
+        match self.det_turn(|| Work::batch(self.client_id, &batch), true) {
+            None => self.post_work(batch, ctx, None),
+            Some((turn, dropped)) => {
+                let p = self.post_work(batch, ctx, Some(dropped));
+                turn.finish(outcome_of(&p, Outcome::of_batch));
+                p
             }
         }
     }
 
     fn rpc(&self, req: &[u8], ctx: PostCtx) -> Pending<Vec<u8>> {
-        let node = self.node;
-        if let Err(e) = self.check_alive() {
-            return Pending::ready(node, Err(e));
-        }
-        if let Err(e) = self.admit(1) {
-            return Pending::ready(node, Err(e));
-        }
-        let sn = match self.cluster.sim_node(node) {
-            Ok(n) => n,
-            Err(e) => return Pending::ready(node, Err(e)),
-        };
-        let drop = self.cluster.decide_drop(node);
-        if drop == Some(DropPoint::BeforeExecute) {
-            return Pending::ready(node, Err(Error::Dropped { node }));
-        }
-        let peer = Peer {
-            conn_id: self.conn_id,
-            addr: format!("sim-client-{}", self.client_id),
-        };
-        {
-            let mut held = sn.held.lock();
-            if let Some(list) = held.as_mut() {
-                let slot = Slot::new();
-                let s = slot.clone();
-                let req = req.to_vec();
-                let n2 = sn.node.clone();
-                list.push(Box::new(move || {
-                    s.complete(
-                        n2.rpc(&peer, &req)
-                            .map_err(|reason| Error::Rpc { node, reason }),
-                    );
-                }));
-                return Pending::waiting(node, slot, self.cluster.inner.cfg.timeout, None);
+        match self.det_turn(|| Work::rpc(self.client_id, self.node, req), false) {
+            None => self.rpc_work(req, ctx, None),
+            Some((turn, dropped)) => {
+                let p = self.rpc_work(req, ctx, dropped);
+                turn.finish(outcome_of(&p, Outcome::of_rpc));
+                p
             }
         }
-        let r = sn
-            .node
-            .rpc(&peer, req)
-            .map_err(|reason| Error::Rpc { node, reason });
-        let r = if drop == Some(DropPoint::AfterExecute) {
-            Err(Error::Dropped { node })
-        } else {
-            r
-        };
-        let modeled = self.cluster.inner.cfg.latency.as_ref().map(|m| {
-            let reply = r.as_ref().map(|v| v.len()).unwrap_or(0);
-            m.rpc_done(ctx.virtual_now, req.len() + reply)
-        });
-        Pending::ready(node, r).modeled(modeled)
     }
 
     fn is_alive(&self) -> bool {
@@ -646,3 +782,16 @@ impl Connection for SimConnection {
 }
 
 fn drop_guard<T>(_g: T) {}
+
+/// How posted work ended, for the deterministic trace (if it has completed already).
+fn outcome_of<T: Send + 'static>(p: &Pending<T>, of: fn(&Result<T>) -> Outcome) -> Outcome {
+    if !p.is_ready() {
+        return Outcome::Held;
+    }
+    let out = Arc::new(Mutex::new(Outcome::Held));
+    let o = out.clone();
+    // A completed pending runs the callback at once, on this thread.
+    p.on_complete(move |r| *o.lock() = of(r));
+    let got = out.lock().clone();
+    got
+}

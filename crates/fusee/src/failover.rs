@@ -1,0 +1,637 @@
+//! The master's side of memory-node failures: leases (heartbeats), fencing, index repair,
+//! membership publication, and refilling a node that rejoins.
+//!
+//! The master is off the data path: clients read the membership from the memory nodes, so a
+//! cluster whose master is down keeps serving (it just cannot fail over until it is back).
+//!
+//! **Failover** of dead node(s) `X` (the master stopped hearing from them):
+//!
+//! 1. *Fence*: every surviving member gets a fresh rkey for its pool region. Every client
+//!    still working with the old membership is refused at once by every survivor, fails the
+//!    operation it had in flight, and re-reads the membership (a client can never finish a
+//!    write touching only `X`: every write CASes the index on a majority of nodes).
+//! 2. Publish `epoch + 1, repairing` to the survivors (with their new rkeys): clients may
+//!    SEARCH, writes wait.
+//! 3. *Repair the index* ([`dmkit_kv_index::repair`]): the survivors' replicas become
+//!    identical. A slot they disagree on is a SNAPSHOT round cut short; its value is chosen as
+//!    the paper's failure algorithm does — the old primary's value when it survived, unless
+//!    every surviving backup already agrees on a newer one (the round's winner may have
+//!    committed); without the old primary, the value a majority of backups holds, else the
+//!    smallest, as SNAPSHOT's rule 3. A chosen object whose log entry has no commit record
+//!    gets one written on its writer's behalf, so recovery treats it as done.
+//! 4. Publish `epoch + 2, active`: writes resume; the first serving index holder is the
+//!    primary, each block's first serving replica its acting primary.
+//!
+//! **Rejoin** of node `N` (restarted on its pool file, or a new pool): fence and publish
+//! `repairing` (writes wait), copy block 0, the index replica and every data block `N`
+//! replicates from a serving replica (with the block table's owners), then publish `active`
+//! with `N` a member again: the cluster tolerates another failure.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dmkit_kv_index::Slot;
+use dmkit_kv_index::repair::{self, SlotConflict};
+use dmkit_verbs::wire::{Reader, Writer};
+use dmkit_verbs::{Endpoint, NodeId, RKey};
+use parking_lot::Mutex;
+
+use crate::cluster::{self, ClusterView};
+use crate::error::{Error, Result};
+use crate::membership::{self, Membership};
+use crate::memnode::{NO_OWNER, status, tag};
+use crate::object::{self, Commit, Op};
+use crate::verifier::slot_addr;
+
+/// Opens a fresh connection to a memory node (one that restarted, or was unreachable).
+pub type Reconnect =
+    Arc<dyn Fn(NodeId) -> dmkit_verbs::Result<Arc<dyn dmkit_verbs::Connection>> + Send + Sync>;
+
+impl std::fmt::Debug for Master {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Master")
+            .field("nodes", &self.nodes)
+            .field("membership", &*self.current.lock())
+            .finish()
+    }
+}
+
+/// Asks `node` for its membership; when that fails and `reconnect` is given, reconnects once
+/// and asks again.
+pub fn query_or_reconnect(
+    ep: &Endpoint,
+    reconnect: Option<&Reconnect>,
+    node: NodeId,
+) -> Result<membership::NodeMembership> {
+    match membership::query(ep, node) {
+        Ok(q) => Ok(q),
+        Err(e) => {
+            let Some(rc) = reconnect else { return Err(e) };
+            let c = rc(node)?;
+            ep.add_connection(c);
+            membership::query(ep, node)
+        }
+    }
+}
+
+/// Tag of the master's verbs.
+pub const TAG: &str = "fusee_master";
+
+/// Settings of the master's failure detector.
+#[derive(Debug, Clone)]
+pub struct MasterConfig {
+    /// How often each memory node is probed.
+    pub heartbeat: Duration,
+    /// A node that missed this many probes in a row is failed over.
+    pub miss_limit: u32,
+    /// Refill memory nodes that come back (restarted) automatically.
+    pub auto_rejoin: bool,
+}
+
+impl Default for MasterConfig {
+    fn default() -> Self {
+        Self {
+            heartbeat: Duration::from_millis(100),
+            miss_limit: 5,
+            auto_rejoin: true,
+        }
+    }
+}
+
+/// What a failover did.
+#[derive(Debug, Clone, Default)]
+pub struct FailoverReport {
+    pub failed: Vec<NodeId>,
+    /// The epoch published at the end.
+    pub epoch: u64,
+    pub index: repair::RepairReport,
+    /// Objects whose commit record the master wrote on their writer's behalf.
+    pub committed_on_behalf: u64,
+    /// From the fence to the active membership.
+    pub took: Duration,
+}
+
+/// What a rejoin did.
+#[derive(Debug, Clone, Default)]
+pub struct RejoinReport {
+    pub node: NodeId,
+    pub epoch: u64,
+    pub blocks_copied: u64,
+    pub bytes_copied: u64,
+    pub took: Duration,
+}
+
+/// The master: the cluster's membership service.
+pub struct Master {
+    ep: Endpoint,
+    reconnect: Option<Reconnect>,
+    nodes: Vec<NodeId>,
+    current: Mutex<Membership>,
+    /// One membership change at a time.
+    change: Mutex<()>,
+}
+
+impl Master {
+    /// Like [`Master::new`], with a way to reconnect to memory nodes that restart.
+    pub fn with_reconnect(
+        ep: Endpoint,
+        nodes: &[NodeId],
+        reconnect: Reconnect,
+    ) -> Result<Arc<Master>> {
+        let m = Self::new(ep, nodes)?;
+        let mut m = Arc::try_unwrap(m).expect("not shared yet");
+        m.reconnect = Some(reconnect);
+        Ok(Arc::new(m))
+    }
+
+    /// Takes over the cluster whose memory nodes `ep` is connected to (formatted already):
+    /// adopts the newest published membership, or publishes the first one (epoch 1, every
+    /// answering node) when there is none.
+    pub fn new(ep: Endpoint, nodes: &[NodeId]) -> Result<Arc<Master>> {
+        let m = membership::newest(&ep, nodes)
+            .ok_or_else(|| Error::Cluster(format!("none of the memory nodes {nodes:?} answers")))?;
+        let master = Arc::new(Master {
+            ep,
+            nodes: nodes.to_vec(),
+            reconnect: None,
+            current: Mutex::new(m.clone()),
+            change: Mutex::new(()),
+        });
+        if m.epoch == 0 {
+            let first = Membership {
+                epoch: 1,
+                repairing: false,
+                members: m.members,
+            };
+            master.publish(&first)?;
+        } else if m.repairing {
+            // A master died mid-change: redo the repair over the same members.
+            let dead: Vec<NodeId> = Vec::new();
+            master.fail_over(&dead)?;
+        } else {
+            // Members that missed the last record get it again.
+            master.publish(&m)?;
+        }
+        Ok(master)
+    }
+
+    /// The membership the master published last.
+    pub fn membership(&self) -> Membership {
+        self.current.lock().clone()
+    }
+
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.ep
+    }
+
+    /// Publishes `m` to its members and to the non-members that answer (so a fenced node
+    /// learns it is out); the members must all take it.
+    fn publish(&self, m: &Membership) -> Result<()> {
+        for n in &self.nodes {
+            let r = membership::publish(&self.ep, *n, m);
+            if m.is_member(*n) {
+                r?;
+            }
+        }
+        *self.current.lock() = m.clone();
+        tracing::info!(
+            epoch = m.epoch,
+            repairing = m.repairing,
+            members = ?m.members.iter().map(|(n, _)| n.0).collect::<Vec<_>>(),
+            "published membership"
+        );
+        metrics::gauge!("dmkit_fusee_membership_epoch").set(m.epoch as f64);
+        metrics::gauge!("dmkit_fusee_members").set(m.members.len() as f64);
+        Ok(())
+    }
+
+    /// Probes every node once: `(node, answered, says it is fenced, its epoch)`.
+    pub fn probe(&self) -> Vec<(NodeId, bool, bool, u64)> {
+        self.nodes
+            .iter()
+            .map(|n| match query_or_reconnect(&self.ep, self.reconnect.as_ref(), *n) {
+                Ok(q) => (
+                    *n,
+                    true,
+                    q.fenced,
+                    q.record.map_or(0, |r| r.epoch),
+                ),
+                Err(_) => (*n, false, false, 0),
+            })
+            .collect()
+    }
+
+    /// Fences the members in `members` with fresh rkeys; returns the new (node, rkey) list.
+    fn fence(&self, members: &[NodeId]) -> Result<Vec<(NodeId, RKey)>> {
+        let mut out = Vec::new();
+        for n in members {
+            let reply = self.ep.rpc(TAG, *n, &Writer::new().u8(tag::REKEY).finish())?;
+            let mut r = Reader::new(&reply);
+            let bad = |e: dmkit_verbs::wire::WireError| Error::Node {
+                node: *n,
+                reason: e.to_string(),
+            };
+            if r.u8().map_err(bad)? != status::OK {
+                return Err(Error::Node {
+                    node: *n,
+                    reason: "refused to fence (rekey)".into(),
+                });
+            }
+            out.push((*n, RKey(r.u32().map_err(bad)?)));
+        }
+        Ok(out)
+    }
+
+    /// Fails `dead` over (see the module docs). With `dead` empty, re-fences and repairs the
+    /// current members (a master restarted mid-change).
+    pub fn fail_over(&self, dead: &[NodeId]) -> Result<FailoverReport> {
+        let _one = self.change.lock();
+        let t = Instant::now();
+        let old = self.membership();
+        let survivors: Vec<NodeId> = old
+            .members
+            .iter()
+            .map(|(n, _)| *n)
+            .filter(|n| !dead.contains(n))
+            .collect();
+        if survivors.is_empty() {
+            return Err(Error::Membership("no memory node survives".into()));
+        }
+        let old_primary = self.index_primary(&old)?;
+        let members = self.fence(&survivors)?;
+        let repairing = Membership {
+            epoch: old.epoch + 1,
+            repairing: true,
+            members,
+        };
+        self.publish(&repairing)?;
+        let view = cluster::open_at(&self.ep, &self.nodes, &repairing)?;
+        let spaces = view.index_spaces();
+        if spaces.is_empty() {
+            return Err(Error::Membership(
+                "every index replica failed: the index is lost".into(),
+            ));
+        }
+        let primary_served = spaces[0].region.node == old_primary;
+        let mut on_behalf = 0u64;
+        let index = repair::repair_replicas(&self.ep, &spaces, primary_served, |c| {
+            let (v, committed) = self.decide(&view, c).map_err(|e| {
+                dmkit_kv_index::Error::Verifier(format!("deciding slot {:#x}: {e}", c.offset))
+            })?;
+            on_behalf += u64::from(committed);
+            Ok(v)
+        })?;
+        let active = Membership {
+            epoch: repairing.epoch + 1,
+            repairing: false,
+            members: repairing.members.clone(),
+        };
+        self.publish(&active)?;
+        let rep = FailoverReport {
+            failed: dead.to_vec(),
+            epoch: active.epoch,
+            index,
+            committed_on_behalf: on_behalf,
+            took: t.elapsed(),
+        };
+        tracing::warn!(?rep, "failed over");
+        metrics::counter!("dmkit_fusee_failovers_total").increment(1);
+        Ok(rep)
+    }
+
+    /// The node holding the index primary under `m`.
+    fn index_primary(&self, m: &Membership) -> Result<NodeId> {
+        let view = self.shape()?;
+        view.index_holders()
+            .iter()
+            .copied()
+            .find(|n| m.is_member(*n))
+            .ok_or_else(|| Error::Membership("no index replica serves".into()))
+    }
+
+    /// The cluster's shape (from any serving superblock).
+    fn shape(&self) -> Result<ClusterView> {
+        let m = self.membership();
+        cluster::open_at(&self.ep, &self.nodes, &m)
+    }
+
+    /// The value of a slot whose replicas disagree, and whether a commit record was written
+    /// on its writer's behalf.
+    fn decide(&self, view: &ClusterView, c: &SlotConflict) -> Result<(u64, bool)> {
+        let valid = |v: u64| -> Result<bool> {
+            if v == 0 {
+                return Ok(true);
+            }
+            Ok(self.object_of(view, v)?.is_some())
+        };
+        let chosen = match c.primary {
+            Some(p) => {
+                let first = c.backups.first().copied();
+                match first {
+                    Some(b) if b != p && c.backups.iter().all(|x| *x == b) && valid(b)? => b,
+                    _ => p,
+                }
+            }
+            None => {
+                let mut counts: HashMap<u64, usize> = HashMap::new();
+                for v in &c.backups {
+                    *counts.entry(*v).or_default() += 1;
+                }
+                let majority = counts
+                    .iter()
+                    .find(|(v, n)| **n * 2 > c.backups.len() && valid(**v).unwrap_or(false))
+                    .map(|(v, _)| *v);
+                match majority {
+                    Some(v) => v,
+                    None => {
+                        let mut cands: Vec<u64> = c.backups.clone();
+                        cands.sort_unstable();
+                        cands.dedup();
+                        let mut pick = None;
+                        for v in cands {
+                            if valid(v)? {
+                                pick = Some(v);
+                                break;
+                            }
+                        }
+                        pick.unwrap_or(0)
+                    }
+                }
+            }
+        };
+        let committed = if chosen != 0 {
+            self.commit_on_behalf(view, chosen, c.primary.unwrap_or(0))?
+        } else {
+            false
+        };
+        Ok((chosen, committed))
+    }
+
+    /// The object a raw slot value points to, read from a serving replica.
+    fn object_of(&self, view: &ClusterView, raw: u64) -> Result<Option<object::KvObject>> {
+        let Some(s) = Slot::from_raw(raw)? else {
+            return Ok(None);
+        };
+        let a = slot_addr(s);
+        let Some(at) = view.acting(a.node, a.offset) else {
+            return Ok(None);
+        };
+        let b = self.ep.read(TAG, at, s.object_len())?;
+        Ok(object::decode(&b, a))
+    }
+
+    /// Writes the commit record of the object `chosen` points to, if it has none.
+    fn commit_on_behalf(&self, view: &ClusterView, chosen: u64, old: u64) -> Result<bool> {
+        let Some(obj) = self.object_of(view, chosen)? else {
+            return Ok(false);
+        };
+        if obj.log.commit.is_some() {
+            return Ok(false);
+        }
+        let s = Slot::from_raw(chosen)?.expect("non-zero");
+        let a = slot_addr(s);
+        let old_gen = match self.object_of(view, old)? {
+            Some(o) => o.generation,
+            None => 0,
+        };
+        let op = Op::from_u8(obj.log.op).unwrap_or(Op::Update);
+        let rec = object::encode_commit(&Commit { old, old_gen }, obj.generation, op, a);
+        let at = a.offset
+            + object::log_offset(obj.key.len(), obj.value.len()) as u64
+            + object::COMMIT_OFF as u64;
+        let block = a.offset / view.block_size;
+        for n in view.block_replicas(block) {
+            let r = view.region(n).expect("a member");
+            self.ep.write(TAG, r.at(at), &rec)?;
+        }
+        Ok(true)
+    }
+
+    /// Refills `node` (restarted, on its old pool or a new one) and makes it a member again.
+    pub fn rejoin(&self, node: NodeId) -> Result<RejoinReport> {
+        let _one = self.change.lock();
+        let t = Instant::now();
+        let old = self.membership();
+        if old.is_member(node) {
+            return Err(Error::Membership(format!(
+                "memory node {node} is a member already"
+            )));
+        }
+        if !self.nodes.contains(&node) {
+            return Err(Error::Membership(format!(
+                "memory node {node} is not in the cluster file"
+            )));
+        }
+        // Fence the members (writes stop) and the newcomer (nobody uses it yet).
+        let members_before: Vec<NodeId> = old.members.iter().map(|(n, _)| *n).collect();
+        let mut members = self.fence(&members_before)?;
+        let fresh = self.fence(&[node])?;
+        let repairing = Membership {
+            epoch: old.epoch + 1,
+            repairing: true,
+            members: members.clone(),
+        };
+        self.publish(&repairing)?;
+        // The newcomer accepts the master's refill (under an rkey only the master knows).
+        let reply = self.ep.rpc(
+            TAG,
+            node,
+            &Writer::new().u8(tag::SET_FENCED).u8(0).finish(),
+        )?;
+        if reply.first() != Some(&status::OK) {
+            return Err(Error::Node {
+                node,
+                reason: "refused to be refilled".into(),
+            });
+        }
+        let view = cluster::open_at(&self.ep, &self.nodes, &repairing)?;
+        let target = {
+            let mut r = self
+                .ep
+                .regions(node)?
+                .into_iter()
+                .find(|r| r.base == crate::memnode::POOL_BASE)
+                .ok_or_else(|| Error::Node {
+                    node,
+                    reason: "not a FUSEE memory node (no pool region)".into(),
+                })?;
+            r.rkey = fresh[0].1;
+            r
+        };
+        let bs = view.block_size;
+        let mut rep = RejoinReport {
+            node,
+            ..Default::default()
+        };
+        // The block table: every block the newcomer replicates, owned as on its source.
+        let mut tables: HashMap<NodeId, HashMap<u64, u64>> = HashMap::new();
+        for n in &members_before {
+            tables.insert(*n, self.block_table(*n)?);
+        }
+        let mine = self.block_table(node).unwrap_or_default();
+        let index_holder = view.index_holders().contains(&node);
+        let block_count = self.block_count(node)?;
+        let mut copy: Vec<(u64, NodeId)> = Vec::new();
+        for b in 0..block_count {
+            // (the source replica, whether the newcomer replicates this block at all)
+            let (source, replicated) = if b == 0 || (index_holder && b <= view.index_blocks) {
+                // The superblock and (for index holders) the index: from the index primary.
+                (view.index_spaces().first().map(|s| s.region.node), true)
+            } else if b <= view.index_blocks {
+                // Index blocks of a node that holds no index replica: reserved, not copied.
+                (None, false)
+            } else {
+                let reps = view.all_block_replicas(b);
+                let src = reps.iter().copied().find(|n| view.is_member(*n));
+                (src, reps.contains(&node))
+            };
+            let want = match source {
+                Some(src) if replicated => tables[&src].get(&b).copied(),
+                // No serving replica: the newcomer's own copy is the only one; keep it.
+                None if replicated => continue,
+                _ if b <= view.index_blocks => {
+                    tables.values().find_map(|t| t.get(&b).copied())
+                }
+                _ => None,
+            };
+            let have = mine.get(&b).copied();
+            if want != have {
+                self.set_block(node, b, want)?;
+            }
+            if let (Some(src), Some(_), true) = (source, want, replicated) {
+                copy.push((b, src));
+            }
+        }
+        for (b, src) in copy {
+            let from = view.region(src).expect("a member").at(b * bs);
+            let data = self.ep.read(TAG, from, bs as usize)?;
+            self.ep.write(TAG, target.at(b * bs), &data)?;
+            rep.blocks_copied += 1;
+            rep.bytes_copied += bs;
+        }
+        // The newcomer serves again, in ring order.
+        members.push(fresh[0]);
+        members.sort_by_key(|(n, _)| self.nodes.iter().position(|x| x == n));
+        let active = Membership {
+            epoch: repairing.epoch + 1,
+            repairing: false,
+            members,
+        };
+        self.publish(&active)?;
+        rep.epoch = active.epoch;
+        rep.took = t.elapsed();
+        tracing::warn!(?rep, "memory node rejoined");
+        metrics::counter!("dmkit_fusee_rejoins_total").increment(1);
+        Ok(rep)
+    }
+
+    fn block_count(&self, node: NodeId) -> Result<u64> {
+        let reply = self.ep.rpc(TAG, node, &Writer::new().u8(tag::STAT).finish())?;
+        let mut r = Reader::new(&reply);
+        let bad = |e: dmkit_verbs::wire::WireError| Error::Node {
+            node,
+            reason: e.to_string(),
+        };
+        if r.u8().map_err(bad)? != status::OK {
+            return Err(Error::Node {
+                node,
+                reason: "no STAT".into(),
+            });
+        }
+        let _bs = r.u64().map_err(bad)?;
+        r.u64().map_err(bad)
+    }
+
+    fn block_table(&self, node: NodeId) -> Result<HashMap<u64, u64>> {
+        let reply = self
+            .ep
+            .rpc(TAG, node, &Writer::new().u8(tag::BLOCK_TABLE).finish())?;
+        let mut r = Reader::new(&reply);
+        let bad = |e: dmkit_verbs::wire::WireError| Error::Node {
+            node,
+            reason: e.to_string(),
+        };
+        if r.u8().map_err(bad)? != status::OK {
+            return Err(Error::Node {
+                node,
+                reason: "cannot list its block table".into(),
+            });
+        }
+        let n = r.u32().map_err(bad)?;
+        let mut t = HashMap::new();
+        for _ in 0..n {
+            let b = r.u64().map_err(bad)?;
+            t.insert(b, r.u64().map_err(bad)?);
+        }
+        Ok(t)
+    }
+
+    fn set_block(&self, node: NodeId, block: u64, owner: Option<u64>) -> Result<()> {
+        let reply = self.ep.rpc(
+            TAG,
+            node,
+            &Writer::new()
+                .u8(tag::SET_BLOCK)
+                .u64(block)
+                .u64(owner.unwrap_or(NO_OWNER))
+                .finish(),
+        )?;
+        match reply.first() {
+            Some(&status::OK) => Ok(()),
+            _ => Err(Error::Node {
+                node,
+                reason: format!("cannot set the owner of block {block}"),
+            }),
+        }
+    }
+
+    /// Runs the failure detector until `stop` is set: probes every node each heartbeat,
+    /// fails over members that missed `miss_limit` probes, refills restarted nodes.
+    pub fn run(self: &Arc<Self>, cfg: MasterConfig, stop: Arc<std::sync::atomic::AtomicBool>) {
+        let mut misses: HashMap<NodeId, u32> = HashMap::new();
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let t = Instant::now();
+            let m = self.membership();
+            let mut dead = Vec::new();
+            let mut back = Vec::new();
+            for (n, answered, _fenced, epoch) in self.probe() {
+                if m.is_member(n) {
+                    if answered && epoch >= m.epoch {
+                        misses.remove(&n);
+                    } else if answered {
+                        // A member that lost its record (restarted): out, then back in.
+                        dead.push(n);
+                    } else {
+                        let k = misses.entry(n).or_default();
+                        *k += 1;
+                        if *k >= cfg.miss_limit {
+                            dead.push(n);
+                        }
+                    }
+                } else if answered && cfg.auto_rejoin {
+                    back.push(n);
+                }
+            }
+            if !dead.is_empty() {
+                match self.fail_over(&dead) {
+                    Ok(_) => {
+                        for n in &dead {
+                            misses.remove(n);
+                        }
+                    }
+                    Err(e) => tracing::error!(error = %e, ?dead, "failover failed; retrying"),
+                }
+            } else {
+                for n in back {
+                    if let Err(e) = self.rejoin(n) {
+                        tracing::error!(error = %e, node = %n, "rejoin failed; retrying");
+                    }
+                }
+            }
+            if let Some(rest) = cfg.heartbeat.checked_sub(t.elapsed()) {
+                std::thread::sleep(rest);
+            }
+        }
+    }
+}

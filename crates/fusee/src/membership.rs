@@ -1,0 +1,191 @@
+//! Cluster membership: which memory nodes serve, at which epoch, with which rkeys.
+//!
+//! The master publishes a [`Membership`] record to every member memory node (by RPC, so it is
+//! readable whatever the rkeys are); clients read it from the nodes, so a client can join and
+//! keep serving while the master is down. Epoch 0 means "no record published yet": every node
+//! of the superblock serves with the rkey it announced at connect.
+//!
+//! A failover or rejoin goes through two records: first `repairing` (the members' pool
+//! regions got fresh rkeys, so every client still holding the old ones is cut off at once —
+//! the fence — and learns the new epoch on its next attempt; writes wait, SEARCH may read the
+//! backups), then `active` once the index is repaired.
+
+use dmkit_verbs::wire::{Reader, WireError, Writer};
+use dmkit_verbs::{Endpoint, NodeId, RKey};
+
+use crate::memnode::{status, tag};
+
+const MAGIC: u32 = u32::from_le_bytes(*b"FMb1");
+
+/// One published membership.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Membership {
+    /// Increases with every change; 0 = nothing published (all nodes serve).
+    pub epoch: u64,
+    /// The index is being repaired or a node refilled: writes wait for the next epoch.
+    pub repairing: bool,
+    /// The serving memory nodes, in ring order, with their pool regions' current rkeys.
+    pub members: Vec<(NodeId, RKey)>,
+}
+
+impl Membership {
+    /// Whether `node` serves in this membership.
+    pub fn is_member(&self, node: NodeId) -> bool {
+        self.members.iter().any(|(n, _)| *n == node)
+    }
+
+    /// The rkey `node` serves its pool under.
+    pub fn rkey(&self, node: NodeId) -> Option<RKey> {
+        self.members.iter().find(|(n, _)| *n == node).map(|(_, k)| *k)
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new()
+            .u32(MAGIC)
+            .u64(self.epoch)
+            .u8(u8::from(self.repairing))
+            .u16(self.members.len() as u16);
+        for (n, k) in &self.members {
+            w = w.u16(n.0).u32(k.0);
+        }
+        let mut b = w.finish();
+        let crc = crc32c::crc32c(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Membership, WireError> {
+        if b.len() < 4 || crc32c::crc32c(&b[..b.len() - 4]).to_le_bytes() != b[b.len() - 4..] {
+            return Err(WireError("membership checksum"));
+        }
+        let mut r = Reader::new(&b[..b.len() - 4]);
+        if r.u32()? != MAGIC {
+            return Err(WireError("membership magic"));
+        }
+        let epoch = r.u64()?;
+        let repairing = r.u8()? != 0;
+        let n = r.u16()?;
+        let mut members = Vec::with_capacity(usize::from(n));
+        for _ in 0..n {
+            members.push((NodeId(r.u16()?), RKey(r.u32()?)));
+        }
+        r.finish()?;
+        Ok(Membership {
+            epoch,
+            repairing,
+            members,
+        })
+    }
+}
+
+/// What one memory node says about membership.
+#[derive(Debug, Clone)]
+pub struct NodeMembership {
+    pub node: NodeId,
+    /// The node refuses one-sided verbs (fenced out, or not yet rejoined).
+    pub fenced: bool,
+    /// The newest record it was given, if any.
+    pub record: Option<Membership>,
+}
+
+/// Asks `node` for its membership record.
+pub fn query(ep: &Endpoint, node: NodeId) -> crate::Result<NodeMembership> {
+    let reply = ep.rpc(
+        crate::cluster::TAG,
+        node,
+        &Writer::new().u8(tag::MEMBERSHIP_GET).finish(),
+    )?;
+    let bad = |e: WireError| crate::Error::Node {
+        node,
+        reason: format!("bad membership reply: {e}"),
+    };
+    let mut r = Reader::new(&reply);
+    if r.u8().map_err(bad)? != status::OK {
+        return Err(crate::Error::Node {
+            node,
+            reason: "does not serve membership (an older memory node?)".into(),
+        });
+    }
+    let fenced = r.u8().map_err(bad)? != 0;
+    let record = match r.u8().map_err(bad)? {
+        0 => None,
+        _ => Some(Membership::decode(r.bytes().map_err(bad)?).map_err(bad)?),
+    };
+    Ok(NodeMembership {
+        node,
+        fenced,
+        record,
+    })
+}
+
+/// Gives `node` a membership record (the master's call). A node that is a member serves
+/// (unfenced); one that is not refuses one-sided verbs.
+pub fn publish(ep: &Endpoint, node: NodeId, m: &Membership) -> crate::Result<()> {
+    let reply = ep.rpc(
+        crate::cluster::TAG,
+        node,
+        &Writer::new()
+            .u8(tag::MEMBERSHIP_SET)
+            .bytes(&m.encode())
+            .finish(),
+    )?;
+    match reply.first() {
+        Some(&status::OK) => Ok(()),
+        _ => Err(crate::Error::Node {
+            node,
+            reason: "refused the membership record".into(),
+        }),
+    }
+}
+
+/// The newest membership any of `nodes` holds (epoch 0, every node a member, when none was
+/// published). Nodes that do not answer are skipped; `None` when none answers.
+pub fn newest(ep: &Endpoint, nodes: &[NodeId]) -> Option<Membership> {
+    let mut best: Option<Membership> = None;
+    let mut any = false;
+    for n in nodes {
+        let Ok(q) = query(ep, *n) else { continue };
+        any = true;
+        if let Some(rec) = q.record {
+            if best.as_ref().is_none_or(|b| rec.epoch > b.epoch) {
+                best = Some(rec);
+            }
+        }
+    }
+    if !any {
+        return None;
+    }
+    Some(best.unwrap_or_else(|| Membership {
+        epoch: 0,
+        repairing: false,
+        members: nodes
+            .iter()
+            .filter_map(|n| {
+                ep.regions(*n)
+                    .ok()?
+                    .into_iter()
+                    .find(|r| r.base == crate::memnode::POOL_BASE)
+                    .map(|r| (*n, r.rkey))
+            })
+            .collect(),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_round_trips_and_a_flipped_bit_is_caught() {
+        let m = Membership {
+            epoch: 7,
+            repairing: true,
+            members: vec![(NodeId(0), RKey(11)), (NodeId(2), RKey(99))],
+        };
+        let mut b = m.encode();
+        assert_eq!(Membership::decode(&b).unwrap(), m);
+        b[5] ^= 1;
+        assert!(Membership::decode(&b).is_err());
+        assert!(Membership::decode(&[]).is_err());
+    }
+}

@@ -1,0 +1,156 @@
+//! Memory-node failures on the sim backend: the master fences, repairs and republishes;
+//! clients retry; a node that comes back is refilled and the cluster survives another
+//! failure.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use dmkit_fusee::failover::MasterConfig;
+use dmkit_fusee::{LocalCluster, LocalConfig};
+use dmkit_verbs::NodeId;
+
+fn cluster(r: usize) -> LocalCluster {
+    let mut cfg = LocalConfig::new(3, r);
+    cfg.pool_bytes = 16 << 20;
+    cfg.block_size = 64 << 10;
+    cfg.cluster.index_bytes = 512 << 10;
+    LocalCluster::start(cfg).unwrap()
+}
+
+fn key(i: usize) -> Vec<u8> {
+    format!("key-{i}").into_bytes()
+}
+
+#[test]
+fn every_write_survives_the_loss_of_the_index_primary_and_then_of_another_node() {
+    let c = cluster(3);
+    let master = c.master().unwrap();
+    let kv = c.client(1).unwrap();
+    for i in 0..300 {
+        kv.insert(&key(i), format!("v{i}").as_bytes()).unwrap();
+    }
+    // Node 0 holds the index primary and a replica of every block.
+    c.sim.fail_node(NodeId(0));
+    let rep = master.fail_over(&[NodeId(0)]).unwrap();
+    assert_eq!(rep.epoch, 3, "{rep:?}");
+    for i in 0..300 {
+        assert_eq!(
+            kv.search(&key(i)).unwrap().as_deref(),
+            Some(format!("v{i}").as_bytes()),
+            "key {i} after losing node 0"
+        );
+    }
+    assert_eq!(kv.epoch(), 3);
+    for i in 0..300 {
+        kv.update(&key(i), format!("w{i}").as_bytes()).unwrap();
+    }
+    kv.insert(b"late", b"1").unwrap();
+    // Node 0 comes back on its pool: refilled, then node 1 may fail.
+    c.sim.recover_node(NodeId(0));
+    let back = master.rejoin(NodeId(0)).unwrap();
+    assert!(back.blocks_copied > 0, "{back:?}");
+    assert!(master.membership().is_member(NodeId(0)));
+    c.sim.fail_node(NodeId(1));
+    master.fail_over(&[NodeId(1)]).unwrap();
+    let fresh = c.client(2).unwrap();
+    for i in 0..300 {
+        let want = format!("w{i}");
+        assert_eq!(kv.search(&key(i)).unwrap().as_deref(), Some(want.as_bytes()));
+        assert_eq!(fresh.search(&key(i)).unwrap().as_deref(), Some(want.as_bytes()));
+    }
+    assert_eq!(fresh.search(b"late").unwrap().as_deref(), Some(&b"1"[..]));
+    fresh.delete(b"late").unwrap();
+    assert_eq!(kv.search(b"late").unwrap(), None);
+}
+
+#[test]
+fn with_the_master_down_healthy_clients_keep_serving() {
+    let c = cluster(3);
+    let master = c.master().unwrap();
+    let epoch = master.membership().epoch;
+    drop(master);
+    let kv = c.client(1).unwrap();
+    for i in 0..50 {
+        kv.insert(&key(i), b"x").unwrap();
+        assert_eq!(kv.search(&key(i)).unwrap().as_deref(), Some(&b"x"[..]));
+    }
+    assert_eq!(kv.epoch(), epoch);
+}
+
+/// Four writers update while the master's failure detector notices a node die: every
+/// acknowledged write is readable afterwards, and throughput comes back.
+#[test]
+fn writers_ride_through_a_failover_the_detector_runs() {
+    let c = Arc::new(cluster(3));
+    let master = c.master().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let m = master.clone();
+    let s = stop.clone();
+    let detector = std::thread::spawn(move || {
+        m.run(
+            MasterConfig {
+                heartbeat: Duration::from_millis(20),
+                miss_limit: 3,
+                auto_rejoin: false,
+            },
+            s,
+        )
+    });
+    let done = Arc::new(AtomicU64::new(0));
+    let writers_stop = Arc::new(AtomicBool::new(false));
+    let mut handles = Vec::new();
+    for t in 0..4u64 {
+        let (c, done, ws) = (c.clone(), done.clone(), writers_stop.clone());
+        handles.push(std::thread::spawn(move || {
+            let kv = c.client(10 + t).unwrap();
+            let mut acked: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+            let mut i = 0u64;
+            while !ws.load(Ordering::Relaxed) {
+                let k = format!("t{t}-{}", i % 40).into_bytes();
+                let v = format!("{i}").into_bytes();
+                kv.upsert(&k, &v).unwrap();
+                acked.insert(k, v);
+                done.fetch_add(1, Ordering::Relaxed);
+                i += 1;
+            }
+            (kv, acked)
+        }));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let before = done.load(Ordering::Relaxed);
+    let t0 = Instant::now();
+    c.sim.fail_node(NodeId(1));
+    // Throughput recovers: writes complete again after the failover.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while master.membership().is_member(NodeId(1)) {
+        assert!(Instant::now() < deadline, "the detector never failed node 1 over");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mark = done.load(Ordering::Relaxed);
+    while done.load(Ordering::Relaxed) < mark + 100 {
+        assert!(Instant::now() < deadline, "writes did not resume after the failover");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    eprintln!(
+        "failover: {} ops before, writes resumed {:?} after the failure",
+        before,
+        t0.elapsed()
+    );
+    writers_stop.store(true, Ordering::Relaxed);
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    stop.store(true, Ordering::Relaxed);
+    detector.join().unwrap();
+    let reader = c.client(99).unwrap();
+    for (_, acked) in &results {
+        for (k, v) in acked {
+            assert_eq!(
+                reader.search(k).unwrap().as_deref(),
+                Some(v.as_slice()),
+                "acknowledged write of {} lost",
+                String::from_utf8_lossy(k)
+            );
+        }
+    }
+}
