@@ -55,15 +55,62 @@ pub fn connector(file: &ClusterFile) -> Result<Arc<dyn Connector>, CliError> {
     }
 }
 
-/// An endpoint connected to every memory node of the file.
+/// An endpoint connected to every memory node of the file that answers (a failed one is
+/// reached again through [`reconnect`]); an error only when none answers, or one answers
+/// as another node id.
 pub fn endpoint(file: &ClusterFile) -> Result<Endpoint, CliError> {
     let c = connector(file)?;
-    let nodes: Vec<_> = file
+    let ep = match c.buf_allocator().map_err(|e| CliError::runtime(e.to_string()))? {
+        Some(a) => Endpoint::with_allocator(Default::default(), a),
+        None => Endpoint::default(),
+    };
+    let mut last = None;
+    for m in &file.memnodes {
+        match c.connect(&m.addr) {
+            Ok(conn) if conn.node() == NodeId(m.id) => ep.add_connection(conn),
+            Ok(conn) => {
+                let found = conn.node();
+                conn.close();
+                return Err(CliError::runtime(format!(
+                    "{} answers as memory node {found}, the cluster file says {}",
+                    m.addr, m.id
+                )));
+            }
+            Err(e) => {
+                tracing::warn!(node = m.id, addr = %m.addr, error = %e, "memory node unreachable");
+                last = Some(e);
+            }
+        }
+    }
+    if ep.nodes().is_empty() {
+        return Err(CliError::runtime(match last {
+            Some(e) => format!("no memory node answers: {e}"),
+            None => "the cluster file names no memory node".into(),
+        }));
+    }
+    Ok(ep)
+}
+
+/// Reconnects to a memory node of the file (one that restarted or was unreachable).
+pub fn reconnect(file: &ClusterFile) -> Result<dmkit_fusee::failover::Reconnect, CliError> {
+    let c = connector(file)?;
+    let addrs: std::collections::HashMap<NodeId, String> = file
         .memnodes
         .iter()
         .map(|m| (NodeId(m.id), m.addr.clone()))
         .collect();
-    Endpoint::connect(c.as_ref(), &nodes).map_err(|e| CliError::runtime(e.to_string()))
+    Ok(Arc::new(move |node: NodeId| {
+        let addr = addrs.get(&node).ok_or(dmkit_verbs::Error::NoSuchNode(node))?;
+        let conn = c.connect(addr)?;
+        if conn.node() != node {
+            conn.close();
+            return Err(dmkit_verbs::Error::Connect {
+                addr: addr.clone(),
+                reason: format!("answers as memory node {}", conn.node()),
+            });
+        }
+        Ok(conn)
+    }))
 }
 
 /// The memory node ids in ring order (the file's order).

@@ -86,6 +86,7 @@ pub fn client(file: &ClusterFile, id: u64) -> Result<Client, CliError> {
         ClientConfig::new(id),
     )
     .map_err(|e| CliError::with_code(format!("cannot join the cluster: {e}"), 3))?;
+    c.set_reconnect(crate::connect::reconnect(file)?);
     Ok(c)
 }
 

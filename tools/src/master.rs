@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use dmkit_fusee::cluster::{self, ClusterConfig};
+use dmkit_fusee::failover::{Master, MasterConfig};
 use dmkit_verbs::tcp::{TcpServer, TcpServerConfig};
 use dmkit_verbs::wire::Writer;
 use dmkit_verbs::{MemoryNode, NodeId, Peer};
@@ -23,6 +24,15 @@ pub struct MasterArgs {
     /// Serve Prometheus metrics on this address (host:port).
     #[arg(long)]
     pub metrics: Option<String>,
+    /// Probe every memory node this often (milliseconds).
+    #[arg(long, default_value_t = 100)]
+    pub heartbeat_ms: u64,
+    /// Fail a memory node over after this many missed probes in a row.
+    #[arg(long, default_value_t = 10)]
+    pub miss_limit: u32,
+    /// Do not refill and readmit memory nodes that come back (do it by restarting the master).
+    #[arg(long)]
+    pub no_rejoin: bool,
 }
 
 /// The master's node id on the wire (it serves no memory).
@@ -63,14 +73,37 @@ pub fn run(args: MasterArgs) -> Result<(), CliError> {
             view.index_replicas, view.data_replicas, file.index_replicas, file.data_replicas
         )));
     }
-    // The membership service: clients ask who the memory nodes are and how data is placed.
+    if args.heartbeat_ms == 0 || args.miss_limit == 0 {
+        return Err(CliError::usage(
+            "--heartbeat-ms and --miss-limit must be at least 1",
+        ));
+    }
+    // The failure detector: heartbeats, fencing, repair, membership, refill of nodes that
+    // come back. Clients read the membership from the memory nodes, so the master stays off
+    // the data path.
+    let master = Master::with_reconnect(ep, &nodes, crate::connect::reconnect(&file)?)
+        .map_err(|e| CliError::runtime(format!("cannot take over the membership: {e}")))?;
+    let m = master.clone();
+    let cfg = MasterConfig {
+        heartbeat: std::time::Duration::from_millis(args.heartbeat_ms),
+        miss_limit: args.miss_limit,
+        auto_rejoin: !args.no_rejoin,
+    };
+    std::thread::Builder::new()
+        .name("fusee-master".into())
+        .spawn(move || m.run(cfg, Arc::new(std::sync::atomic::AtomicBool::new(false))))
+        .map_err(|e| CliError::runtime(format!("cannot start the failure detector: {e}")))?;
+    // Status over RPC: the shape and the current membership.
     let node = Arc::new(MemoryNode::new(MASTER_ID));
-    let status = Writer::new()
-        .u16(view.nodes.len() as u16)
-        .u8(view.index_replicas as u8)
-        .u8(view.data_replicas as u8);
-    let status = view.nodes.iter().fold(status, |w, n| w.u16(n.0)).finish();
-    node.set_rpc_handler(Arc::new(move |_p: &Peer, _req: &[u8]| Ok(status.clone())));
+    let shape = (view.nodes.clone(), view.index_replicas, view.data_replicas);
+    node.set_rpc_handler(Arc::new(move |_p: &Peer, _req: &[u8]| {
+        let w = Writer::new()
+            .u16(shape.0.len() as u16)
+            .u8(shape.1 as u8)
+            .u8(shape.2 as u8);
+        let w = shape.0.iter().fold(w, |w, n| w.u16(n.0));
+        Ok(w.bytes(&master.membership().encode()).finish())
+    }));
     let secret = crate::connect::secret(Some(&file))?;
     let server = TcpServer::start(
         args.listen.as_str(),

@@ -6,7 +6,7 @@
 //! process with the same id on this host fails at once — and the client is recovered under
 //! its id first), optionally loads the records, runs the workload for `--seconds`, prints one
 //! summary line on stdout and, with `--ack-log PATH`, appends every acknowledged write as
-//! `key<TAB>tag<TAB>fnv1a64-of-value-in-hex` (tag = `c<client id>:<counter>`, also the value's
+//! `key<TAB>tag<TAB>fnv1a64-of-value-in-hex<TAB>unix-milliseconds` (tag = `c<client id>:<counter>`, also the value's
 //! first bytes, so every write's value is unique).
 //!
 //! `--partition K/N` makes this client write only keys whose record number is K modulo N (an
@@ -56,7 +56,7 @@ pub struct YcsbArgs {
     /// Random seed of the operation stream (default: derived from the client id).
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Append every acknowledged write here as `key\ttag\tvalue-hash`.
+    /// Append every acknowledged write here as `key\ttag\tvalue-hash\tunix-ms`.
     #[arg(long)]
     pub ack_log: Option<PathBuf>,
 }
@@ -128,7 +128,12 @@ impl Writes {
     fn ack(&mut self, key: &str, tag: &str, value: &[u8]) -> Result<(), CliError> {
         self.acked += 1;
         if let Some(log) = &mut self.log {
-            writeln!(log, "{key}\t{tag}\t{:016x}", fnv1a_64(value))
+            // Flushed per write: a process killed mid-run leaves every acknowledgement.
+            let ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis());
+            writeln!(log, "{key}\t{tag}\t{:016x}\t{ms}", fnv1a_64(value))
+                .and_then(|()| log.flush())
                 .map_err(|e| CliError::runtime(format!("cannot write the ack log: {e}")))?;
         }
         Ok(())

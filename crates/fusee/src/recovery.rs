@@ -73,14 +73,37 @@ impl Client {
     /// Restarts a crashed client: `connect` re-establishes the connections (timed as
     /// "reconnect"), then the log is walked and repaired as the module docs say.
     pub fn recover(
-        connect: impl FnOnce() -> Result<Endpoint>,
+        connect: impl Fn() -> Result<Endpoint>,
         nodes: &[NodeId],
         cfg: ClientConfig,
     ) -> Result<(Client, RecoveryReport)> {
-        let mut rep = RecoveryReport::default();
-        let t = Instant::now();
-        let ep = connect()?;
-        rep.reconnect = t.elapsed();
+        // A memory node failing meanwhile (or failed, and not yet failed over): recovery is
+        // idempotent, so it runs again in the next membership.
+        let deadline = Instant::now() + cfg.failover_wait;
+        loop {
+            let t = Instant::now();
+            let ep = connect()?;
+            let reconnect = t.elapsed();
+            match Self::recover_on(ep, nodes, cfg.clone(), reconnect) {
+                Err(e) if crate::client::needs_membership(&e) && Instant::now() < deadline => {
+                    tracing::warn!(error = %e, "recovery hit a failed memory node; retrying");
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn recover_on(
+        ep: Endpoint,
+        nodes: &[NodeId],
+        cfg: ClientConfig,
+        reconnect: std::time::Duration,
+    ) -> Result<(Client, RecoveryReport)> {
+        let mut rep = RecoveryReport {
+            reconnect,
+            ..RecoveryReport::default()
+        };
 
         let t = Instant::now();
         let (client, rx) = Client::open(ep, nodes, cfg)?;

@@ -1,0 +1,308 @@
+//! FUSEE survives the crash of a memory node, as real processes over `tcp`: three
+//! `dmkit memnode`s with r = 3, a `dmkit master` (the failure detector), and YCSB-A clients
+//! that log every acknowledged write. A memory node is SIGKILLed mid-run; afterwards every
+//! key must hold its last acknowledged write, and the test reports how long writes stalled.
+
+use std::collections::HashMap;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use dmkit_fusee::{Client, ClientConfig};
+use dmkit_tests::procs::{ProcCluster, dmkit_bin, run_dmkit};
+use dmkit_verbs::tcp::TcpConnector;
+use dmkit_verbs::{Connector, Endpoint, NodeId};
+
+const RECORDS: u64 = 300;
+
+fn fnv1a_64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// key -> (tag, hash) of the last acknowledged writes, and every ack's time (unix ms).
+fn read_log(log: &str, into: &mut HashMap<String, (String, u64)>, times: &mut Vec<u64>) {
+    for line in log.lines() {
+        let f: Vec<_> = line.split('\t').collect();
+        assert!(f.len() >= 4, "bad ack log line {line:?}");
+        into.insert(
+            f[0].to_string(),
+            (f[1].to_string(), u64::from_str_radix(f[2], 16).unwrap()),
+        );
+        times.push(f[3].parse().unwrap());
+    }
+}
+
+/// A child process killed when dropped (a failing test leaves nothing running).
+struct Proc(Option<Child>);
+
+impl Proc {
+    fn wait_with_output(mut self) -> std::process::Output {
+        self.0.take().expect("running").wait_with_output().unwrap()
+    }
+
+    fn kill(&mut self) {
+        if let Some(c) = &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn ycsb(file: &str, id: u64, share: &str, seconds: &str, log: &std::path::Path) -> Proc {
+    let child = Command::new(dmkit_bin())
+        .args(["ycsb", "--cluster", file])
+        .args(["--client-id", &id.to_string()])
+        .args(["--workload", "a", "--seconds", seconds])
+        .args(["--records", &RECORDS.to_string(), "--value-bytes", "64"])
+        .args(["--partition", share])
+        .args(["--ack-log", log.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn dmkit ycsb");
+    Proc(Some(child))
+}
+
+fn load(file: &str, log: &std::path::Path, id: u64) {
+    let out = run_dmkit(
+        &[
+            "ycsb",
+            "--cluster",
+            file,
+            "--client-id",
+            &id.to_string(),
+            "--records",
+            &RECORDS.to_string(),
+            "--value-bytes",
+            "64",
+            "--load",
+            "--seconds",
+            "0",
+            "--ack-log",
+            log.to_str().unwrap(),
+        ],
+        Duration::from_secs(60),
+    );
+    assert!(
+        out.status.success(),
+        "load: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Reads every key back through a fresh client on the surviving nodes.
+fn check_all(cluster: &ProcCluster, expected: &HashMap<String, (String, u64)>) {
+    let conn = TcpConnector::default();
+    let ep = Endpoint::default();
+    for (i, m) in cluster.memnodes.iter().enumerate() {
+        if let Ok(c) = conn.connect(&m.addr) {
+            assert_eq!(c.node(), NodeId(i as u16));
+            ep.add_connection(c);
+        }
+    }
+    let ids: Vec<_> = (0..cluster.memnodes.len() as u16).map(NodeId).collect();
+    let c = Client::connect(ep, &ids, ClientConfig::new(61)).unwrap();
+    let mut wrong = Vec::new();
+    for (key, (tag, hash)) in expected {
+        match c.search(key.as_bytes()).unwrap() {
+            Some(v) if fnv1a_64(&v) == *hash => {}
+            Some(v) => wrong.push(format!(
+                "{key}: expected {tag}, found {}",
+                String::from_utf8_lossy(&v[..v.len().min(16)])
+            )),
+            None => wrong.push(format!("{key}: expected {tag}, found nothing")),
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of {} keys lost their last acknowledged write: {:?}",
+        wrong.len(),
+        expected.len(),
+        &wrong[..wrong.len().min(10)]
+    );
+}
+
+/// The longest gap between consecutive acknowledgements (all clients) after `from_ms`.
+fn longest_stall(times: &mut [u64], from_ms: u64) -> Duration {
+    times.sort_unstable();
+    let mut worst = 0;
+    let mut prev = from_ms;
+    for t in times.iter().copied().filter(|t| *t >= from_ms) {
+        worst = worst.max(t - prev);
+        prev = t;
+    }
+    Duration::from_millis(worst)
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+#[test]
+fn sigkill_of_a_memnode_under_ycsb_a_loses_no_acknowledged_write() {
+    let mut cluster = ProcCluster::start(3, 3, "64MiB");
+    let file = cluster.file.clone();
+    let dir = cluster.dir.path().to_path_buf();
+    let load_log = dir.join("ack-load.log");
+    load(&file, &load_log, 40);
+    let children: Vec<_> = (0..4u64)
+        .map(|i| {
+            let log = dir.join(format!("ack-{i}.log"));
+            (ycsb(&file, 41 + i, &format!("{i}/4"), "8", &log), log)
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(2));
+    let killed_at = now_ms();
+    // Node 0 holds the index primary.
+    cluster.memnodes[0].kill9();
+    let mut logs = vec![load_log];
+    for (child, log) in children {
+        let out = child.wait_with_output();
+        assert!(
+            out.status.success(),
+            "ycsb failed across the failover: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        logs.push(log);
+    }
+    let mut expected = HashMap::new();
+    let mut times = Vec::new();
+    for log in &logs {
+        read_log(&std::fs::read_to_string(log).unwrap(), &mut expected, &mut times);
+    }
+    let after = times.iter().filter(|t| **t > killed_at).count();
+    let stall = longest_stall(&mut times, killed_at);
+    eprintln!(
+        "memnode 0 SIGKILLed 2 s into the run: writes stalled at most {stall:?}, {after} writes acknowledged after the kill"
+    );
+    assert!(after > 50, "writes did not resume after the failover ({after})");
+    assert!(
+        stall < Duration::from_secs(10),
+        "writes stalled {stall:?} (detection is ~1 s)"
+    );
+    check_all(&cluster, &expected);
+}
+
+#[test]
+fn a_client_and_a_memnode_killed_together_lose_no_acknowledged_write() {
+    let mut cluster = ProcCluster::start(3, 3, "64MiB");
+    let file = cluster.file.clone();
+    let dir = cluster.dir.path().to_path_buf();
+    let load_log = dir.join("ack-load.log");
+    load(&file, &load_log, 50);
+    let log_a = dir.join("ack-a.log");
+    let log_b = dir.join("ack-b.log");
+    let mut victim = ycsb(&file, 51, "0/2", "30", &log_a);
+    let other = ycsb(&file, 52, "1/2", "6", &log_b);
+    std::thread::sleep(Duration::from_secs(2));
+    victim.kill();
+    cluster.memnodes[2].kill9();
+    // The victim restarts under its id: recovery finishes or rolls back what it left.
+    let rerun = ycsb(&file, 51, "0/2", "2", &log_a).wait_with_output();
+    assert!(
+        rerun.status.success(),
+        "the restarted client failed: {}",
+        String::from_utf8_lossy(&rerun.stderr)
+    );
+    let out = other.wait_with_output();
+    assert!(
+        out.status.success(),
+        "the surviving client failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut expected = HashMap::new();
+    let mut times = Vec::new();
+    for log in [&load_log, &log_a, &log_b] {
+        read_log(&std::fs::read_to_string(log).unwrap(), &mut expected, &mut times);
+    }
+    check_all(&cluster, &expected);
+}
+
+/// Whether memory node `id` (at `addr`) holds a membership in which it is a member.
+fn is_member(addr: &str, id: u16) -> bool {
+    let Ok(c) = TcpConnector::default().connect(addr) else {
+        return false;
+    };
+    let ep = Endpoint::default();
+    ep.add_connection(c);
+    dmkit_fusee::membership::query(&ep, NodeId(id))
+        .ok()
+        .and_then(|q| q.record)
+        .is_some_and(|r| r.is_member(NodeId(id)) && !r.repairing)
+}
+
+#[test]
+fn a_restarted_memnode_is_refilled_and_the_cluster_survives_another_failure() {
+    let mut cluster = ProcCluster::start(3, 3, "64MiB");
+    let file = cluster.file.clone();
+    let dir = cluster.dir.path().to_path_buf();
+    let load_log = dir.join("ack-load.log");
+    load(&file, &load_log, 60);
+    let logs: Vec<_> = (0..2u64).map(|i| dir.join(format!("ack-{i}.log"))).collect();
+    let clients: Vec<_> = (0..2u64)
+        .map(|i| ycsb(&file, 61 + i, &format!("{i}/2"), "10", &logs[i as usize]))
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let addr = cluster.memnodes[1].addr.clone();
+    cluster.memnodes[1].kill9();
+    // Wait until it is failed over (another member's record leaves it out).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let other = cluster.memnodes[0].addr.clone();
+    loop {
+        let c = TcpConnector::default().connect(&other).unwrap();
+        let ep = Endpoint::default();
+        ep.add_connection(c);
+        let rec = dmkit_fusee::membership::query(&ep, NodeId(0)).unwrap().record;
+        if rec.is_some_and(|r| !r.is_member(NodeId(1)) && !r.repairing) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "node 1 never failed over");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Back on the same address with an empty pool: the master refills it.
+    cluster.memnodes[1] = dmkit_tests::procs::Memnode::start_on(
+        &addr,
+        &["--id", "1", "--dram", "64MiB", "--block-size", "64KiB"],
+    );
+    let t = std::time::Instant::now();
+    while !is_member(&addr, 1) {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the restarted node was not readmitted"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("memnode 1 refilled and readmitted {:?} after its restart", t.elapsed());
+    // r is back to 3: another node may fail.
+    cluster.memnodes[2].kill9();
+    for c in clients {
+        let out = c.wait_with_output();
+        assert!(
+            out.status.success(),
+            "ycsb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let mut expected = HashMap::new();
+    let mut times = Vec::new();
+    read_log(&std::fs::read_to_string(&load_log).unwrap(), &mut expected, &mut times);
+    for l in &logs {
+        read_log(&std::fs::read_to_string(l).unwrap(), &mut expected, &mut times);
+    }
+    check_all(&cluster, &expected);
+}
