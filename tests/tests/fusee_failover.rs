@@ -183,14 +183,21 @@ fn sigkill_of_a_memnode_under_ycsb_a_loses_no_acknowledged_write() {
     let mut expected = HashMap::new();
     let mut times = Vec::new();
     for log in &logs {
-        read_log(&std::fs::read_to_string(log).unwrap(), &mut expected, &mut times);
+        read_log(
+            &std::fs::read_to_string(log).unwrap(),
+            &mut expected,
+            &mut times,
+        );
     }
     let after = times.iter().filter(|t| **t > killed_at).count();
     let stall = longest_stall(&mut times, killed_at);
     eprintln!(
         "memnode 0 SIGKILLed 2 s into the run: writes stalled at most {stall:?}, {after} writes acknowledged after the kill"
     );
-    assert!(after > 50, "writes did not resume after the failover ({after})");
+    assert!(
+        after > 50,
+        "writes did not resume after the failover ({after})"
+    );
     assert!(
         stall < Duration::from_secs(10),
         "writes stalled {stall:?} (detection is ~1 s)"
@@ -228,7 +235,11 @@ fn a_client_and_a_memnode_killed_together_lose_no_acknowledged_write() {
     let mut expected = HashMap::new();
     let mut times = Vec::new();
     for log in [&load_log, &log_a, &log_b] {
-        read_log(&std::fs::read_to_string(log).unwrap(), &mut expected, &mut times);
+        read_log(
+            &std::fs::read_to_string(log).unwrap(),
+            &mut expected,
+            &mut times,
+        );
     }
     check_all(&cluster, &expected);
 }
@@ -253,7 +264,9 @@ fn a_restarted_memnode_is_refilled_and_the_cluster_survives_another_failure() {
     let dir = cluster.dir.path().to_path_buf();
     let load_log = dir.join("ack-load.log");
     load(&file, &load_log, 60);
-    let logs: Vec<_> = (0..2u64).map(|i| dir.join(format!("ack-{i}.log"))).collect();
+    let logs: Vec<_> = (0..2u64)
+        .map(|i| dir.join(format!("ack-{i}.log")))
+        .collect();
     let clients: Vec<_> = (0..2u64)
         .map(|i| ycsb(&file, 61 + i, &format!("{i}/2"), "10", &logs[i as usize]))
         .collect();
@@ -267,11 +280,16 @@ fn a_restarted_memnode_is_refilled_and_the_cluster_survives_another_failure() {
         let c = TcpConnector::default().connect(&other).unwrap();
         let ep = Endpoint::default();
         ep.add_connection(c);
-        let rec = dmkit_fusee::membership::query(&ep, NodeId(0)).unwrap().record;
+        let rec = dmkit_fusee::membership::query(&ep, NodeId(0))
+            .unwrap()
+            .record;
         if rec.is_some_and(|r| !r.is_member(NodeId(1)) && !r.repairing) {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "node 1 never failed over");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "node 1 never failed over"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     // Back on the same address with an empty pool: the master refills it.
@@ -287,7 +305,10 @@ fn a_restarted_memnode_is_refilled_and_the_cluster_survives_another_failure() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    eprintln!("memnode 1 refilled and readmitted {:?} after its restart", t.elapsed());
+    eprintln!(
+        "memnode 1 refilled and readmitted {:?} after its restart",
+        t.elapsed()
+    );
     // r is back to 3: another node may fail.
     cluster.memnodes[2].kill9();
     for c in clients {
@@ -300,9 +321,17 @@ fn a_restarted_memnode_is_refilled_and_the_cluster_survives_another_failure() {
     }
     let mut expected = HashMap::new();
     let mut times = Vec::new();
-    read_log(&std::fs::read_to_string(&load_log).unwrap(), &mut expected, &mut times);
+    read_log(
+        &std::fs::read_to_string(&load_log).unwrap(),
+        &mut expected,
+        &mut times,
+    );
     for l in &logs {
-        read_log(&std::fs::read_to_string(l).unwrap(), &mut expected, &mut times);
+        read_log(
+            &std::fs::read_to_string(l).unwrap(),
+            &mut expected,
+            &mut times,
+        );
     }
     check_all(&cluster, &expected);
 }

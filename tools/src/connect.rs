@@ -29,14 +29,21 @@ pub fn secret(file: Option<&ClusterFile>) -> Result<Option<Vec<u8>>, CliError> {
         .transpose()
 }
 
-/// The connector for the file's backend (with the cluster secret, if any).
-pub fn connector(file: &ClusterFile) -> Result<Arc<dyn Connector>, CliError> {
+/// The connector for the file's backend (with the cluster secret, if any), with `bound` on connecting and on waiting for a completion (tcp) — the
+/// master's, so that a node cut off is noticed within a heartbeat or two.
+pub fn connector_bounded(
+    file: &ClusterFile,
+    bound: Option<std::time::Duration>,
+) -> Result<Arc<dyn Connector>, CliError> {
     match file.backend {
         Backend::Tcp => {
             let secret = secret(Some(file))?;
+            let d = TcpConnector::default();
             Ok(Arc::new(TcpConnector {
                 secret,
-                ..TcpConnector::default()
+                connect_timeout: bound.unwrap_or(d.connect_timeout),
+                op_timeout: bound.unwrap_or(d.op_timeout),
+                ..d
             }))
         }
         #[cfg(feature = "rdma")]
@@ -59,8 +66,19 @@ pub fn connector(file: &ClusterFile) -> Result<Arc<dyn Connector>, CliError> {
 /// reached again through [`reconnect`]); an error only when none answers, or one answers
 /// as another node id.
 pub fn endpoint(file: &ClusterFile) -> Result<Endpoint, CliError> {
-    let c = connector(file)?;
-    let ep = match c.buf_allocator().map_err(|e| CliError::runtime(e.to_string()))? {
+    endpoint_bounded(file, None)
+}
+
+/// [`endpoint`] over [`connector_bounded`].
+pub fn endpoint_bounded(
+    file: &ClusterFile,
+    bound: Option<std::time::Duration>,
+) -> Result<Endpoint, CliError> {
+    let c = connector_bounded(file, bound)?;
+    let ep = match c
+        .buf_allocator()
+        .map_err(|e| CliError::runtime(e.to_string()))?
+    {
         Some(a) => Endpoint::with_allocator(Default::default(), a),
         None => Endpoint::default(),
     };
@@ -93,14 +111,24 @@ pub fn endpoint(file: &ClusterFile) -> Result<Endpoint, CliError> {
 
 /// Reconnects to a memory node of the file (one that restarted or was unreachable).
 pub fn reconnect(file: &ClusterFile) -> Result<dmkit_fusee::failover::Reconnect, CliError> {
-    let c = connector(file)?;
+    reconnect_bounded(file, None)
+}
+
+/// [`reconnect`] over [`connector_bounded`].
+pub fn reconnect_bounded(
+    file: &ClusterFile,
+    bound: Option<std::time::Duration>,
+) -> Result<dmkit_fusee::failover::Reconnect, CliError> {
+    let c = connector_bounded(file, bound)?;
     let addrs: std::collections::HashMap<NodeId, String> = file
         .memnodes
         .iter()
         .map(|m| (NodeId(m.id), m.addr.clone()))
         .collect();
     Ok(Arc::new(move |node: NodeId| {
-        let addr = addrs.get(&node).ok_or(dmkit_verbs::Error::NoSuchNode(node))?;
+        let addr = addrs
+            .get(&node)
+            .ok_or(dmkit_verbs::Error::NoSuchNode(node))?;
         let conn = c.connect(addr)?;
         if conn.node() != node {
             conn.close();

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use dmkit_fusee::cluster::{self, ClusterConfig};
-use dmkit_fusee::failover::{Master, MasterConfig};
+use dmkit_fusee::failover::{LeaseConfig, Master, MasterConfig};
 use dmkit_verbs::tcp::{TcpServer, TcpServerConfig};
 use dmkit_verbs::wire::Writer;
 use dmkit_verbs::{MemoryNode, NodeId, Peer};
@@ -33,6 +33,11 @@ pub struct MasterArgs {
     /// Do not refill and readmit memory nodes that come back (do it by restarting the master).
     #[arg(long)]
     pub no_rejoin: bool,
+    /// The memory nodes' lease (milliseconds): a node that hears neither from the master nor
+    /// from a majority of the members this long fences itself. Keep it well above the
+    /// heartbeat; a failover waits it out before writes resume.
+    #[arg(long, default_value_t = 500)]
+    pub lease_ms: u64,
 }
 
 /// The master's node id on the wire (it serves no memory).
@@ -78,11 +83,34 @@ pub fn run(args: MasterArgs) -> Result<(), CliError> {
             "--heartbeat-ms and --miss-limit must be at least 1",
         ));
     }
+    if args.lease_ms < 2 * args.heartbeat_ms {
+        return Err(CliError::usage(format!(
+            "--lease-ms {} must be at least twice --heartbeat-ms {}",
+            args.lease_ms, args.heartbeat_ms
+        )));
+    }
     // The failure detector: heartbeats, fencing, repair, membership, refill of nodes that
     // come back. Clients read the membership from the memory nodes, so the master stays off
     // the data path.
-    let master = Master::with_reconnect(ep, &nodes, crate::connect::reconnect(&file)?)
-        .map_err(|e| CliError::runtime(format!("cannot take over the membership: {e}")))?;
+    // The failure detector's own connections, bounded by the lease: a node cut off must
+    // not hold up the heartbeats of the others.
+    let bound = Some(std::time::Duration::from_millis(args.lease_ms.max(1000)));
+    let hb_ep = crate::connect::endpoint_bounded(&file, bound)?;
+    drop(ep);
+    let master = Master::with_reconnect(
+        hb_ep,
+        &nodes,
+        crate::connect::reconnect_bounded(&file, bound)?,
+    )
+    .map_err(|e| CliError::runtime(format!("cannot take over the membership: {e}")))?
+    .with_leases(LeaseConfig {
+        length: std::time::Duration::from_millis(args.lease_ms),
+        peers: file
+            .memnodes
+            .iter()
+            .map(|m| (NodeId(m.id), m.addr.clone()))
+            .collect(),
+    });
     let m = master.clone();
     let cfg = MasterConfig {
         heartbeat: std::time::Duration::from_millis(args.heartbeat_ms),

@@ -131,6 +131,7 @@ pub fn run(args: MemnodeArgs) -> Result<(), CliError> {
     let node = memnode.node().clone();
     let served = [what];
     let has_secret = secret.is_some();
+    keep_lease(memnode.clone(), secret.clone())?;
     let server = TcpServer::start(
         args.listen.as_str(),
         node,
@@ -154,6 +155,62 @@ pub fn run(args: MemnodeArgs) -> Result<(), CliError> {
     loop {
         std::thread::park();
     }
+}
+
+/// The lease keeper: once a master has given this node a lease, keeps it alive through the
+/// peers while the master is silent, and fences the node when neither answers (see
+/// `Memnode::keep_lease`).
+fn keep_lease(
+    memnode: std::sync::Arc<dmkit_fusee::memnode::Memnode>,
+    secret: Option<Vec<u8>>,
+) -> Result<(), CliError> {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    use dmkit_verbs::tcp::TcpConnector;
+    use dmkit_verbs::{Connection, Connector, Endpoint};
+
+    // Short bounds: a peer that does not answer within a fraction of the lease is as good as
+    // gone for vouching.
+    let conn = TcpConnector {
+        secret,
+        connect_timeout: std::time::Duration::from_millis(300),
+        op_timeout: std::time::Duration::from_millis(300),
+        ..TcpConnector::default()
+    };
+    let cache: parking_lot::Mutex<HashMap<NodeId, Arc<dyn Connection>>> = Default::default();
+    let ask = move |peer: NodeId, addr: &str, req: &[u8]| -> bool {
+        let cached = cache.lock().get(&peer).cloned();
+        let c = match cached {
+            Some(c) => c,
+            None => match conn.connect(addr) {
+                Ok(c) if c.node() == peer => {
+                    cache.lock().insert(peer, c.clone());
+                    c
+                }
+                _ => return false,
+            },
+        };
+        let ep = Endpoint::default();
+        ep.add_connection(c);
+        match ep.rpc("fusee_lease", peer, req) {
+            Ok(r) => r.first() == Some(&0) && r.get(1) == Some(&1),
+            Err(_) => {
+                cache.lock().remove(&peer);
+                false
+            }
+        }
+    };
+    std::thread::Builder::new()
+        .name("memnode-lease".into())
+        .spawn(move || {
+            loop {
+                memnode.keep_lease(&ask);
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        })
+        .map_err(|e| CliError::runtime(format!("cannot start the lease keeper: {e}")))?;
+    Ok(())
 }
 
 /// Opens the pool at `path` (running its recovery), or creates it when missing and `size` is

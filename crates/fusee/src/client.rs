@@ -395,7 +395,7 @@ impl Client {
             let bytes = object::encode(key, value, a.next, a.prev, a.generation, Op::Insert)?;
             let slot = inner.slot_of(key, &a, bytes.len())?;
             let view = inner.view();
-        let v = Verifier::new(&view);
+            let v = Verifier::new(&view);
             let hooks = inner.hooks(&a, &bytes, Op::Insert, &v);
             Ok((
                 inner.index().insert_hooked(&v, key, slot, &hooks)?,
@@ -505,7 +505,7 @@ impl Client {
             let a = inner.allocate(object::object_len(key.len(), 0))?;
             let bytes = object::encode(key, &[], a.next, a.prev, a.generation, Op::Delete)?;
             let view = inner.view();
-        let v = Verifier::new(&view);
+            let v = Verifier::new(&view);
             let hooks = inner.hooks(&a, &bytes, Op::Delete, &v);
             let m = inner.index().delete_hooked(&v, key, &hooks)?;
             let found = v.take();
@@ -852,7 +852,8 @@ impl Inner {
             .view()
             .acting(a.addr.node, a.addr.offset + object::FLAGS_OFF as u64)
             .ok_or(Error::Unavailable(a.addr.node))?;
-        self.ep.write(tags::RECLAIM, at, &[object::FLAG_RECLAIMED])?;
+        self.ep
+            .write(tags::RECLAIM, at, &[object::FLAG_RECLAIMED])?;
         self.free.lock().push(
             a.class,
             alloc::FreeObject {

@@ -89,6 +89,16 @@ pub struct MasterConfig {
     pub auto_rejoin: bool,
 }
 
+/// The memory nodes' leases (see [`Master::with_leases`]).
+#[derive(Debug, Clone)]
+pub struct LeaseConfig {
+    /// How long a memory node serves without hearing from the master or a majority of the
+    /// members.
+    pub length: Duration,
+    /// Every memory node's address, for the nodes to reach each other.
+    pub peers: Vec<(NodeId, String)>,
+}
+
 impl Default for MasterConfig {
     fn default() -> Self {
         Self {
@@ -130,6 +140,7 @@ pub struct Master {
     current: Mutex<Membership>,
     /// One membership change at a time.
     change: Mutex<()>,
+    leases: Option<LeaseConfig>,
 }
 
 impl Master {
@@ -145,6 +156,15 @@ impl Master {
         Ok(Arc::new(m))
     }
 
+    /// Gives the memory nodes leases: the heartbeats carry `cfg`, and a failover waits out
+    /// the lease of the failed node before writes resume (a node that is only cut off has
+    /// fenced itself by then).
+    pub fn with_leases(self: Arc<Self>, cfg: LeaseConfig) -> Arc<Master> {
+        let mut m = Arc::try_unwrap(self).expect("not shared yet");
+        m.leases = Some(cfg);
+        Arc::new(m)
+    }
+
     /// Takes over the cluster whose memory nodes `ep` is connected to (formatted already):
     /// adopts the newest published membership, or publishes the first one (epoch 1, every
     /// answering node) when there is none.
@@ -157,6 +177,7 @@ impl Master {
             reconnect: None,
             current: Mutex::new(m.clone()),
             change: Mutex::new(()),
+            leases: None,
         });
         if m.epoch == 0 {
             let first = Membership {
@@ -206,27 +227,58 @@ impl Master {
         Ok(())
     }
 
-    /// Probes every node once: `(node, answered, says it is fenced, its epoch)`.
+    /// Probes every node once, in parallel (the heartbeat, carrying the lease):
+    /// `(node, answered, says it is fenced, its epoch)`.
     pub fn probe(&self) -> Vec<(NodeId, bool, bool, u64)> {
-        self.nodes
-            .iter()
-            .map(|n| match query_or_reconnect(&self.ep, self.reconnect.as_ref(), *n) {
-                Ok(q) => (
-                    *n,
-                    true,
-                    q.fenced,
-                    q.record.map_or(0, |r| r.epoch),
-                ),
-                Err(_) => (*n, false, false, 0),
-            })
-            .collect()
+        let req = match &self.leases {
+            Some(l) => {
+                let w = Writer::new()
+                    .u8(tag::HEARTBEAT)
+                    .u32(l.length.as_millis().min(u128::from(u32::MAX)) as u32)
+                    .u16(l.peers.len() as u16);
+                l.peers
+                    .iter()
+                    .fold(w, |w, (n, a)| w.u16(n.0).bytes(a.as_bytes()))
+                    .finish()
+            }
+            None => Writer::new().u8(tag::MEMBERSHIP_GET).finish(),
+        };
+        let ask = |n: NodeId| -> Result<membership::NodeMembership> {
+            let reply = match self.ep.rpc(TAG, n, &req) {
+                Ok(r) => r,
+                Err(e) => {
+                    let Some(rc) = &self.reconnect else {
+                        return Err(e.into());
+                    };
+                    self.ep.add_connection(rc(n)?);
+                    self.ep.rpc(TAG, n, &req)?
+                }
+            };
+            membership::parse_reply(n, &reply)
+        };
+        std::thread::scope(|s| {
+            let handles: Vec<_> = self
+                .nodes
+                .iter()
+                .map(|n| (*n, s.spawn(move || ask(*n))))
+                .collect();
+            handles
+                .into_iter()
+                .map(|(n, h)| match h.join() {
+                    Ok(Ok(q)) => (n, true, q.fenced, q.record.map_or(0, |r| r.epoch)),
+                    _ => (n, false, false, 0),
+                })
+                .collect()
+        })
     }
 
     /// Fences the members in `members` with fresh rkeys; returns the new (node, rkey) list.
     fn fence(&self, members: &[NodeId]) -> Result<Vec<(NodeId, RKey)>> {
         let mut out = Vec::new();
         for n in members {
-            let reply = self.ep.rpc(TAG, *n, &Writer::new().u8(tag::REKEY).finish())?;
+            let reply = self
+                .ep
+                .rpc(TAG, *n, &Writer::new().u8(tag::REKEY).finish())?;
             let mut r = Reader::new(&reply);
             let bad = |e: dmkit_verbs::wire::WireError| Error::Node {
                 node: *n,
@@ -266,6 +318,11 @@ impl Master {
             members,
         };
         self.publish(&repairing)?;
+        if let Some(l) = &self.leases {
+            // The survivors no longer vouch for the failed node: if it is only cut off, its
+            // lease runs out and it fences itself before anyone writes again.
+            std::thread::sleep(l.length + Duration::from_millis(50));
+        }
         let view = cluster::open_at(&self.ep, &self.nodes, &repairing)?;
         let spaces = view.index_spaces();
         if spaces.is_empty() {
@@ -434,11 +491,9 @@ impl Master {
         };
         self.publish(&repairing)?;
         // The newcomer accepts the master's refill (under an rkey only the master knows).
-        let reply = self.ep.rpc(
-            TAG,
-            node,
-            &Writer::new().u8(tag::SET_FENCED).u8(0).finish(),
-        )?;
+        let reply = self
+            .ep
+            .rpc(TAG, node, &Writer::new().u8(tag::SET_FENCED).u8(0).finish())?;
         if reply.first() != Some(&status::OK) {
             return Err(Error::Node {
                 node,
@@ -490,9 +545,7 @@ impl Master {
                 Some(src) if replicated => tables[&src].get(&b).copied(),
                 // No serving replica: the newcomer's own copy is the only one; keep it.
                 None if replicated => continue,
-                _ if b <= view.index_blocks => {
-                    tables.values().find_map(|t| t.get(&b).copied())
-                }
+                _ if b <= view.index_blocks => tables.values().find_map(|t| t.get(&b).copied()),
                 _ => None,
             };
             let have = mine.get(&b).copied();
@@ -527,7 +580,9 @@ impl Master {
     }
 
     fn block_count(&self, node: NodeId) -> Result<u64> {
-        let reply = self.ep.rpc(TAG, node, &Writer::new().u8(tag::STAT).finish())?;
+        let reply = self
+            .ep
+            .rpc(TAG, node, &Writer::new().u8(tag::STAT).finish())?;
         let mut r = Reader::new(&reply);
         let bad = |e: dmkit_verbs::wire::WireError| Error::Node {
             node,
@@ -586,38 +641,69 @@ impl Master {
         }
     }
 
-    /// Runs the failure detector until `stop` is set: probes every node each heartbeat,
-    /// fails over members that missed `miss_limit` probes, refills restarted nodes.
+    /// Runs the failure detector until `stop` is set: heartbeats every node (on a thread of
+    /// its own, so leases stay fresh during a repair), fails over members silent for
+    /// `miss_limit` heartbeats, refills restarted nodes.
     pub fn run(self: &Arc<Self>, cfg: MasterConfig, stop: Arc<std::sync::atomic::AtomicBool>) {
-        let mut misses: HashMap<NodeId, u32> = HashMap::new();
-        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-            let t = Instant::now();
-            let m = self.membership();
-            let mut dead = Vec::new();
-            let mut back = Vec::new();
-            for (n, answered, _fenced, epoch) in self.probe() {
-                if m.is_member(n) {
-                    if answered && epoch >= m.epoch {
-                        misses.remove(&n);
-                    } else if answered {
-                        // A member that lost its record (restarted): out, then back in.
-                        dead.push(n);
-                    } else {
-                        let k = misses.entry(n).or_default();
-                        *k += 1;
-                        if *k >= cfg.miss_limit {
-                            dead.push(n);
+        type Seen = HashMap<NodeId, (Instant, bool, u64)>;
+        let seen: Arc<Mutex<Seen>> = Arc::new(Mutex::new(HashMap::new()));
+        let start = Instant::now();
+        let beat = {
+            let (m, seen, stop) = (self.clone(), seen.clone(), stop.clone());
+            let hb = cfg.heartbeat;
+            std::thread::Builder::new()
+                .name("fusee-heartbeat".into())
+                .spawn(move || {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let t = Instant::now();
+                        for (n, answered, _fenced, epoch) in m.probe() {
+                            if answered {
+                                seen.lock().insert(n, (Instant::now(), true, epoch));
+                            }
+                        }
+                        if let Some(rest) = hb.checked_sub(t.elapsed()) {
+                            std::thread::sleep(rest);
                         }
                     }
-                } else if answered && cfg.auto_rejoin {
-                    back.push(n);
+                })
+                .expect("spawn the heartbeat thread")
+        };
+        let silent_for = cfg.heartbeat * cfg.miss_limit;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            std::thread::sleep(cfg.heartbeat);
+            let m = self.membership();
+            let now = Instant::now();
+            let mut dead = Vec::new();
+            let mut back = Vec::new();
+            {
+                let seen = seen.lock();
+                for n in &self.nodes {
+                    let last = seen.get(n).copied();
+                    if m.is_member(*n) {
+                        let heard = last.map_or(start, |(t, _, _)| t);
+                        match last {
+                            // A member that lost its record (restarted before it was
+                            // missed): out, then back in, refilled.
+                            Some((t, _, 0)) if now.duration_since(t) < silent_for => {
+                                dead.push(*n);
+                            }
+                            Some((t, _, _)) if now.duration_since(t) < silent_for => {}
+                            _ if now.duration_since(heard) >= silent_for => dead.push(*n),
+                            _ => {}
+                        }
+                    } else if cfg.auto_rejoin
+                        && last.is_some_and(|(t, _, _)| now.duration_since(t) < cfg.heartbeat * 3)
+                    {
+                        back.push(*n);
+                    }
                 }
             }
             if !dead.is_empty() {
                 match self.fail_over(&dead) {
                     Ok(_) => {
+                        let mut seen = seen.lock();
                         for n in &dead {
-                            misses.remove(n);
+                            seen.remove(n);
                         }
                     }
                     Err(e) => tracing::error!(error = %e, ?dead, "failover failed; retrying"),
@@ -629,9 +715,7 @@ impl Master {
                     }
                 }
             }
-            if let Some(rest) = cfg.heartbeat.checked_sub(t.elapsed()) {
-                std::thread::sleep(rest);
-            }
         }
+        let _ = beat.join();
     }
 }

@@ -8,10 +8,10 @@ use dmkit_verbs::sim::{SimCluster, SimConfig};
 use dmkit_verbs::tcp::{TcpConnector, TcpServer, TcpServerConfig};
 use dmkit_verbs::{Endpoint, NodeId};
 
-use crate::failover::Master;
 use crate::client::{Client, ClientConfig};
 use crate::cluster::{self, ClusterConfig, ClusterView};
 use crate::error::{Error, Result};
+use crate::failover::Master;
 use crate::memnode::Memnode;
 use crate::recovery::RecoveryReport;
 

@@ -36,7 +36,10 @@ impl Membership {
 
     /// The rkey `node` serves its pool under.
     pub fn rkey(&self, node: NodeId) -> Option<RKey> {
-        self.members.iter().find(|(n, _)| *n == node).map(|(_, k)| *k)
+        self.members
+            .iter()
+            .find(|(n, _)| *n == node)
+            .map(|(_, k)| *k)
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -95,11 +98,16 @@ pub fn query(ep: &Endpoint, node: NodeId) -> crate::Result<NodeMembership> {
         node,
         &Writer::new().u8(tag::MEMBERSHIP_GET).finish(),
     )?;
+    parse_reply(node, &reply)
+}
+
+/// Decodes a node's answer to a membership query (or to the master's heartbeat).
+pub(crate) fn parse_reply(node: NodeId, reply: &[u8]) -> crate::Result<NodeMembership> {
     let bad = |e: WireError| crate::Error::Node {
         node,
         reason: format!("bad membership reply: {e}"),
     };
-    let mut r = Reader::new(&reply);
+    let mut r = Reader::new(reply);
     if r.u8().map_err(bad)? != status::OK {
         return Err(crate::Error::Node {
             node,
@@ -155,19 +163,21 @@ pub fn newest(ep: &Endpoint, nodes: &[NodeId]) -> Option<Membership> {
     if !any {
         return None;
     }
-    Some(best.unwrap_or_else(|| Membership {
-        epoch: 0,
-        repairing: false,
-        members: nodes
-            .iter()
-            .filter_map(|n| {
-                ep.regions(*n)
-                    .ok()?
-                    .into_iter()
-                    .find(|r| r.base == crate::memnode::POOL_BASE)
-                    .map(|r| (*n, r.rkey))
-            })
-            .collect(),
+    Some(best.unwrap_or_else(|| {
+        Membership {
+            epoch: 0,
+            repairing: false,
+            members: nodes
+                .iter()
+                .filter_map(|n| {
+                    ep.regions(*n)
+                        .ok()?
+                        .into_iter()
+                        .find(|r| r.base == crate::memnode::POOL_BASE)
+                        .map(|r| (*n, r.rkey))
+                })
+                .collect(),
+        }
     }))
 }
 

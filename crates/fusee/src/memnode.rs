@@ -32,6 +32,8 @@ pub(crate) mod tag {
     pub const BLOCK_TABLE: u8 = 10;
     pub const SET_BLOCK: u8 = 11;
     pub const SET_FENCED: u8 = 12;
+    pub const HEARTBEAT: u8 = 13;
+    pub const VOUCH: u8 = 14;
 }
 
 /// "No owner" in a SET_BLOCK request.
@@ -77,6 +79,21 @@ pub struct Memnode {
     region: parking_lot::Mutex<RegionDesc>,
     /// The newest membership record the master gave this node.
     membership: parking_lot::Mutex<Option<Membership>>,
+    lease: parking_lot::Mutex<Lease>,
+}
+
+/// This node's lease: renewed by the master's heartbeats or, while the master is silent, by
+/// a majority of the members vouching for it. A node whose lease ran out fences itself (a
+/// node partitioned away stops serving before the master repairs around it).
+#[derive(Debug, Default)]
+struct Lease {
+    /// None until a master gave a lease (a cluster without a master is never fenced).
+    renewed: Option<std::time::Instant>,
+    length: std::time::Duration,
+    /// The members' addresses, from the master's heartbeat.
+    peers: Vec<(NodeId, String)>,
+    /// The node fenced itself for want of a lease (lifted by the master's next heartbeat).
+    self_fenced: bool,
 }
 
 impl Memnode {
@@ -93,6 +110,7 @@ impl Memnode {
             pool,
             region: parking_lot::Mutex::new(region),
             membership: parking_lot::Mutex::new(None),
+            lease: parking_lot::Mutex::new(Lease::default()),
         });
         let weak = Arc::downgrade(&m);
         m.node
@@ -121,6 +139,52 @@ impl Memnode {
     /// The newest membership record this node was given.
     pub fn membership(&self) -> Option<Membership> {
         self.membership.lock().clone()
+    }
+
+    /// Keeps the lease (call it every quarter lease or so): while the master's heartbeats
+    /// arrive nothing happens; when they stop for half a lease, asks the peers to vouch
+    /// (`ask(peer, address, request) -> vouched?`) and renews on a majority of the members;
+    /// when the lease runs out, fences the node. Returns whether the node serves.
+    pub fn keep_lease(&self, ask: impl Fn(NodeId, &str, &[u8]) -> bool + Sync) -> bool {
+        let now = std::time::Instant::now();
+        let (renewed, length, peers) = {
+            let l = self.lease.lock();
+            let Some(r) = l.renewed else {
+                return !self.node.is_fenced();
+            };
+            (r, l.length, l.peers.clone())
+        };
+        if now.duration_since(renewed) >= length / 2 {
+            if let Some(m) = self.membership() {
+                let me = self.node.id();
+                if m.is_member(me) {
+                    let req = Writer::new().u8(tag::VOUCH).u16(me.0).u64(m.epoch).finish();
+                    let yes = std::sync::atomic::AtomicUsize::new(1);
+                    std::thread::scope(|s| {
+                        for (n, addr) in peers.iter().filter(|(n, _)| *n != me && m.is_member(*n)) {
+                            let (req, yes, ask) = (&req, &yes, &ask);
+                            s.spawn(move || {
+                                if ask(*n, addr, req) {
+                                    yes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                }
+                            });
+                        }
+                    });
+                    if yes.into_inner() * 2 > m.members.len() {
+                        self.lease.lock().renewed = Some(now);
+                        return !self.node.is_fenced();
+                    }
+                }
+            }
+        }
+        if now.duration_since(renewed) > length && !self.node.is_fenced() {
+            tracing::error!(
+                "fenced: no word from the master and no majority of the members within the lease ({length:?})"
+            );
+            self.node.set_fenced(true);
+            self.lease.lock().self_fenced = true;
+        }
+        !self.node.is_fenced()
     }
 
     fn handle(&self, peer: &Peer, req: &[u8]) -> Vec<u8> {
@@ -256,6 +320,47 @@ impl Memnode {
                         .bytes(b"the pool region is not registered")
                         .finish(),
                 }
+            }
+            tag::HEARTBEAT => {
+                let lease_ms = r.u32()?;
+                let n = r.u16()?;
+                let mut peers = Vec::with_capacity(usize::from(n));
+                for _ in 0..n {
+                    let id = NodeId(r.u16()?);
+                    let addr = String::from_utf8_lossy(r.bytes()?).into_owned();
+                    peers.push((id, addr));
+                }
+                r.finish()?;
+                let mut l = self.lease.lock();
+                l.renewed = Some(std::time::Instant::now());
+                l.length = std::time::Duration::from_millis(u64::from(lease_ms));
+                l.peers = peers;
+                if l.self_fenced {
+                    // The master is back; serve again if it still counts this node in.
+                    l.self_fenced = false;
+                    let member = self
+                        .membership
+                        .lock()
+                        .as_ref()
+                        .is_some_and(|m| m.is_member(self.node.id()));
+                    if member {
+                        tracing::warn!("the master is back: serving again");
+                        self.node.set_fenced(false);
+                    }
+                }
+                drop(l);
+                return self.dispatch(&[tag::MEMBERSHIP_GET]);
+            }
+            tag::VOUCH => {
+                let (who, epoch) = (NodeId(r.u16()?), r.u64()?);
+                r.finish()?;
+                let yes = !self.node.is_fenced()
+                    && self
+                        .membership
+                        .lock()
+                        .as_ref()
+                        .is_some_and(|m| m.epoch == epoch && m.is_member(who));
+                Writer::new().u8(status::OK).u8(u8::from(yes)).finish()
             }
             tag::SET_FENCED => {
                 let fenced = r.u8()? != 0;

@@ -297,9 +297,7 @@ impl Client {
         // Clear the free bits of the objects listed now.
         for ((node, at), mask) in bitmaps {
             let at = view.acting(node, at).ok_or(Error::Unavailable(node))?;
-            inner
-                .ep
-                .faa(tags::RECLAIM, at, 0u64.wrapping_sub(mask))?;
+            inner.ep.faa(tags::RECLAIM, at, 0u64.wrapping_sub(mask))?;
         }
         {
             let mut fl = inner.free.lock();
@@ -463,7 +461,8 @@ impl crate::client::Inner {
             .view()
             .acting(addr.node, addr.offset + object::FLAGS_OFF as u64)
             .ok_or(Error::Unavailable(addr.node))?;
-        self.ep.write(tags::RECLAIM, at, &[object::FLAG_RECLAIMED])?;
+        self.ep
+            .write(tags::RECLAIM, at, &[object::FLAG_RECLAIMED])?;
         Ok(())
     }
 

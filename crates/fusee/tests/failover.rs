@@ -57,8 +57,14 @@ fn every_write_survives_the_loss_of_the_index_primary_and_then_of_another_node()
     let fresh = c.client(2).unwrap();
     for i in 0..300 {
         let want = format!("w{i}");
-        assert_eq!(kv.search(&key(i)).unwrap().as_deref(), Some(want.as_bytes()));
-        assert_eq!(fresh.search(&key(i)).unwrap().as_deref(), Some(want.as_bytes()));
+        assert_eq!(
+            kv.search(&key(i)).unwrap().as_deref(),
+            Some(want.as_bytes())
+        );
+        assert_eq!(
+            fresh.search(&key(i)).unwrap().as_deref(),
+            Some(want.as_bytes())
+        );
     }
     assert_eq!(fresh.search(b"late").unwrap().as_deref(), Some(&b"1"[..]));
     fresh.delete(b"late").unwrap();
@@ -125,12 +131,18 @@ fn writers_ride_through_a_failover_the_detector_runs() {
     // Throughput recovers: writes complete again after the failover.
     let deadline = Instant::now() + Duration::from_secs(30);
     while master.membership().is_member(NodeId(1)) {
-        assert!(Instant::now() < deadline, "the detector never failed node 1 over");
+        assert!(
+            Instant::now() < deadline,
+            "the detector never failed node 1 over"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     let mark = done.load(Ordering::Relaxed);
     while done.load(Ordering::Relaxed) < mark + 100 {
-        assert!(Instant::now() < deadline, "writes did not resume after the failover");
+        assert!(
+            Instant::now() < deadline,
+            "writes did not resume after the failover"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     eprintln!(
