@@ -2,6 +2,10 @@
 //! memoization, as in Porcupine), partitioned by key: a history is linearizable iff each
 //! key's sub-history is, because keys are independent registers.
 //!
+//! The model is a register that may be absent: FUSEE's operations (insert, update, upsert,
+//! delete, search) and plain read/write registers (`Get`, `Put`, and `Swap` for a
+//! read-modify-write, such as a locked update of a Gengar object) are all checked with it.
+//!
 //! An operation that never returned (its client crashed) may have taken effect at any point
 //! after its call, or never: the search tries both.
 
@@ -16,6 +20,8 @@ pub enum Call {
     Insert(Vec<u8>),
     Update(Vec<u8>),
     Delete,
+    /// Read-modify-write: writes the value and returns the one it replaced (`Ret::Value`).
+    Swap(Vec<u8>),
 }
 
 /// What it got back.
@@ -58,6 +64,7 @@ fn step(s: &State, call: &Call) -> (State, Ret) {
             Some(_) => (None, Ret::Flag(true)),
             None => (None, Ret::Flag(false)),
         },
+        Call::Swap(v) => (Some(v.clone()), Ret::Value(s.clone())),
     }
 }
 
@@ -86,6 +93,7 @@ impl std::fmt::Display for Violation {
                 Call::Insert(v) => format!("insert {}", s(v)),
                 Call::Update(v) => format!("update {}", s(v)),
                 Call::Delete => "delete".to_string(),
+                Call::Swap(v) => format!("swap {}", s(v)),
             };
             let ret = match &e.ret {
                 None => "(no reply: crashed)".to_string(),
@@ -227,6 +235,30 @@ mod tests {
             ev(Call::Insert(v("b")), Some(Ret::Flag(true)), 1, 9),
         ];
         assert!(check(&two_inserts, &HashMap::new()).is_err());
+    }
+
+    #[test]
+    fn read_modify_writes_must_chain() {
+        // Two increments from 0 that both read 0: one update was lost.
+        let lost = vec![
+            ev(Call::Put(v("0")), Some(Ret::Ok), 0, 1),
+            ev(Call::Swap(v("1")), Some(Ret::Value(Some(v("0")))), 2, 10),
+            ev(Call::Swap(v("1")), Some(Ret::Value(Some(v("0")))), 3, 9),
+        ];
+        assert!(check(&lost, &HashMap::new()).is_err());
+        let chained = vec![
+            ev(Call::Put(v("0")), Some(Ret::Ok), 0, 1),
+            ev(Call::Swap(v("1")), Some(Ret::Value(Some(v("0")))), 2, 10),
+            ev(Call::Swap(v("2")), Some(Ret::Value(Some(v("1")))), 3, 9),
+            ev(Call::Get, Some(Ret::Value(Some(v("2")))), 11, 12),
+        ];
+        assert!(check(&chained, &HashMap::new()).is_ok());
+        // A read cannot see a value before the swap that wrote it was called.
+        let early = vec![
+            ev(Call::Get, Some(Ret::Value(Some(v("1")))), 0, 1),
+            ev(Call::Swap(v("1")), Some(Ret::Value(None)), 2, 3),
+        ];
+        assert!(check(&early, &HashMap::new()).is_err());
     }
 
     #[test]

@@ -79,7 +79,17 @@ impl Daemon {
 
     /// Like [`Daemon::start`] with extra environment variables.
     pub fn start_with_env(args: &[&str], ready: &str, env: &[(&str, &str)]) -> Daemon {
-        let mut child = Command::new(dmkit_bin())
+        Self::start_program(&dmkit_bin(), args, ready, env)
+    }
+
+    /// Any program (e.g. `ip netns exec NS dmkit ...`), ready once its stderr shows `ready`.
+    pub fn start_program(
+        program: &std::path::Path,
+        args: &[&str],
+        ready: &str,
+        env: &[(&str, &str)],
+    ) -> Daemon {
+        let mut child = Command::new(program)
             .envs(env.iter().copied())
             .args(args)
             .stdin(Stdio::null())

@@ -100,6 +100,7 @@ fn run_seed(seed: u64) {
                         Call::Delete => client
                             .delete(&key)
                             .map(|r| Ret::Flag(r == DeleteResult::Deleted)),
+                        Call::Swap(_) => unreachable!("not a FUSEE operation"),
                     };
                     let end = clock.fetch_add(1, Ordering::SeqCst);
                     match r {

@@ -80,10 +80,20 @@ pub(crate) fn lock_id(id: u64, wait: bool) -> Result<IdLock, CliError> {
 pub fn client(file: &ClusterFile, id: u64) -> Result<Client, CliError> {
     let nodes = crate::connect::node_ids(file);
     let f = file.clone();
+    let mut cfg = ClientConfig::new(id);
+    // How long an operation waits for a new membership after hitting a failed node.
+    if let Ok(ms) = std::env::var("DMKIT_FAILOVER_WAIT_MS") {
+        let ms: u64 = ms.trim().parse().map_err(|_| {
+            CliError::usage(format!(
+                "DMKIT_FAILOVER_WAIT_MS={ms} is not a number of milliseconds"
+            ))
+        })?;
+        cfg.failover_wait = std::time::Duration::from_millis(ms);
+    }
     let (c, _) = Client::recover(
         move || crate::connect::endpoint(&f).map_err(|e| dmkit_fusee::Error::Config(e.message())),
         &nodes,
-        ClientConfig::new(id),
+        cfg,
     )
     .map_err(|e| CliError::with_code(format!("cannot join the cluster: {e}"), 3))?;
     c.set_reconnect(crate::connect::reconnect(file)?);

@@ -603,8 +603,6 @@ pub(crate) fn needs_membership(e: &Error) -> bool {
     let verbs = match e {
         Error::Verbs(v) | Error::Index(dmkit_kv_index::Error::Verbs(v)) => v,
         Error::Unavailable(_) => return true,
-        Error::Index(dmkit_kv_index::Error::SnapshotStalled { .. })
-        | Error::Index(dmkit_kv_index::Error::SplitStalled { .. }) => return true,
         Error::Index(dmkit_kv_index::Error::Verifier(m)) => {
             return m.contains("does not serve") || m.contains("node");
         }
@@ -628,19 +626,36 @@ impl Inner {
     pub(crate) fn refresh(&self, seen: u64, active: bool) -> Result<()> {
         let deadline = std::time::Instant::now() + self.cfg.failover_wait;
         let rc = self.reconnect.lock().clone();
+        let wanted = |m: &crate::membership::Membership| m.epoch > seen && !(active && m.repairing);
         loop {
-            let mut best: Option<crate::membership::Membership> = None;
+            // Ask every node at once; a node cut off may take its whole timeout to fail,
+            // so the first wanted record ends the wait.
+            let (tx, rx) = mpsc::channel();
             for n in &self.nodes {
-                let Ok(q) = crate::failover::query_or_reconnect(&self.ep, rc.as_ref(), *n) else {
-                    continue;
-                };
-                if let Some(r) = q.record {
+                let (ep, rc, tx, n) = (self.ep.clone(), rc.clone(), tx.clone(), *n);
+                std::thread::spawn(move || {
+                    let r = crate::failover::query_or_reconnect(&ep, rc.as_ref(), n)
+                        .ok()
+                        .and_then(|q| q.record);
+                    let _ = tx.send(r);
+                });
+            }
+            drop(tx);
+            let mut best: Option<crate::membership::Membership> = None;
+            let round_ends = std::time::Instant::now() + Duration::from_secs(10);
+            while let Ok(r) =
+                rx.recv_timeout(round_ends.saturating_duration_since(std::time::Instant::now()))
+            {
+                if let Some(r) = r {
                     if best.as_ref().is_none_or(|b| r.epoch > b.epoch) {
                         best = Some(r);
                     }
                 }
+                if best.as_ref().is_some_and(wanted) {
+                    break;
+                }
             }
-            if let Some(m) = best.filter(|m| m.epoch > seen && !(active && m.repairing)) {
+            if let Some(m) = best.filter(wanted) {
                 let view = cluster::open_at(&self.ep, &self.nodes, &m)?;
                 let index = RaceIndex::open(&self.ep, &view.index_spaces())?;
                 let mut st = self.state.write();

@@ -330,15 +330,7 @@ impl Master {
                 "every index replica failed: the index is lost".into(),
             ));
         }
-        let primary_served = spaces[0].region.node == old_primary;
-        let mut on_behalf = 0u64;
-        let index = repair::repair_replicas(&self.ep, &spaces, primary_served, |c| {
-            let (v, committed) = self.decide(&view, c).map_err(|e| {
-                dmkit_kv_index::Error::Verifier(format!("deciding slot {:#x}: {e}", c.offset))
-            })?;
-            on_behalf += u64::from(committed);
-            Ok(v)
-        })?;
+        let (index, on_behalf) = self.repair_index(&view, old_primary)?;
         let active = Membership {
             epoch: repairing.epoch + 1,
             repairing: false,
@@ -355,6 +347,29 @@ impl Master {
         tracing::warn!(?rep, "failed over");
         metrics::counter!("dmkit_fusee_failovers_total").increment(1);
         Ok(rep)
+    }
+
+    /// Makes the serving index replicas identical (every writer is fenced): the rounds the
+    /// fence cut short are finished or rolled back. Returns the repair's figures and the
+    /// commit records written on writers' behalf.
+    fn repair_index(
+        &self,
+        view: &ClusterView,
+        old_primary: NodeId,
+    ) -> Result<(repair::RepairReport, u64)> {
+        let spaces = view.index_spaces();
+        let primary_served = spaces
+            .first()
+            .is_some_and(|s| s.region.node == old_primary);
+        let mut on_behalf = 0u64;
+        let rep = repair::repair_replicas(&self.ep, &spaces, primary_served, |c| {
+            let (v, committed) = self.decide(view, c).map_err(|e| {
+                dmkit_kv_index::Error::Verifier(format!("deciding slot {:#x}: {e}", c.offset))
+            })?;
+            on_behalf += u64::from(committed);
+            Ok(v)
+        })?;
+        Ok((rep, on_behalf))
     }
 
     /// The node holding the index primary under `m`.
@@ -501,6 +516,9 @@ impl Master {
             });
         }
         let view = cluster::open_at(&self.ep, &self.nodes, &repairing)?;
+        // The fence cut rounds short on the members: finish them before copying the index.
+        let primary = self.index_primary(&repairing)?;
+        self.repair_index(&view, primary)?;
         let target = {
             let mut r = self
                 .ep
