@@ -11,6 +11,8 @@
 //! - Every failure names its seed and the command that replays it exactly:
 //!   `DMKIT_DET_SEED=S cargo test -p dmkit-tests --test fusee_deterministic`;
 //!   with `DMKIT_DET_TRACE=1` it also prints every thread's operations and the whole trace.
+//! - `DMKIT_DET_KEEP_GOING=1` runs every seed and lists all failing ones at the end (long
+//!   runs).
 //!
 //! TODO(fusee node crash): memory-node crashes are injected only by the verbs-level
 //! deterministic test (`crates/verbs/tests/sim_deterministic.rs`) for now. FUSEE's failover
@@ -276,14 +278,37 @@ fn fusee_histories_under_the_deterministic_scheduler_are_linearizable() {
     let t0 = std::time::Instant::now();
     let (mut ops, mut crashed, mut recoveries, mut verbs) = (0, 0, 0, 0);
     let seeds = seeds(40);
+    let keep_going = std::env::var("DMKIT_DET_KEEP_GOING").is_ok();
+    let mut failed = Vec::new();
     for &seed in &seeds {
-        let run = run_seed(seed);
-        check_run(seed, &run);
+        let one = || {
+            let run = run_seed(seed);
+            check_run(seed, &run);
+            run
+        };
+        let run = if keep_going {
+            match std::panic::catch_unwind(one) {
+                Ok(run) => run,
+                Err(_) => {
+                    failed.push(seed);
+                    continue;
+                }
+            }
+        } else {
+            one()
+        };
         ops += run.acked;
         crashed += run.crashed;
         recoveries += run.recoveries;
         verbs += run.trace.verbs();
     }
+    assert!(
+        failed.is_empty(),
+        "{} of {} seeds failed: {failed:?} (replay one with DMKIT_DET_SEED=<seed> cargo test \
+         -p dmkit-tests --test fusee_deterministic)",
+        failed.len(),
+        seeds.len()
+    );
     eprintln!(
         "{} deterministic FUSEE histories linearizable (seeds {:?}..={:?}): {ops} operations \
          acknowledged, {crashed} cut by a crash, {recoveries} recoveries, {verbs} verbs \

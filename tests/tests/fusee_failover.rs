@@ -335,3 +335,41 @@ fn a_restarted_memnode_is_refilled_and_the_cluster_survives_another_failure() {
     }
     check_all(&cluster, &expected);
 }
+
+/// The master is off the data path: with it down (and every memory node healthy, keeping its
+/// lease through its peers) clients keep reading and writing.
+#[test]
+fn with_the_master_down_clients_keep_serving() {
+    let mut cluster = ProcCluster::start(3, 3, "64MiB");
+    let file = cluster.file.clone();
+    // Let the heartbeats hand out leases, then stop the master for several lease lengths.
+    std::thread::sleep(Duration::from_millis(500));
+    cluster.master.kill9();
+    std::thread::sleep(Duration::from_secs(2));
+    for i in 0..5 {
+        let (k, v) = (format!("k{i}"), format!("v{i}"));
+        let put = run_dmkit(
+            &["kv", "--cluster", &file, "--client-id", "90", "put", &k, &v],
+            Duration::from_secs(30),
+        );
+        assert!(
+            put.status.success(),
+            "put with the master down: {}",
+            String::from_utf8_lossy(&put.stderr)
+        );
+        let get = run_dmkit(
+            &["kv", "--cluster", &file, "--client-id", "90", "get", &k],
+            Duration::from_secs(30),
+        );
+        assert_eq!(String::from_utf8_lossy(&get.stdout).trim(), v);
+    }
+    for m in &cluster.memnodes {
+        let fenced: Vec<_> = std::iter::from_fn(|| m.stderr.try_recv().ok())
+            .filter(|l| l.contains("fenced"))
+            .collect();
+        assert!(
+            fenced.is_empty(),
+            "a healthy memnode fenced itself: {fenced:?}"
+        );
+    }
+}

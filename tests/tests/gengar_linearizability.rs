@@ -153,7 +153,9 @@ fn run_seed(seed: u64) -> Covered {
             let mut frng = ChaCha8Rng::seed_from_u64(seed ^ 0xF111);
             while !stop.load(Ordering::Relaxed) {
                 // Skewed, so some fillers are hotter than the shared objects.
-                let i = frng.random_range(0..FILLERS).min(frng.random_range(0..FILLERS));
+                let i = frng
+                    .random_range(0..FILLERS)
+                    .min(frng.random_range(0..FILLERS));
                 c.read(fillers[i]).unwrap();
             }
         });
@@ -169,7 +171,6 @@ fn run_seed(seed: u64) -> Covered {
         while promoted() < WARM_PROMOTIONS && warm.elapsed() < Duration::from_secs(5) {
             std::thread::sleep(Duration::from_millis(1));
         }
-        eprintln!("warm {:?} {}", warm.elapsed(), promoted());
         let hs: Vec<_> = (0..THREADS)
             .map(|t| {
                 let (objs, ticks, client) = (&objs, &clock_ticks, &client);

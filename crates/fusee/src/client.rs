@@ -317,9 +317,32 @@ impl Client {
     /// object read together), two otherwise (buckets, then object).
     pub fn search(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         Self::check_key(key)?;
-        // While the index is repaired a SEARCH waits for it too: a slot the survivors disagree
-        // on is being decided.
-        self.with_failover(true, || self.search_once(key))
+        self.with_failover(false, || {
+            let view = self.inner.view();
+            if view.repairing {
+                // The index is being repaired: answer from the replicas when they agree on
+                // the key; a slot they disagree on is being decided, so wait for that.
+                if let Some(v) = self.search_during_repair(key)? {
+                    return Ok(v);
+                }
+                self.inner.refresh(view.epoch, true)?;
+            }
+            self.search_once(key)
+        })
+    }
+
+    fn search_during_repair(&self, key: &[u8]) -> Result<Option<Option<Vec<u8>>>> {
+        let inner = &self.inner;
+        let view = inner.view();
+        let v = Verifier::new(&view);
+        Ok(match inner.index().search_agreed(&v, key)? {
+            None => None,
+            Some(None) => Some(None),
+            Some(Some(_)) => match v.take() {
+                Some((_, obj)) => Some(Some(obj.value)),
+                None => None,
+            },
+        })
     }
 
     fn search_once(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {

@@ -358,9 +358,7 @@ impl Master {
         old_primary: NodeId,
     ) -> Result<(repair::RepairReport, u64)> {
         let spaces = view.index_spaces();
-        let primary_served = spaces
-            .first()
-            .is_some_and(|s| s.region.node == old_primary);
+        let primary_served = spaces.first().is_some_and(|s| s.region.node == old_primary);
         let mut on_behalf = 0u64;
         let rep = repair::repair_replicas(&self.ep, &spaces, primary_served, |c| {
             let (v, committed) = self.decide(view, c).map_err(|e| {

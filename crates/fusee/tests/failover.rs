@@ -166,3 +166,43 @@ fn writers_ride_through_a_failover_the_detector_runs() {
         }
     }
 }
+
+/// SEARCH is answered from the replicas while the master repairs the index (the lease wait
+/// stretches the repair window here); writes wait for the new membership.
+#[test]
+fn searches_are_answered_while_the_index_is_repaired() {
+    let c = cluster(3);
+    let master = c
+        .master()
+        .unwrap()
+        .with_leases(dmkit_fusee::failover::LeaseConfig {
+            length: Duration::from_millis(1500),
+            peers: Vec::new(),
+        });
+    let kv = c.client(1).unwrap();
+    for i in 0..50 {
+        kv.insert(&key(i), format!("v{i}").as_bytes()).unwrap();
+    }
+    c.sim.fail_node(NodeId(0));
+    let m = master.clone();
+    let repair = std::thread::spawn(move || m.fail_over(&[NodeId(0)]));
+    while !master.membership().repairing {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for i in 0..50 {
+        assert_eq!(
+            kv.search(&key(i)).unwrap().as_deref(),
+            Some(format!("v{i}").as_bytes())
+        );
+    }
+    assert!(
+        master.membership().repairing,
+        "the searches should have finished inside the repair window"
+    );
+    assert!(kv.view().repairing);
+    // A write waits for the repair, then lands.
+    kv.update(&key(0), b"after").unwrap();
+    assert!(!master.membership().repairing);
+    repair.join().unwrap().unwrap();
+    assert_eq!(kv.search(&key(0)).unwrap().as_deref(), Some(&b"after"[..]));
+}

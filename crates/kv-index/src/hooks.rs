@@ -86,6 +86,59 @@ impl RaceIndex {
         }
     }
 
+    /// SEARCH while the replicas may disagree (a failover is repairing them): reads the key's
+    /// buckets on every replica in one round trip and answers only if they agree on the
+    /// key's candidate slots. `Ok(None)`: they disagree (or a split is under way) — the key
+    /// is in a round the repair is deciding; ask again after it.
+    pub fn search_agreed<V: KeyVerifier + ?Sized>(
+        &self,
+        verifier: &V,
+        key: &[u8],
+    ) -> Result<Option<Option<(Slot, SlotPos)>>> {
+        let kh = self.hash(key);
+        let e = self.lookup(&kh);
+        let reads = self.post_reads(e.subtable, &kh);
+        let base = self.spaces[0].region.base + self.spaces[0].offset;
+        let mut batches = Vec::new();
+        let mut idx = Vec::new();
+        for sp in &self.spaces {
+            let mut b = self.ep.batch(sp.region.node);
+            let i = reads.map(|(a, len)| b.read(sp.at(a.addr - base), len));
+            batches.push(b);
+            idx.push(i);
+        }
+        let mut agreed: Option<Vec<(SlotPos, u64, Slot)>> = None;
+        for (r, i) in self
+            .ep
+            .execute_many(crate::tags::SEARCH, batches)
+            .into_iter()
+            .zip(idx)
+        {
+            let r = r?;
+            let Some(view) = self.parse_view(e.subtable, &kh, [r.read(i[0]), r.read(i[1])])? else {
+                return Ok(None);
+            };
+            if view.splitting {
+                return Ok(None);
+            }
+            let cands = view.candidates(&kh)?;
+            match &agreed {
+                None => agreed = Some(cands),
+                Some(a) if *a == cands => {}
+                Some(_) => return Ok(None),
+            }
+        }
+        let cands = agreed.unwrap_or_default();
+        let slots: Vec<Slot> = cands.iter().map(|c| c.2).collect();
+        if slots.is_empty() {
+            return Ok(Some(None));
+        }
+        Ok(Some(match verifier.find(&self.ep, key, &slots)? {
+            Some(i) if i < slots.len() => Some((slots[i], cands[i].0)),
+            _ => None,
+        }))
+    }
+
     /// The primary copy of the slot at `pos`: read it (8 bytes) to check a cached address.
     pub fn primary_slot_addr(&self, pos: SlotPos) -> RemoteAddr {
         self.slot_addr(0, pos)

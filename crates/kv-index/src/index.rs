@@ -449,7 +449,7 @@ impl RaceIndex {
         }
     }
 
-    fn lookup(&self, kh: &KeyHash) -> DirEntry {
+    pub(crate) fn lookup(&self, kh: &KeyHash) -> DirEntry {
         let d = self.dir.read();
         d.entries[kh.dir_index(d.global_depth) as usize]
     }

@@ -55,7 +55,9 @@ pub fn repair_replicas(
     mut decide: impl FnMut(&SlotConflict) -> Result<u64>,
 ) -> Result<RepairReport> {
     let Some(first) = spaces.first() else {
-        return Err(Error::InvalidConfig("no serving index replica to repair".into()));
+        return Err(Error::InvalidConfig(
+            "no serving index replica to repair".into(),
+        ));
     };
     let head = words(&ep.read(TAG, first.at(0), 64)?);
     if head.len() < 8 || head[0] != MAGIC {

@@ -308,23 +308,45 @@ mod tests {
         let (n, d) = node_with_region();
         let mut buf = [0u8; 8];
         n.set_fenced(true);
-        let w = n.execute(OpKind::Write { durable: false }, d.rkey, d.base, 8, &[7; 8], &mut []);
+        let w = n.execute(
+            OpKind::Write { durable: false },
+            d.rkey,
+            d.base,
+            8,
+            &[7; 8],
+            &mut [],
+        );
         assert_eq!(w, Err(AccessFault::Fenced));
         let r = n.execute(OpKind::Read, d.rkey, d.base, 8, &[], &mut buf);
         assert_eq!(r, Err(AccessFault::Fenced));
         assert_eq!(buf, [0; 8], "a fenced write touched nothing");
         n.set_fenced(false);
-        n.execute(OpKind::Write { durable: false }, d.rkey, d.base, 8, &[7; 8], &mut [])
+        n.execute(
+            OpKind::Write { durable: false },
+            d.rkey,
+            d.base,
+            8,
+            &[7; 8],
+            &mut [],
+        )
+        .unwrap();
+        n.execute(OpKind::Read, d.rkey, d.base, 8, &[], &mut buf)
             .unwrap();
-        n.execute(OpKind::Read, d.rkey, d.base, 8, &[], &mut buf).unwrap();
         assert_eq!(buf, [7; 8]);
     }
 
     #[test]
     fn rekeying_cuts_off_the_old_rkey_and_keeps_the_memory() {
         let (n, d) = node_with_region();
-        n.execute(OpKind::Write { durable: false }, d.rkey, d.base, 8, &[9; 8], &mut [])
-            .unwrap();
+        n.execute(
+            OpKind::Write { durable: false },
+            d.rkey,
+            d.base,
+            8,
+            &[9; 8],
+            &mut [],
+        )
+        .unwrap();
         let fresh = n.rekey(d.rkey).unwrap();
         assert_ne!(fresh.rkey, d.rkey);
         assert_eq!((fresh.base, fresh.len), (d.base, d.len));

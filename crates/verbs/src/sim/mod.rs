@@ -431,20 +431,21 @@ struct SimConnection {
     /// that they have executed).
     queued: Arc<AtomicU64>,
     /// Deterministic mode: deferred requests of this connection (by the step they were
-    /// first granted at), oldest first; later ones wait behind them.
-    det_line: Mutex<VecDeque<u64>>,
+    /// first granted at, with the step they are due at), oldest first; later requests of
+    /// the connection wait behind them.
+    det_line: Mutex<VecDeque<(u64, u64)>>,
 }
 
 /// Takes a deferred request out of its connection's line if its thread unwinds.
 struct LineGuard<'a> {
-    line: &'a Mutex<VecDeque<u64>>,
+    line: &'a Mutex<VecDeque<(u64, u64)>>,
     me: Option<u64>,
 }
 
 impl Drop for LineGuard<'_> {
     fn drop(&mut self) {
         if let Some(me) = self.me {
-            self.line.lock().retain(|x| *x != me);
+            self.line.lock().retain(|(p, _)| *p != me);
         }
     }
 }
@@ -503,19 +504,32 @@ impl SimConnection {
         };
         loop {
             let mut line = self.det_line.lock();
-            let behind = line.front().is_some_and(|f| *f != me);
-            if defer == 0 && !behind {
+            let pos = line.iter().position(|(p, _)| *p == me);
+            if defer == 0 && pos.unwrap_or(line.len()) == 0 {
                 if guard.me.take().is_some() {
                     line.pop_front();
                 }
                 break;
             }
-            if guard.me.is_none() {
-                line.push_back(me);
-                guard.me = Some(me);
+            // Wait at least until every request ahead in line is due (then, if one of them
+            // has not run yet, one step at a time).
+            let ahead_due = line
+                .iter()
+                .take(pos.unwrap_or(line.len()))
+                .map(|(_, due)| *due)
+                .max()
+                .unwrap_or(0);
+            let k = defer.max(ahead_due.saturating_sub(turn.step + 1)).max(1);
+            let due = turn.step + k + 1;
+            match pos {
+                Some(i) => line[i].1 = due,
+                None => {
+                    line.push_back((me, due));
+                    guard.me = Some(me);
+                }
             }
             drop_guard(line);
-            turn = turn.defer(defer);
+            turn = turn.defer(k);
             defer = 0;
         }
         Some((turn, dropped))
@@ -560,7 +574,14 @@ impl SimConnection {
             }
         }
         if det.is_some() {
-            let r = run_batch(&self.cluster, node, batch, allowed, Some(self.client_id), drop);
+            let r = run_batch(
+                &self.cluster,
+                node,
+                batch,
+                allowed,
+                Some(self.client_id),
+                drop,
+            );
             return Pending::ready(node, r).modeled(modeled);
         }
         let delay = self.cluster.decide_delay(node);
@@ -792,6 +813,5 @@ fn outcome_of<T: Send + 'static>(p: &Pending<T>, of: fn(&Result<T>) -> Outcome) 
     let o = out.clone();
     // A completed pending runs the callback at once, on this thread.
     p.on_complete(move |r| *o.lock() = of(r));
-    let got = out.lock().clone();
-    got
+    out.lock().clone()
 }

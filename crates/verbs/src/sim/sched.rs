@@ -734,7 +734,8 @@ impl Shared {
                 continue;
             }
             let left = timeout - stalled;
-            self.cv.wait_for(&mut st, left.min(Duration::from_millis(200)));
+            self.cv
+                .wait_for(&mut st, left.min(Duration::from_millis(200)));
         }
     }
 }
@@ -881,9 +882,8 @@ mod tests {
 
     #[test]
     fn different_seeds_interleave_differently() {
-        let logs: std::collections::HashSet<Vec<u64>> = (0..8)
-            .map(|seed| race(DetConfig::new(seed, 3)).1)
-            .collect();
+        let logs: std::collections::HashSet<Vec<u64>> =
+            (0..8).map(|seed| race(DetConfig::new(seed, 3)).1).collect();
         assert!(logs.len() > 4, "only {} distinct interleavings", logs.len());
     }
 
@@ -927,12 +927,13 @@ mod tests {
                     let _me = s1.register(0);
                     let ep = c1.endpoint(1).unwrap();
                     for i in 0..6 {
-                        // Holds a lock (not across a verb) while it takes its time.
+                        // Holds a lock (not across a verb) while it takes its time, and
+                        // hands the other thread a value before its own verb.
                         let g = g1.lock().unwrap();
                         std::thread::sleep(Duration::from_millis(2));
                         drop(g);
-                        let old = ep.faa("t", r.at(0), 1).unwrap();
-                        tx.send(old * 10 + i).unwrap();
+                        tx.send(i).unwrap();
+                        ep.faa("t", r.at(0), 1).unwrap();
                     }
                 });
                 let (c2, s2, g2) = (&c, &sched, &gate);
@@ -940,11 +941,12 @@ mod tests {
                     let _me = s2.register(1);
                     let ep = c2.endpoint(2).unwrap();
                     for _ in 0..6 {
-                        // Blocks on the other thread's lock and on its channel: running.
+                        // Blocks on the other thread's lock and on its channel: still
+                        // running, so no turn is granted meanwhile.
                         drop(g2.lock().unwrap());
                         let got = rx.recv().unwrap();
-                        ep.write("t", r.at(8), &got.to_le_bytes()).unwrap();
-                        ep.faa("t", r.at(0), 100).unwrap();
+                        let seen = ep.faa("t", r.at(0), 100).unwrap();
+                        ep.write("t", r.at(8), &(seen + got).to_le_bytes()).unwrap();
                     }
                 });
             });
@@ -953,6 +955,34 @@ mod tests {
         let a = run();
         assert_eq!(a.verbs(), 18);
         assert_eq!(a, run());
+    }
+
+    #[test]
+    fn a_slow_running_thread_is_waited_for_before_the_next_grant() {
+        // Thread 1 dawdles before its first verb; thread 0 posts at once. A scheduler that
+        // granted the only waiting thread would always pick thread 0 first.
+        let firsts: std::collections::HashSet<usize> = (0..8)
+            .map(|seed| {
+                let (c, r) = cluster();
+                let sched = DetScheduler::new(DetConfig::new(seed, 2));
+                c.set_scheduler(Some(sched.clone()));
+                std::thread::scope(|s| {
+                    for t in 0..2 {
+                        let (c, sched) = (&c, &sched);
+                        s.spawn(move || {
+                            let _me = sched.register(t);
+                            let ep = c.endpoint(t as u64 + 1).unwrap();
+                            if t == 1 {
+                                std::thread::sleep(Duration::from_millis(20));
+                            }
+                            ep.faa("t", r.at(0), 1).unwrap();
+                        });
+                    }
+                });
+                sched.trace().entries[0].thread.unwrap()
+            })
+            .collect();
+        assert_eq!(firsts.len(), 2, "the first grant always went to {firsts:?}");
     }
 
     #[test]
