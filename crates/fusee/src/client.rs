@@ -649,7 +649,10 @@ impl Inner {
     pub(crate) fn refresh(&self, seen: u64, active: bool) -> Result<()> {
         let deadline = std::time::Instant::now() + self.cfg.failover_wait;
         let rc = self.reconnect.lock().clone();
-        let wanted = |m: &crate::membership::Membership| m.epoch > seen && !(active && m.repairing);
+        let uuid = self.view().uuid;
+        let wanted = |m: &crate::membership::Membership| {
+            m.cluster == uuid && m.epoch > seen && !(active && m.repairing)
+        };
         loop {
             // Ask every node at once; a node cut off may take its whole timeout to fail,
             // so the first wanted record ends the wait.
@@ -669,7 +672,7 @@ impl Inner {
             while let Ok(r) =
                 rx.recv_timeout(round_ends.saturating_duration_since(std::time::Instant::now()))
             {
-                if let Some(r) = r {
+                if let Some(r) = r.filter(|r| r.cluster == uuid) {
                     if best.as_ref().is_none_or(|b| r.epoch > b.epoch) {
                         best = Some(r);
                     }

@@ -101,6 +101,8 @@ pub struct ClusterView {
     pub members: Vec<NodeId>,
     /// The membership epoch this view belongs to.
     pub epoch: u64,
+    /// The cluster's uuid (from the superblock).
+    pub uuid: u128,
     /// The membership is being repaired: writes wait for the next epoch.
     pub repairing: bool,
     pub index_replicas: usize,
@@ -286,10 +288,12 @@ pub fn format(ep: &Endpoint, cfg: &ClusterConfig) -> Result<ClusterView> {
         reserve(SUPER_OWNER, 0, 1)?;
         reserve(INDEX_OWNER, 1, index_blocks)?;
     }
+    let uuid = new_uuid();
     let view = ClusterView {
         nodes: cfg.nodes.clone(),
         members: cfg.nodes.clone(),
         epoch: 0,
+        uuid,
         repairing: false,
         index_replicas: cfg.index_replicas,
         data_replicas: cfg.data_replicas,
@@ -302,7 +306,7 @@ pub fn format(ep: &Endpoint, cfg: &ClusterConfig) -> Result<ClusterView> {
             .collect::<Result<_>>()?,
     };
     RaceIndex::format(ep, &cfg.index, &view.index_spaces())?;
-    let sb = encode_super(cfg, new_uuid(), block_size, index_blocks);
+    let sb = encode_super(cfg, uuid, block_size, index_blocks);
     let batches = view
         .regions
         .iter()
@@ -322,11 +326,7 @@ pub fn format(ep: &Endpoint, cfg: &ClusterConfig) -> Result<ClusterView> {
 /// cluster (the same uuid and shape: a node formatted as part of another cluster, or not
 /// formatted while the others are, is an error) and that it names exactly `nodes`.
 pub fn open(ep: &Endpoint, nodes: &[NodeId]) -> Result<ClusterView> {
-    let membership = crate::membership::newest(ep, nodes).ok_or_else(|| {
-        Error::Cluster(format!(
-            "none of the memory nodes {nodes:?} answers (are they running?)"
-        ))
-    })?;
+    let membership = crate::membership::newest(ep, nodes)?;
     open_at(ep, nodes, &membership)
 }
 
@@ -429,6 +429,7 @@ pub fn open_at(
             .collect::<Result<_>>()?,
         members,
         epoch: membership.epoch,
+        uuid: sb.uuid,
         repairing: membership.repairing,
         nodes: sb.nodes,
         index_replicas: sb.index_replicas,

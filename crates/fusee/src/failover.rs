@@ -169,8 +169,15 @@ impl Master {
     /// adopts the newest published membership, or publishes the first one (epoch 1, every
     /// answering node) when there is none.
     pub fn new(ep: Endpoint, nodes: &[NodeId]) -> Result<Arc<Master>> {
-        let m = membership::newest(&ep, nodes)
-            .ok_or_else(|| Error::Cluster(format!("none of the memory nodes {nodes:?} answers")))?;
+        let mut m = membership::newest(&ep, nodes)?;
+        let uuid = cluster::open_at(&ep, nodes, &m)?.uuid;
+        if m.cluster != 0 && m.cluster != uuid {
+            return Err(Error::Cluster(format!(
+                "the membership belongs to cluster {:032x}, the superblocks to {uuid:032x}",
+                m.cluster
+            )));
+        }
+        m.cluster = uuid;
         let master = Arc::new(Master {
             ep,
             nodes: nodes.to_vec(),
@@ -181,6 +188,7 @@ impl Master {
         });
         if m.epoch == 0 {
             let first = Membership {
+                cluster: m.cluster,
                 epoch: 1,
                 repairing: false,
                 members: m.members,
@@ -313,6 +321,7 @@ impl Master {
         let old_primary = self.index_primary(&old)?;
         let members = self.fence(&survivors)?;
         let repairing = Membership {
+            cluster: old.cluster,
             epoch: old.epoch + 1,
             repairing: true,
             members,
@@ -332,6 +341,7 @@ impl Master {
         }
         let (index, on_behalf) = self.repair_index(&view, old_primary)?;
         let active = Membership {
+            cluster: old.cluster,
             epoch: repairing.epoch + 1,
             repairing: false,
             members: repairing.members.clone(),
@@ -498,6 +508,7 @@ impl Master {
         let mut members = self.fence(&members_before)?;
         let fresh = self.fence(&[node])?;
         let repairing = Membership {
+            cluster: old.cluster,
             epoch: old.epoch + 1,
             repairing: true,
             members: members.clone(),
@@ -583,6 +594,7 @@ impl Master {
         members.push(fresh[0]);
         members.sort_by_key(|(n, _)| self.nodes.iter().position(|x| x == n));
         let active = Membership {
+            cluster: old.cluster,
             epoch: repairing.epoch + 1,
             repairing: false,
             members,

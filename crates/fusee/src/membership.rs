@@ -20,6 +20,9 @@ const MAGIC: u32 = u32::from_le_bytes(*b"FMb1");
 /// One published membership.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Membership {
+    /// The cluster's uuid (from its superblock; 0 in the unpublished epoch 0): a node of
+    /// another cluster never passes for a member.
+    pub cluster: u128,
     /// Increases with every change; 0 = nothing published (all nodes serve).
     pub epoch: u64,
     /// The index is being repaired or a node refilled: writes wait for the next epoch.
@@ -45,6 +48,8 @@ impl Membership {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::new()
             .u32(MAGIC)
+            .u64((self.cluster >> 64) as u64)
+            .u64(self.cluster as u64)
             .u64(self.epoch)
             .u8(u8::from(self.repairing))
             .u16(self.members.len() as u16);
@@ -65,6 +70,8 @@ impl Membership {
         if r.u32()? != MAGIC {
             return Err(WireError("membership magic"));
         }
+        let hi = r.u64()?;
+        let lo = r.u64()?;
         let epoch = r.u64()?;
         let repairing = r.u8()? != 0;
         let n = r.u16()?;
@@ -74,6 +81,7 @@ impl Membership {
         }
         r.finish()?;
         Ok(Membership {
+            cluster: u128::from(hi) << 64 | u128::from(lo),
             epoch,
             repairing,
             members,
@@ -147,37 +155,53 @@ pub fn publish(ep: &Endpoint, node: NodeId, m: &Membership) -> crate::Result<()>
 }
 
 /// The newest membership any of `nodes` holds (epoch 0, every node a member, when none was
-/// published). Nodes that do not answer are skipped; `None` when none answers.
-pub fn newest(ep: &Endpoint, nodes: &[NodeId]) -> Option<Membership> {
+/// published). Nodes that do not answer are skipped; an error when none answers, or when the
+/// records belong to different clusters.
+pub fn newest(ep: &Endpoint, nodes: &[NodeId]) -> crate::Result<Membership> {
     let mut best: Option<Membership> = None;
     let mut any = false;
+    let mut clusters: Vec<(NodeId, u128)> = Vec::new();
     for n in nodes {
         let Ok(q) = query(ep, *n) else { continue };
         any = true;
         if let Some(rec) = q.record {
+            if rec.cluster != 0 {
+                clusters.push((*n, rec.cluster));
+            }
             if best.as_ref().is_none_or(|b| rec.epoch > b.epoch) {
                 best = Some(rec);
             }
         }
     }
-    if !any {
-        return None;
+    if let (Some(a), Some(b)) = (
+        clusters.first(),
+        clusters.iter().find(|(_, c)| *c != clusters[0].1),
+    ) {
+        return Err(crate::Error::Cluster(format!(
+            "memory node {} belongs to cluster {:032x}, memory node {} to cluster {:032x}: \
+             the cluster file mixes memory nodes of different clusters",
+            b.0, b.1, a.0, a.1
+        )));
     }
-    Some(best.unwrap_or_else(|| {
-        Membership {
-            epoch: 0,
-            repairing: false,
-            members: nodes
-                .iter()
-                .filter_map(|n| {
-                    ep.regions(*n)
-                        .ok()?
-                        .into_iter()
-                        .find(|r| r.base == crate::memnode::POOL_BASE)
-                        .map(|r| (*n, r.rkey))
-                })
-                .collect(),
-        }
+    if !any {
+        return Err(crate::Error::Cluster(format!(
+            "none of the memory nodes {nodes:?} answers (are they running?)"
+        )));
+    }
+    Ok(best.unwrap_or_else(|| Membership {
+        cluster: 0,
+        epoch: 0,
+        repairing: false,
+        members: nodes
+            .iter()
+            .filter_map(|n| {
+                ep.regions(*n)
+                    .ok()?
+                    .into_iter()
+                    .find(|r| r.base == crate::memnode::POOL_BASE)
+                    .map(|r| (*n, r.rkey))
+            })
+            .collect(),
     }))
 }
 
@@ -188,6 +212,7 @@ mod tests {
     #[test]
     fn a_record_round_trips_and_a_flipped_bit_is_caught() {
         let m = Membership {
+            cluster: 0xfeed << 70 | 3,
             epoch: 7,
             repairing: true,
             members: vec![(NodeId(0), RKey(11)), (NodeId(2), RKey(99))],
