@@ -174,8 +174,8 @@ fn run_seed(seed: u64) -> Run {
                             Err(e) => {
                                 assert!(
                                     c.sim.client_crashed(id),
-                                    "seed {seed}: thread {t} op {i} failed without a crash: \
-                                     {e}\nreplay: {}",
+                                    "seed {seed} ({plan:?}): thread {t} op {i} failed without \
+                                     a crash: {e}\nreplay: {}",
                                     replay(seed)
                                 );
                                 events.push(Event {

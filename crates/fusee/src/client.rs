@@ -682,14 +682,29 @@ impl Inner {
                 }
             }
             if let Some(m) = best.filter(wanted) {
-                let view = cluster::open_at(&self.ep, &self.nodes, &m)?;
-                let index = RaceIndex::open(&self.ep, &view.index_spaces())?;
-                let mut st = self.state.write();
-                if st.0.epoch < view.epoch {
-                    tracing::info!(client = self.id, epoch = view.epoch, "membership changed");
-                    *st = (Arc::new(view), Arc::new(index));
+                // A member may fail while we open the new epoch: then wait for the next one.
+                let opened = cluster::open_at(&self.ep, &self.nodes, &m).and_then(|view| {
+                    let index = RaceIndex::open(&self.ep, &view.index_spaces())?;
+                    Ok((view, index))
+                });
+                match opened {
+                    Ok((view, index)) => {
+                        let mut st = self.state.write();
+                        if st.0.epoch < view.epoch {
+                            tracing::info!(
+                                client = self.id,
+                                epoch = view.epoch,
+                                "membership changed"
+                            );
+                            *st = (Arc::new(view), Arc::new(index));
+                        }
+                        return Ok(());
+                    }
+                    Err(e) if needs_membership(&e) => {
+                        tracing::debug!(error = %e, epoch = m.epoch, "cannot open the new epoch yet");
+                    }
+                    Err(e) => return Err(e),
                 }
-                return Ok(());
             }
             if self.state.read().0.epoch > seen && !(active && self.state.read().0.repairing) {
                 return Ok(());
