@@ -16,11 +16,13 @@
 //!
 //! TODO(fusee node crash): memory-node crashes are injected only by the verbs-level
 //! deterministic test (`crates/verbs/tests/sim_deterministic.rs`) for now. FUSEE's failover
-//! needs a master to publish a new membership, and `Master::fail_over` fans its queries out
-//! on threads of its own, which the scheduler does not see (their verbs would run outside
-//! the replay); clients that hit a failed node also wait on a wall-clock `failover_wait`.
-//! Once the master can run on the calling thread, add a registered "master" thread that
-//! fails a node at a seeded step (`DetFaults::node_failures`) and drives `fail_over`.
+//! is not deterministic yet: `Client`'s membership refresh and `Master::fail_over` fan their
+//! membership queries out on threads of their own, which the scheduler does not see (their
+//! RPCs run outside the replay), and the refresh adopts the *first* record that answers, so
+//! which one it takes is OS timing; the refresh also gives up on a wall-clock
+//! `failover_wait`. Once those queries can run on the calling thread, add a registered
+//! "master" thread that fails a node at a seeded point (`DetFaults::node_failures`, r >= 2)
+//! and drives `Master::fail_over`, and check the histories the same way.
 
 use std::collections::HashMap;
 use std::sync::Arc;

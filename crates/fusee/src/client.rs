@@ -195,7 +195,13 @@ impl WriteHooks for Hooks<'_> {
             })?,
         };
         self.inner
-            .write_commit(self.ours, self.op, Commit { old, old_gen }, old)
+            .write_commit(
+                self.verifier.view,
+                self.ours,
+                self.op,
+                Commit { old, old_gen },
+                old,
+            )
             .map_err(|e| match e {
                 Error::Verbs(v) => dmkit_kv_index::Error::from(v),
                 e => dmkit_kv_index::Error::Verifier(e.to_string()),
@@ -317,32 +323,19 @@ impl Client {
     /// object read together), two otherwise (buckets, then object).
     pub fn search(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         Self::check_key(key)?;
-        self.with_failover(false, || {
-            let view = self.inner.view();
-            if view.repairing {
-                // The index is being repaired: answer from the replicas when they agree on
-                // the key; a slot they disagree on is being decided, so wait for that.
-                if let Some(v) = self.search_during_repair(key)? {
-                    return Ok(v);
-                }
-                self.inner.refresh(view.epoch, true)?;
-            }
-            self.search_once(key)
-        })
-    }
-
-    fn search_during_repair(&self, key: &[u8]) -> Result<Option<Option<Vec<u8>>>> {
-        let inner = &self.inner;
-        let view = inner.view();
-        let v = Verifier::new(&view);
-        Ok(match inner.index().search_agreed(&v, key)? {
-            None => None,
-            Some(None) => Some(None),
-            Some(Some(_)) => match v.take() {
-                Some((_, obj)) => Some(Some(obj.value)),
-                None => None,
-            },
-        })
+        self.with_failover(
+            || self.search_once(key),
+            Some(&|view: &ClusterView, index: &RaceIndex| {
+                // The index is being repaired: answer when the replicas agree on the key; a
+                // slot they disagree on is being decided, so wait for that.
+                let v = Verifier::new(view);
+                Ok(match index.search_agreed(&v, key)? {
+                    None => None,
+                    Some(None) => Some(None),
+                    Some(Some(_)) => v.take().map(|(_, obj)| Some(obj.value)),
+                })
+            }),
+        )
     }
 
     fn search_once(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
@@ -356,9 +349,9 @@ impl Client {
                 }
             }
         }
-        let view = inner.view();
+        let (view, index) = inner.state();
         let v = Verifier::new(&view);
-        match inner.index().search_at(&v, key)? {
+        match index.search_at(&v, key)? {
             Some((slot, pos)) => {
                 let Some((s, obj)) = v.take() else {
                     return Err(Error::Corrupt(
@@ -391,7 +384,7 @@ impl Client {
         // The object of an attempt cut short by a failover: the master may have completed
         // that attempt, and then the key holds it.
         let tried: Mutex<Vec<Addr>> = Mutex::new(Vec::new());
-        let r = self.with_failover(true, || self.insert_once(key, value, &tried))?;
+        let r = self.with_failover(|| self.insert_once(key, value, &tried), None)?;
         let tried = tried.into_inner();
         if r == InsertResult::AlreadyExists && tried.len() > 1 {
             for prev in tried {
@@ -417,11 +410,11 @@ impl Client {
         let res = (|| {
             let bytes = object::encode(key, value, a.next, a.prev, a.generation, Op::Insert)?;
             let slot = inner.slot_of(key, &a, bytes.len())?;
-            let view = inner.view();
+            let (view, index) = inner.state();
             let v = Verifier::new(&view);
             let hooks = inner.hooks(&a, &bytes, Op::Insert, &v);
             Ok((
-                inner.index().insert_hooked(&v, key, slot, &hooks)?,
+                index.insert_hooked(&v, key, slot, &hooks)?,
                 slot,
                 bytes.len(),
             ))
@@ -451,7 +444,7 @@ impl Client {
     pub fn update(&self, key: &[u8], value: &[u8]) -> Result<UpdateResult> {
         Self::check_key(key)?;
         // Retrying an UPDATE cut short by a failover is harmless: it sets the same value.
-        self.with_failover(true, || self.update_once(key, value))
+        self.with_failover(|| self.update_once(key, value), None)
     }
 
     fn update_once(&self, key: &[u8], value: &[u8]) -> Result<UpdateResult> {
@@ -459,10 +452,10 @@ impl Client {
         let a = inner.allocate(object::object_len(key.len(), value.len()))?;
         let bytes = object::encode(key, value, a.next, a.prev, a.generation, Op::Update)?;
         let slot = inner.slot_of(key, &a, bytes.len())?;
-        let view = inner.view();
+        let (view, index) = inner.state();
         let v = Verifier::new(&view);
         let hooks = inner.hooks(&a, &bytes, Op::Update, &v);
-        let m = inner.index().update_hooked(&v, key, slot, &hooks)?;
+        let m = index.update_hooked(&v, key, slot, &hooks)?;
         let found = v.take();
         match m {
             None => {
@@ -506,13 +499,16 @@ impl Client {
     pub fn delete(&self, key: &[u8]) -> Result<DeleteResult> {
         Self::check_key(key)?;
         let cut_short = std::sync::atomic::AtomicBool::new(false);
-        let r = self.with_failover(true, || {
-            let r = self.delete_once(key);
-            if r.as_ref().is_err_and(needs_membership) {
-                cut_short.store(true, std::sync::atomic::Ordering::Relaxed);
-            }
-            r
-        })?;
+        let r = self.with_failover(
+            || {
+                let r = self.delete_once(key);
+                if r.as_ref().is_err_and(needs_membership) {
+                    cut_short.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                r
+            },
+            None,
+        )?;
         // An attempt cut short may have been completed by the master: the retry then finds
         // nothing, and the DELETE did happen.
         if r == DeleteResult::NotFound && cut_short.load(std::sync::atomic::Ordering::Relaxed) {
@@ -527,10 +523,10 @@ impl Client {
             // The log entry of a DELETE lives in a temporary object holding the key.
             let a = inner.allocate(object::object_len(key.len(), 0))?;
             let bytes = object::encode(key, &[], a.next, a.prev, a.generation, Op::Delete)?;
-            let view = inner.view();
+            let (view, index) = inner.state();
             let v = Verifier::new(&view);
             let hooks = inner.hooks(&a, &bytes, Op::Delete, &v);
-            let m = inner.index().delete_hooked(&v, key, &hooks)?;
+            let m = index.delete_hooked(&v, key, &hooks)?;
             let found = v.take();
             inner.cache.remove(&key.to_vec());
             match m {
@@ -577,21 +573,28 @@ impl Client {
     }
 
     /// Runs `op`; when it fails because a memory node failed or was fenced, waits for the
-    /// master's next membership and runs it again. Writes also wait while a membership is
-    /// being repaired.
-    fn with_failover<T>(&self, write: bool, op: impl Fn() -> Result<T>) -> Result<T> {
+    /// master's next active membership and runs it again. With `during_repair` (SEARCH), a
+    /// membership being repaired is tried first: `Some` answer ends the wait.
+    fn with_failover<T>(
+        &self,
+        op: impl Fn() -> Result<T>,
+        during_repair: Option<&dyn Fn(&ClusterView, &RaceIndex) -> Result<Option<T>>>,
+    ) -> Result<T> {
         let mut attempts = 0;
         loop {
-            let view = self.inner.view();
-            if write && view.repairing {
-                self.inner.refresh(view.epoch, true)?;
-                continue;
-            }
+            let seen = self.inner.view().epoch;
             match op() {
                 Err(e) if needs_membership(&e) && attempts < 16 => {
                     attempts += 1;
                     metrics::counter!("dmkit_fusee_failover_retries_total").increment(1);
-                    if let Err(again) = self.inner.refresh(view.epoch, write) {
+                    if let Some(f) = during_repair {
+                        if let Some((view, index)) = self.inner.repairing_epoch(seen) {
+                            if let Ok(Some(v)) = f(&view, &index) {
+                                return Ok(v);
+                            }
+                        }
+                    }
+                    if let Err(again) = self.inner.refresh(seen) {
                         tracing::warn!(error = %again, "no new membership");
                         return Err(e);
                     }
@@ -625,7 +628,7 @@ impl Drop for Inner {
 pub(crate) fn needs_membership(e: &Error) -> bool {
     let verbs = match e {
         Error::Verbs(v) | Error::Index(dmkit_kv_index::Error::Verbs(v)) => v,
-        Error::Unavailable(_) => return true,
+        Error::Unavailable(_) | Error::Refused(_) => return true,
         Error::Index(dmkit_kv_index::Error::Verifier(m)) => {
             return m.contains("does not serve") || m.contains("node");
         }
@@ -644,50 +647,72 @@ pub(crate) fn needs_membership(e: &Error) -> bool {
 }
 
 impl Inner {
-    /// Waits for a membership newer than epoch `seen` (an active one if `active`) and
-    /// switches to it. Fails after `failover_wait`.
-    pub(crate) fn refresh(&self, seen: u64, active: bool) -> Result<()> {
-        let deadline = std::time::Instant::now() + self.cfg.failover_wait;
+    /// One round of asking every node for its membership at once (a node cut off may take
+    /// its whole timeout to fail, so the first record `want` accepts ends the round): that
+    /// record, else the newest of this cluster's.
+    fn poll_membership(
+        &self,
+        want: impl Fn(&crate::membership::Membership) -> bool,
+    ) -> Option<crate::membership::Membership> {
         let rc = self.reconnect.lock().clone();
         let uuid = self.view().uuid;
-        let wanted = |m: &crate::membership::Membership| {
-            m.cluster == uuid && m.epoch > seen && !(active && m.repairing)
-        };
+        let (tx, rx) = mpsc::channel();
+        for n in &self.nodes {
+            let (ep, rc, tx, n) = (self.ep.clone(), rc.clone(), tx.clone(), *n);
+            std::thread::spawn(move || {
+                let r = crate::failover::query_or_reconnect(&ep, rc.as_ref(), n)
+                    .ok()
+                    .and_then(|q| q.record);
+                let _ = tx.send(r);
+            });
+        }
+        drop(tx);
+        let mut best: Option<crate::membership::Membership> = None;
+        let round_ends = std::time::Instant::now() + Duration::from_secs(10);
+        while let Ok(r) =
+            rx.recv_timeout(round_ends.saturating_duration_since(std::time::Instant::now()))
+        {
+            if let Some(r) = r.filter(|r| r.cluster == uuid) {
+                if best.as_ref().is_none_or(|b| r.epoch > b.epoch) {
+                    best = Some(r);
+                }
+            }
+            if best.as_ref().is_some_and(&want) {
+                break;
+            }
+        }
+        best
+    }
+
+    fn open_epoch(&self, m: &crate::membership::Membership) -> Result<(ClusterView, RaceIndex)> {
+        let view = cluster::open_at(&self.ep, &self.nodes, m)?;
+        let index = RaceIndex::open(&self.ep, &view.index_spaces())?;
+        Ok((view, index))
+    }
+
+    /// The membership being repaired after epoch `seen`, opened (for SEARCH while the master
+    /// repairs the index); `None` when there is none.
+    pub(crate) fn repairing_epoch(&self, seen: u64) -> Option<(ClusterView, RaceIndex)> {
+        let m = self.poll_membership(|m| m.epoch > seen)?;
+        if m.epoch <= seen || !m.repairing {
+            return None;
+        }
+        self.open_epoch(&m).ok()
+    }
+
+    /// Waits for an active membership newer than epoch `seen` and switches to it (a client
+    /// only ever works in active epochs: the rkeys of a repairing one are for reading). Fails
+    /// after `failover_wait`.
+    pub(crate) fn refresh(&self, seen: u64) -> Result<()> {
+        let deadline = std::time::Instant::now() + self.cfg.failover_wait;
+        let wanted = |m: &crate::membership::Membership| m.epoch > seen && !m.repairing;
         loop {
-            // Ask every node at once; a node cut off may take its whole timeout to fail,
-            // so the first wanted record ends the wait.
-            let (tx, rx) = mpsc::channel();
-            for n in &self.nodes {
-                let (ep, rc, tx, n) = (self.ep.clone(), rc.clone(), tx.clone(), *n);
-                std::thread::spawn(move || {
-                    let r = crate::failover::query_or_reconnect(&ep, rc.as_ref(), n)
-                        .ok()
-                        .and_then(|q| q.record);
-                    let _ = tx.send(r);
-                });
+            if self.state.read().0.epoch > seen {
+                return Ok(());
             }
-            drop(tx);
-            let mut best: Option<crate::membership::Membership> = None;
-            let round_ends = std::time::Instant::now() + Duration::from_secs(10);
-            while let Ok(r) =
-                rx.recv_timeout(round_ends.saturating_duration_since(std::time::Instant::now()))
-            {
-                if let Some(r) = r.filter(|r| r.cluster == uuid) {
-                    if best.as_ref().is_none_or(|b| r.epoch > b.epoch) {
-                        best = Some(r);
-                    }
-                }
-                if best.as_ref().is_some_and(wanted) {
-                    break;
-                }
-            }
-            if let Some(m) = best.filter(wanted) {
+            if let Some(m) = self.poll_membership(wanted).filter(wanted) {
                 // A member may fail while we open the new epoch: then wait for the next one.
-                let opened = cluster::open_at(&self.ep, &self.nodes, &m).and_then(|view| {
-                    let index = RaceIndex::open(&self.ep, &view.index_spaces())?;
-                    Ok((view, index))
-                });
-                match opened {
+                match self.open_epoch(&m) {
                     Ok((view, index)) => {
                         let mut st = self.state.write();
                         if st.0.epoch < view.epoch {
@@ -705,9 +730,6 @@ impl Inner {
                     }
                     Err(e) => return Err(e),
                 }
-            }
-            if self.state.read().0.epoch > seen && !(active && self.state.read().0.repairing) {
-                return Ok(());
             }
             if std::time::Instant::now() > deadline {
                 return Err(Error::Membership(format!(
@@ -727,6 +749,13 @@ impl Inner {
             .index()
             .search(&v, key)?
             .is_some_and(|s| slot_addr(s) == addr))
+    }
+
+    /// The view and the index of the current membership epoch, together (an operation uses
+    /// one epoch throughout: a verb of another epoch's rkeys is refused, never misdirected).
+    pub(crate) fn state(&self) -> (Arc<ClusterView>, Arc<RaceIndex>) {
+        let st = self.state.read();
+        (st.0.clone(), st.1.clone())
     }
 
     /// The cluster view of the current membership epoch.
@@ -825,10 +854,10 @@ impl Inner {
         op: Op,
         v: &'a Verifier<'a>,
     ) -> Hooks<'a> {
-        let view = self.view();
-        // Replicas on nodes that failed since the block was fetched are skipped (degraded).
-        let batches = a
-            .replicas
+        // The operation's epoch: its serving replicas (not the ones of the epoch the object
+        // was allocated in — a node may have failed or rejoined since).
+        let view = v.view;
+        let batches = alloc::replicas_of(view, a.addr)
             .iter()
             .filter_map(|r| {
                 let region = view.region(r.node)?;
@@ -866,12 +895,17 @@ impl Inner {
     /// outdated — one round trip. The mark goes on *before* the primary swap, so an object
     /// that left the index by replacement always carries it: recovery tells "completed, then
     /// replaced by someone" (marked) from "never swapped in" (not marked).
-    fn write_commit(&self, a: &Allocation, op: Op, c: Commit, old_raw: u64) -> Result<()> {
+    fn write_commit(
+        &self,
+        view: &ClusterView,
+        a: &Allocation,
+        op: Op,
+        c: Commit,
+        old_raw: u64,
+    ) -> Result<()> {
         let rec = object::encode_commit(&c, a.generation, op, a.addr);
         let at = a.log_offset + object::COMMIT_OFF as u64;
-        let view = self.view();
-        let mut batches: Vec<_> = a
-            .replicas
+        let mut batches: Vec<_> = alloc::replicas_of(view, a.addr)
             .iter()
             .filter_map(|r| {
                 let region = view.region(r.node)?;
@@ -974,7 +1008,27 @@ fn worker(inner: std::sync::Weak<Inner>, rx: mpsc::Receiver<Job>) {
 impl Inner {
     /// Runs one background job (on the background thread, or inline with `inline_jobs`).
     fn run_job(&self, job: Job) {
-        let r = match job {
+        let seen = self.view().epoch;
+        let r = match self.run_job_once(&job) {
+            // A membership change cut the job short: once more in the next epoch. Not a
+            // cleanup: its free (an FAA) may have landed, and a second one would free a
+            // neighbour; a cut-short cleanup leaks the replaced object instead.
+            Err(e)
+                if needs_membership(&e)
+                    && !matches!(job, Job::Cleanup { .. })
+                    && self.refresh(seen).is_ok() =>
+            {
+                self.run_job_once(&job)
+            }
+            r => r,
+        };
+        if let Err(e) = r {
+            tracing::warn!(client = self.id, error = %e, "FUSEE background job failed");
+        }
+    }
+
+    fn run_job_once(&self, job: &Job) -> Result<()> {
+        match job {
             Job::Cleanup {
                 ours,
                 ours_len,
@@ -982,11 +1036,11 @@ impl Inner {
                 old,
                 class,
                 generation,
-            } => self.cleanup(ours, ours_len, op, old, class, generation),
+            } => self.cleanup(*ours, *ours_len, *op, *old, *class, *generation),
             Job::Prefetch(class) => {
-                let low = self.free.lock().len(class) < self.cfg.prefetch_below;
+                let low = self.free.lock().len(*class) < self.cfg.prefetch_below;
                 if low {
-                    self.acquire_block(class)
+                    self.acquire_block(*class)
                 } else {
                     Ok(())
                 }
@@ -996,9 +1050,6 @@ impl Inner {
                 let _ = tx.send(Ok(()));
                 Ok(())
             }
-        };
-        if let Err(e) = r {
-            tracing::warn!(client = self.id, error = %e, "FUSEE background job failed");
         }
     }
 }

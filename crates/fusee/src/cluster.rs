@@ -168,6 +168,14 @@ impl ClusterView {
         self.region(n).map(|r| r.at(offset))
     }
 
+    /// `offset` on its block's acting primary (its first serving replica): where the block's
+    /// free bitmap is kept — frees land there, the owner reclaims from there.
+    pub fn block_acting(&self, offset: u64) -> Option<RemoteAddr> {
+        let b = offset / self.block_size.max(1);
+        let n = *self.block_replicas(b).first()?;
+        self.region(n).map(|r| r.at(offset))
+    }
+
     /// The node index replica `i` lives on (the first `index_replicas` nodes hold one each).
     pub fn index_holders(&self) -> &[NodeId] {
         &self.nodes[..self.index_replicas.min(self.nodes.len())]

@@ -31,6 +31,10 @@ pub enum Error {
     /// Every replica of some data is on failed memory nodes.
     #[error("no serving replica of data on memory node {0} (it failed and so did its replicas)")]
     Unavailable(NodeId),
+    /// A memory node refuses block requests while the membership changes (retry in the next
+    /// epoch).
+    #[error("memory node {0} is not serving block requests (membership changing)")]
+    Refused(NodeId),
     /// The operation could not finish across membership changes (see [`crate::membership`]).
     #[error("membership: {0}")]
     Membership(String),

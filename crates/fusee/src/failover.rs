@@ -583,12 +583,42 @@ impl Master {
                 copy.push((b, src));
             }
         }
+        let ring_after = |n: NodeId| n == node || view.is_member(n);
         for (b, src) in copy {
             let from = view.region(src).expect("a member").at(b * bs);
             let data = self.ep.read(TAG, from, bs as usize)?;
             self.ep.write(TAG, target.at(b * bs), &data)?;
             rep.blocks_copied += 1;
             rep.bytes_copied += bs;
+            // A block's free bitmap lives on its acting primary only (frees land there, the
+            // owner reclaims from there): the other replicas' copies must be empty, or a
+            // later switch of acting primary would reclaim objects a second time.
+            if b > view.index_blocks
+                && data.len() >= 16
+                && data[0..4] == crate::alloc::BLOCK_MAGIC.to_le_bytes()
+            {
+                let class = usize::from(data[4]);
+                if class >= crate::alloc::SIZE_CLASSES.len() {
+                    continue;
+                }
+                let g = crate::alloc::BlockGeometry::new(bs, class);
+                let zero = vec![0u8; (g.objects.div_ceil(64) * 8) as usize];
+                let reps: Vec<NodeId> = view
+                    .all_block_replicas(b)
+                    .into_iter()
+                    .filter(|n| ring_after(*n))
+                    .collect();
+                for m in reps.iter().skip(1) {
+                    let at = if *m == node {
+                        target.at(b * bs + crate::alloc::BLOCK_HEADER)
+                    } else {
+                        view.region(*m)
+                            .expect("a member")
+                            .at(b * bs + crate::alloc::BLOCK_HEADER)
+                    };
+                    self.ep.write(TAG, at, &zero)?;
+                }
+            }
         }
         // The newcomer serves again, in ring order.
         members.push(fresh[0]);

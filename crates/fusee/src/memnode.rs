@@ -44,6 +44,9 @@ pub(crate) mod status {
     pub const TAKEN: u8 = 1;
     pub const OUT_OF_BLOCKS: u8 = 2;
     pub const FAILED: u8 = 3;
+    /// The node is not serving (fenced, not a member, or its membership is being repaired):
+    /// ask again in the next epoch.
+    pub const REFUSED: u8 = 4;
 }
 
 /// The pool's data area as verbs-registrable memory.
@@ -141,6 +144,17 @@ impl Memnode {
         self.membership.lock().clone()
     }
 
+    /// Whether this node serves clients now: not fenced, and (once a membership was
+    /// published) a member of an active one.
+    fn serving(&self) -> bool {
+        !self.node.is_fenced()
+            && self
+                .membership
+                .lock()
+                .as_ref()
+                .is_none_or(|m| m.is_member(self.node.id()) && !m.repairing)
+    }
+
     /// Keeps the lease (call it every quarter lease or so): while the master's heartbeats
     /// arrive nothing happens; when they stop for half a lease, asks the peers to vouch
     /// (`ask(peer, address, request) -> vouched?`) and renews on a majority of the members;
@@ -213,7 +227,15 @@ impl Memnode {
                 .bytes(e.to_string().as_bytes())
                 .finish()
         };
-        Ok(match r.u8()? {
+        let kind = r.u8()?;
+        if matches!(kind, tag::ALLOC_STRIPE | tag::ALLOC_AT | tag::FREE_BLOCK) && !self.serving() {
+            // Block tables change only in an active epoch: a refill copies them consistently.
+            return Ok(Writer::new()
+                .u8(status::REFUSED)
+                .bytes(b"not serving block requests while the membership changes")
+                .finish());
+        }
+        Ok(match kind {
             tag::ALLOC_STRIPE => {
                 let (owner, stride, rem, min) = (r.u64()?, r.u16()?, r.u16()?, r.u64()?);
                 r.finish()?;
@@ -229,6 +251,10 @@ impl Memnode {
             tag::ALLOC_AT => {
                 let (owner, block) = (r.u64()?, r.u64()?);
                 r.finish()?;
+                if self.pool.block_owner(BlockId(block)) == Some(owner) {
+                    // Already mirrored for this owner (a refill copied the table first).
+                    return Ok(Writer::new().u8(status::OK).finish());
+                }
                 match self.pool.alloc_block_at(BlockId(block), owner) {
                     Ok(()) => Writer::new().u8(status::OK).finish(),
                     Err(e) => fail(e),

@@ -23,6 +23,9 @@ impl Inner {
                 reason: "empty reply".into(),
             });
         };
+        if st == status::REFUSED {
+            return Err(Error::Refused(node));
+        }
         Ok((st, rest.to_vec()))
     }
 
@@ -33,17 +36,22 @@ impl Inner {
         if self.free.lock().len(class) >= 2.max(self.cfg_prefetch_below()) {
             return Ok(());
         }
-        let n = self.view().nodes.len();
+        let view = self.view();
+        let n = view.nodes.len();
         let mut last_err = None;
         for attempt in 0..n {
             let pos = ((*turn as usize) + self.id as usize + attempt) % n;
-            let node = self.view().node_at(pos);
+            let node = view.node_at(pos);
+            if !view.is_member(node) {
+                // A failed node's stripe waits for it to rejoin.
+                continue;
+            }
             let req = Writer::new()
                 .u8(tag::ALLOC_STRIPE)
                 .u64(self.id)
                 .u16(n as u16)
                 .u16(pos as u16)
-                .u64(self.view().first_data_block())
+                .u64(view.first_data_block())
                 .finish();
             let (st, rest) = match self.block_rpc(node, req) {
                 Ok(r) => r,
@@ -77,7 +85,10 @@ impl Inner {
     }
 
     fn install_block(&self, block: u64, class: usize) -> Result<()> {
-        let replicas = self.view().block_replicas(block);
+        // One epoch throughout: if the membership changes meanwhile, the writes below are
+        // refused (rotated rkeys) instead of missing a node that rejoined.
+        let view = self.view();
+        let replicas = view.block_replicas(block);
         for node in &replicas[1..] {
             let req = Writer::new()
                 .u8(tag::ALLOC_AT)
@@ -92,12 +103,11 @@ impl Inner {
                 });
             }
         }
-        let bs = self.view().block_size;
+        let bs = view.block_size;
         let mut image = vec![0u8; bs as usize];
         image[0..4].copy_from_slice(&alloc::BLOCK_MAGIC.to_le_bytes());
         image[4] = class as u8;
         image[8..16].copy_from_slice(&self.id.to_le_bytes());
-        let view = self.view();
         let batches = replicas
             .iter()
             .filter_map(|node| {
@@ -237,21 +247,31 @@ impl Inner {
     }
 
     /// Frees `old` (the object a won write replaced): sets its outdated flag for cached
-    /// readers and its bit in its block's bitmap, in one batch on its primary.
+    /// readers (where readers read it) and its bit in its block's bitmap (on the block's
+    /// acting primary, where the owner reclaims), in one round trip.
     pub(crate) fn free_object(&self, old: Slot) -> Result<()> {
         let addr = slot_addr(old);
-        let (bit_at, mask) = alloc::free_bit(&self.view(), addr, old.object_len())?;
         let view = self.view();
+        let (bit_at, mask) = alloc::free_bit(&view, addr, old.object_len())?;
         let flag = view
             .acting(addr.node, addr.offset + object::FLAGS_OFF as u64)
             .ok_or(Error::Unavailable(addr.node))?;
         let bit = view
-            .acting(bit_at.node, bit_at.offset)
+            .block_acting(bit_at.offset)
             .ok_or(Error::Unavailable(addr.node))?;
         let mut b = self.ep.batch(flag.node);
         b.write(flag, &[object::FLAG_OUTDATED]);
-        b.faa(bit, mask);
-        self.ep.execute(tags::CLEANUP, b)?;
+        let mut batches = vec![b];
+        if bit.node == flag.node {
+            batches[0].faa(bit, mask);
+        } else {
+            let mut b2 = self.ep.batch(bit.node);
+            b2.faa(bit, mask);
+            batches.push(b2);
+        }
+        for r in self.ep.execute_many(tags::CLEANUP, batches) {
+            r?;
+        }
         Ok(())
     }
 

@@ -296,7 +296,7 @@ impl Client {
         }
         // Clear the free bits of the objects listed now.
         for ((node, at), mask) in bitmaps {
-            let at = view.acting(node, at).ok_or(Error::Unavailable(node))?;
+            let at = view.block_acting(at).ok_or(Error::Unavailable(node))?;
             inner.ep.faa(tags::RECLAIM, at, 0u64.wrapping_sub(mask))?;
         }
         {
@@ -416,20 +416,18 @@ impl crate::client::Inner {
     /// already: recovery may be redoing a cleanup that had happened.
     fn free_if_unchanged(&self, old: Slot, old_gen: u32) -> Result<()> {
         let addr = slot_addr(old);
-        let (bit_at, mask) = alloc::free_bit(&self.view(), addr, old.object_len())?;
         let view = self.view();
+        let (bit_at, mask) = alloc::free_bit(&view, addr, old.object_len())?;
         let obj = view
             .acting(addr.node, addr.offset)
             .ok_or(Error::Unavailable(addr.node))?;
         let bit = view
-            .acting(bit_at.node, bit_at.offset)
+            .block_acting(bit_at.offset)
             .ok_or(Error::Unavailable(addr.node))?;
-        let mut b = self.ep.batch(obj.node);
-        let bits = b.read(bit, 8);
-        let hdr = b.read(obj, object::HEADER_LEN);
-        let res = self.ep.execute(tags::CLEANUP, b)?;
-        let word = u64::from_le_bytes(res.read(bits).try_into().expect("8 bytes"));
-        let h = object::decode_header(res.read(hdr));
+        let bits = self.ep.read(tags::CLEANUP, bit, 8)?;
+        let hdr = self.ep.read(tags::CLEANUP, obj, object::HEADER_LEN)?;
+        let word = u64::from_le_bytes(bits[..8].try_into().expect("8 bytes"));
+        let h = object::decode_header(&hdr);
         let unchanged =
             h.is_some_and(|h| h.generation == old_gen && h.flags & object::FLAG_RECLAIMED == 0);
         if word & mask == 0 && unchanged {

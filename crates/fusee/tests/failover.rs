@@ -199,7 +199,7 @@ fn searches_are_answered_while_the_index_is_repaired() {
         master.membership().repairing,
         "the searches should have finished inside the repair window"
     );
-    assert!(kv.view().repairing);
+    assert!(!kv.view().repairing, "a client only works in active epochs");
     // A write waits for the repair, then lands.
     kv.update(&key(0), b"after").unwrap();
     assert!(!master.membership().repairing);

@@ -33,6 +33,13 @@
 //! Every grant is recorded in a [`Trace`] (thread, verb kinds, nodes, addresses, lengths,
 //! atomic operands and results, outcome); two runs of one seed must have equal traces.
 //!
+//! What the code under test must not do for a seed to replay: decide what to post from a
+//! clock (a wall-clock deadline that expires, a lease), from randomness not drawn from the
+//! seed, or from the iteration order of a randomly seeded hash map; or post from threads it
+//! spawns (they are not registered). Blocking or sleeping is fine: a running thread freezes
+//! the schedule until it reaches its next verb. Running the same seed twice and comparing
+//! the traces catches all of these.
+//!
 //! ```
 //! use std::sync::Arc;
 //! use dmkit_verbs::sim::{DetConfig, DetScheduler, SimCluster, SimConfig};
