@@ -6,7 +6,7 @@
 //! seed: it is checked for linearizability, and a seed run twice must give the identical
 //! history and the identical verb trace.
 //!
-//! - `DMKIT_DET_SEEDS=N` (default 40) and `DMKIT_DET_FIRST_SEED=F` (default 1) pick the
+//! - `DMKIT_DET_SEEDS=N` (default 200) and `DMKIT_DET_FIRST_SEED=F` (default 1) pick the
 //!   seeds; `DMKIT_DET_SEED=S` runs seed S alone.
 //! - Every failure names its seed and the command that replays it exactly:
 //!   `DMKIT_DET_SEED=S cargo test -p dmkit-tests --test fusee_deterministic`;
@@ -231,19 +231,26 @@ fn run_seed(seed: u64) -> Run {
     }
 }
 
-/// One line per event, for comparing two runs' histories.
+/// One line per event, for comparing two runs' histories and for failure messages.
 fn render(history: &[Event]) -> Vec<String> {
+    let s = |v: &[u8]| String::from_utf8_lossy(v).into_owned();
     history
         .iter()
         .map(|e| {
-            format!(
-                "{} {:?} -> {:?} [{}, {}]",
-                String::from_utf8_lossy(&e.key),
-                e.call,
-                e.ret,
-                e.start,
-                e.end
-            )
+            let call = match &e.call {
+                Call::Get => "get".to_string(),
+                Call::Put(v) => format!("put {}", s(v)),
+                Call::Insert(v) => format!("insert {}", s(v)),
+                Call::Update(v) => format!("update {}", s(v)),
+                Call::Delete => "delete".to_string(),
+                Call::Swap(v) => format!("swap {}", s(v)),
+            };
+            let ret = match &e.ret {
+                None => "(crashed)".to_string(),
+                Some(Ret::Value(v)) => format!("{:?}", v.as_deref().map(s)),
+                Some(r) => format!("{r:?}"),
+            };
+            format!("[{}, {}] {} {call} -> {ret}", e.start, e.end, s(&e.key))
         })
         .collect()
 }
@@ -279,7 +286,7 @@ fn check_run(seed: u64, run: &Run) {
 fn fusee_histories_under_the_deterministic_scheduler_are_linearizable() {
     let t0 = std::time::Instant::now();
     let (mut ops, mut crashed, mut recoveries, mut verbs) = (0, 0, 0, 0);
-    let seeds = seeds(40);
+    let seeds = seeds(200);
     let keep_going = std::env::var("DMKIT_DET_KEEP_GOING").is_ok();
     let mut failed = Vec::new();
     for &seed in &seeds {

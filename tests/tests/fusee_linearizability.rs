@@ -64,9 +64,29 @@ fn run_seed(seed: u64) {
     }
     let crash_thread = rng.random_range(0..THREADS);
     let crash_after = rng.random_range(5..120u64);
+    // A third of the seeds with r >= 2 lose a memory node mid-history: the master fails it
+    // over, then it restarts and is refilled.
+    let no_node_failure = std::env::var("DMKIT_LIN_NO_NODE_FAILURE").is_ok();
+    let node_failure = (r >= 2 && rng.random_bool(1.0 / 3.0) && !no_node_failure).then(|| {
+        (
+            NodeId(rng.random_range(0..3)),
+            Duration::from_micros(rng.random_range(0..3000)),
+        )
+    });
+    let master = node_failure.map(|_| c.master().unwrap());
     let clock = AtomicU64::new(0);
     let events: Shared<Event> = Shared::default();
     std::thread::scope(|s| {
+        if let (Some((node, after)), Some(master)) = (node_failure, &master) {
+            let c = c.clone();
+            s.spawn(move || {
+                std::thread::sleep(after);
+                c.sim.fail_node(node);
+                master.fail_over(&[node]).unwrap();
+                c.restart_node(node).unwrap();
+                master.rejoin(node).unwrap();
+            });
+        }
         for t in 0..THREADS {
             let c = c.clone();
             let (clock, events) = (&clock, &events);
@@ -136,7 +156,8 @@ fn run_seed(seed: u64) {
     let history = events.take();
     if let Err(v) = check(&history, &HashMap::new()) {
         panic!(
-            "seed {seed} (r = {r}, thread {crash_thread} crashed after {crash_after} verbs): {v}"
+            "seed {seed} (r = {r}, thread {crash_thread} crashed after {crash_after} verbs, \
+             memory node failure {node_failure:?}): {v}"
         );
     }
 }

@@ -132,7 +132,7 @@ fn sixty_four_tasks_a_million_ops_with_memnode_restarts() {
                 std::thread::sleep(Duration::from_millis(5));
             }
             std::thread::sleep(Duration::from_millis(100));
-            c.sim.recover_node(node);
+            c.restart_node(node).unwrap();
             while !master.membership().is_member(node) || master.membership().repairing {
                 assert!(
                     t.elapsed() < Duration::from_secs(60),

@@ -81,6 +81,7 @@ pub fn client(file: &ClusterFile, id: u64) -> Result<Client, CliError> {
     let nodes = crate::connect::node_ids(file);
     let f = file.clone();
     let mut cfg = ClientConfig::new(id);
+    cfg.reconnect = Some(crate::connect::reconnect(file)?);
     // How long an operation waits for a new membership after hitting a failed node.
     if let Ok(ms) = std::env::var("DMKIT_FAILOVER_WAIT_MS") {
         let ms: u64 = ms.trim().parse().map_err(|_| {
@@ -96,7 +97,6 @@ pub fn client(file: &ClusterFile, id: u64) -> Result<Client, CliError> {
         cfg,
     )
     .map_err(|e| CliError::with_code(format!("cannot join the cluster: {e}"), 3))?;
-    c.set_reconnect(crate::connect::reconnect(file)?);
     Ok(c)
 }
 

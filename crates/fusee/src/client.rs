@@ -45,7 +45,7 @@ pub mod tags {
 }
 
 /// Settings of a client.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ClientConfig {
     /// This client's id (unique; it owns blocks and logs under it). Below
     /// [`cluster::MAX_CLIENT_ID`].
@@ -63,6 +63,23 @@ pub struct ClientConfig {
     /// How long an operation that hit a failed memory node waits for the master to publish
     /// a membership without it (then it fails with the original error).
     pub failover_wait: Duration,
+    /// How to reconnect to a memory node that restarted or was unreachable (its old
+    /// connection is dead). Without it, such a node is only used by new clients.
+    pub reconnect: Option<crate::failover::Reconnect>,
+}
+
+impl std::fmt::Debug for ClientConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientConfig")
+            .field("id", &self.id)
+            .field("cache", &self.cache)
+            .field("prefetch_below", &self.prefetch_below)
+            .field("reclaim_every", &self.reclaim_every)
+            .field("inline_jobs", &self.inline_jobs)
+            .field("failover_wait", &self.failover_wait)
+            .field("reconnect", &self.reconnect.is_some())
+            .finish()
+    }
 }
 
 impl ClientConfig {
@@ -78,6 +95,7 @@ impl ClientConfig {
             reclaim_every: 256,
             inline_jobs: false,
             failover_wait: Duration::from_secs(30),
+            reconnect: None,
         }
     }
 }
@@ -101,6 +119,32 @@ pub enum UpdateResult {
 pub enum DeleteResult {
     Deleted,
     NotFound,
+}
+
+/// A write attempt's object, to tell afterwards whether the attempt took effect.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Attempt {
+    addr: Addr,
+    len: usize,
+    generation: u32,
+    /// The index primary's node in the attempt's epoch.
+    primary: NodeId,
+    delete: bool,
+    /// (DELETE) the attempt had found the key before it was cut short.
+    found: bool,
+}
+
+impl Attempt {
+    fn of(a: &Allocation, len: usize, index: &RaceIndex, delete: bool) -> Attempt {
+        Attempt {
+            addr: a.addr,
+            len,
+            generation: a.generation,
+            primary: index.primary(),
+            delete,
+            found: false,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -228,11 +272,38 @@ impl Client {
                 cfg.id
             )));
         }
-        let view = cluster::open(&ep, nodes)?;
-        let index = RaceIndex::open(&ep, &view.index_spaces())?;
+        // Join in an active epoch (one being repaired is only for reading); a node failing
+        // meanwhile means waiting for the master's next one.
+        let deadline = std::time::Instant::now() + cfg.failover_wait;
+        let (view, index) = loop {
+            let opened = cluster::open(&ep, nodes).and_then(|v| {
+                let index = RaceIndex::open(&ep, &v.index_spaces())?;
+                Ok((v, index))
+            });
+            let late = std::time::Instant::now() > deadline;
+            match opened {
+                Ok((v, i)) if !v.repairing || late => break (v, i),
+                Ok(_) => {}
+                Err(e) if needs_membership(&e) && !late => {
+                    tracing::debug!(error = %e, "joining while the membership changes");
+                    if let Some(rc) = &cfg.reconnect {
+                        for n in nodes {
+                            if ep.connection(*n).is_err() {
+                                if let Ok(c) = rc(*n) {
+                                    ep.add_connection(c);
+                                }
+                            }
+                        }
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
         let cache =
             AddressCache::new(cfg.cache.clone()).map_err(|e| Error::Config(e.to_string()))?;
         let (tx, rx) = mpsc::channel();
+        let reconnect = cfg.reconnect.clone();
         let inner = Arc::new(Inner {
             id: cfg.id,
             ep,
@@ -244,7 +315,7 @@ impl Client {
             allocs: std::sync::atomic::AtomicU64::new(0),
             cfg,
             block_lock: Mutex::new(0),
-            reconnect: Mutex::new(None),
+            reconnect: Mutex::new(reconnect),
         });
         Ok((Client { inner }, rx))
     }
@@ -335,6 +406,7 @@ impl Client {
                     Some(Some(_)) => v.take().map(|(_, obj)| Some(obj.value)),
                 })
             }),
+            None,
         )
     }
 
@@ -381,32 +453,28 @@ impl Client {
     /// INSERT: `key → value` unless the key is present.
     pub fn insert(&self, key: &[u8], value: &[u8]) -> Result<InsertResult> {
         Self::check_key(key)?;
-        // The object of an attempt cut short by a failover: the master may have completed
-        // that attempt, and then the key holds it.
-        let tried: Mutex<Vec<Addr>> = Mutex::new(Vec::new());
-        let r = self.with_failover(|| self.insert_once(key, value, &tried), None)?;
-        let tried = tried.into_inner();
-        if r == InsertResult::AlreadyExists && tried.len() > 1 {
-            for prev in tried {
-                if self.inner.points_to(key, prev)? {
-                    return Ok(InsertResult::Inserted);
-                }
-            }
-        }
-        Ok(r)
+        let last = Mutex::new(None);
+        self.with_failover(
+            || self.insert_once(key, value, &last),
+            None,
+            Some(&|| self.settled(key, &last, InsertResult::Inserted)),
+        )
     }
 
     fn insert_once(
         &self,
         key: &[u8],
         value: &[u8],
-        tried: &Mutex<Vec<Addr>>,
+        last: &Mutex<Option<Attempt>>,
     ) -> Result<InsertResult> {
         let inner = &self.inner;
         let a = inner.allocate(object::object_len(key.len(), value.len()))?;
-        // Earlier attempts' objects are left as they are: the master may have made one the
-        // key's value (they leak otherwise, one object per failover).
-        tried.lock().push(a.addr);
+        *last.lock() = Some(Attempt::of(
+            &a,
+            object::object_len(key.len(), value.len()),
+            &inner.index(),
+            false,
+        ));
         let res = (|| {
             let bytes = object::encode(key, value, a.next, a.prev, a.generation, Op::Insert)?;
             let slot = inner.slot_of(key, &a, bytes.len())?;
@@ -443,13 +511,28 @@ impl Client {
     /// UPDATE: replaces the value of a present key.
     pub fn update(&self, key: &[u8], value: &[u8]) -> Result<UpdateResult> {
         Self::check_key(key)?;
-        // Retrying an UPDATE cut short by a failover is harmless: it sets the same value.
-        self.with_failover(|| self.update_once(key, value), None)
+        let last = Mutex::new(None);
+        self.with_failover(
+            || self.update_once(key, value, &last),
+            None,
+            Some(&|| self.settled(key, &last, UpdateResult::Updated)),
+        )
     }
 
-    fn update_once(&self, key: &[u8], value: &[u8]) -> Result<UpdateResult> {
+    fn update_once(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        last: &Mutex<Option<Attempt>>,
+    ) -> Result<UpdateResult> {
         let inner = &self.inner;
         let a = inner.allocate(object::object_len(key.len(), value.len()))?;
+        *last.lock() = Some(Attempt::of(
+            &a,
+            object::object_len(key.len(), value.len()),
+            &inner.index(),
+            false,
+        ));
         let bytes = object::encode(key, value, a.next, a.prev, a.generation, Op::Update)?;
         let slot = inner.slot_of(key, &a, bytes.len())?;
         let (view, index) = inner.state();
@@ -498,35 +581,40 @@ impl Client {
     /// DELETE: removes a present key.
     pub fn delete(&self, key: &[u8]) -> Result<DeleteResult> {
         Self::check_key(key)?;
-        let cut_short = std::sync::atomic::AtomicBool::new(false);
-        let r = self.with_failover(
-            || {
-                let r = self.delete_once(key);
-                if r.as_ref().is_err_and(needs_membership) {
-                    cut_short.store(true, std::sync::atomic::Ordering::Relaxed);
-                }
-                r
-            },
+        let last = Mutex::new(None);
+        self.with_failover(
+            || self.delete_once(key, &last),
             None,
-        )?;
-        // An attempt cut short may have been completed by the master: the retry then finds
-        // nothing, and the DELETE did happen.
-        if r == DeleteResult::NotFound && cut_short.load(std::sync::atomic::Ordering::Relaxed) {
-            return Ok(DeleteResult::Deleted);
-        }
-        Ok(r)
+            Some(&|| self.settled(key, &last, DeleteResult::Deleted)),
+        )
     }
 
-    fn delete_once(&self, key: &[u8]) -> Result<DeleteResult> {
+    fn delete_once(&self, key: &[u8], last: &Mutex<Option<Attempt>>) -> Result<DeleteResult> {
         let inner = &self.inner;
         loop {
             // The log entry of a DELETE lives in a temporary object holding the key.
             let a = inner.allocate(object::object_len(key.len(), 0))?;
+            *last.lock() = Some(Attempt::of(
+                &a,
+                object::object_len(key.len(), 0),
+                &inner.index(),
+                true,
+            ));
             let bytes = object::encode(key, &[], a.next, a.prev, a.generation, Op::Delete)?;
             let (view, index) = inner.state();
             let v = Verifier::new(&view);
             let hooks = inner.hooks(&a, &bytes, Op::Delete, &v);
-            let m = index.delete_hooked(&v, key, &hooks)?;
+            let m = match index.delete_hooked(&v, key, &hooks) {
+                Ok(m) => m,
+                Err(e) => {
+                    // Whether the attempt had found the key (a cut-short DELETE that did not
+                    // find it cannot have taken effect).
+                    if let Some(at) = last.lock().as_mut() {
+                        at.found = v.found.lock().is_some();
+                    }
+                    return Err(e.into());
+                }
+            };
             let found = v.take();
             inner.cache.remove(&key.to_vec());
             match m {
@@ -561,6 +649,39 @@ impl Client {
         }
     }
 
+    /// Whether the write attempt in `last`, cut short by a membership change, took effect
+    /// (then `done` is the answer). Asked after the new membership is active, so the master
+    /// has decided. The key pointing at the attempt's object says so. Otherwise its commit
+    /// record does — a writer forces every backup to its value before writing the record, and
+    /// the master completes a round whose value it finds on a surviving replica (writing the
+    /// record itself when it completes one) — unless the old primary is now the only index
+    /// replica: then the backups that held the value are gone, the master could not see the
+    /// round, and a record may precede a primary swap that never happened; only the key tells.
+    /// The object of an attempt that did not take effect is left (one object per cut-short
+    /// write; recovery after a crash of this client takes it back).
+    fn settled<T>(&self, key: &[u8], last: &Mutex<Option<Attempt>>, done: T) -> Result<Option<T>> {
+        let Some(at) = *last.lock() else {
+            return Ok(None);
+        };
+        let inner = &self.inner;
+        let index = inner.index();
+        let committed = inner.attempt_committed(&at)?;
+        let visible = index.replicas() >= 2 || index.primary() != at.primary;
+        let took = if at.delete {
+            // A DELETE the master completed has no commit record (its value, 0, points to
+            // no log entry): a DELETE that had found the key took effect when the key is
+            // gone now — which a concurrent DELETE could also explain.
+            (committed && visible) || (at.found && self.search_once(key)?.is_none())
+        } else {
+            inner.is_referenced(key, at.addr)? || (committed && visible)
+        };
+        if took {
+            inner.cache.remove(&key.to_vec());
+            return Ok(Some(done));
+        }
+        Ok(None)
+    }
+
     /// Sets how this client reconnects to memory nodes that restart (their old connections
     /// are dead). Without it, a restarted node is only used by new clients.
     pub fn set_reconnect(&self, reconnect: crate::failover::Reconnect) {
@@ -574,11 +695,14 @@ impl Client {
 
     /// Runs `op`; when it fails because a memory node failed or was fenced, waits for the
     /// master's next active membership and runs it again. With `during_repair` (SEARCH), a
-    /// membership being repaired is tried first: `Some` answer ends the wait.
+    /// membership being repaired is tried first: `Some` answer ends the wait. With `settled`
+    /// (writes), the cut-short attempt is examined before running again: `Some` means it took
+    /// effect (its commit record is there), and that is the answer.
     fn with_failover<T>(
         &self,
         op: impl Fn() -> Result<T>,
         during_repair: Option<&dyn Fn(&ClusterView, &RaceIndex) -> Result<Option<T>>>,
+        settled: Option<&dyn Fn() -> Result<Option<T>>>,
     ) -> Result<T> {
         let mut attempts = 0;
         loop {
@@ -596,7 +720,20 @@ impl Client {
                     }
                     if let Err(again) = self.inner.refresh(seen) {
                         tracing::warn!(error = %again, "no new membership");
-                        return Err(e);
+                        // This client crashing (fault injection) says more than the failure.
+                        let crashed = matches!(
+                            again,
+                            Error::Verbs(dmkit_verbs::Error::ClientCrashed { .. })
+                                | Error::Index(dmkit_kv_index::Error::Verbs(
+                                    dmkit_verbs::Error::ClientCrashed { .. }
+                                ))
+                        );
+                        return Err(if crashed { again } else { e });
+                    }
+                    if let Some(s) = settled {
+                        if let Some(v) = s()? {
+                            return Ok(v);
+                        }
                     }
                 }
                 r => return r,
@@ -653,16 +790,14 @@ impl Inner {
     fn poll_membership(
         &self,
         want: impl Fn(&crate::membership::Membership) -> bool,
-    ) -> Option<crate::membership::Membership> {
+    ) -> Result<Option<crate::membership::Membership>> {
         let rc = self.reconnect.lock().clone();
         let uuid = self.view().uuid;
         let (tx, rx) = mpsc::channel();
         for n in &self.nodes {
             let (ep, rc, tx, n) = (self.ep.clone(), rc.clone(), tx.clone(), *n);
             std::thread::spawn(move || {
-                let r = crate::failover::query_or_reconnect(&ep, rc.as_ref(), n)
-                    .ok()
-                    .and_then(|q| q.record);
+                let r = crate::failover::query_or_reconnect(&ep, rc.as_ref(), n).map(|q| q.record);
                 let _ = tx.send(r);
             });
         }
@@ -672,6 +807,11 @@ impl Inner {
         while let Ok(r) =
             rx.recv_timeout(round_ends.saturating_duration_since(std::time::Instant::now()))
         {
+            let r = match r {
+                Err(e @ Error::Verbs(dmkit_verbs::Error::ClientCrashed { .. })) => return Err(e),
+                Err(_) => None,
+                Ok(r) => r,
+            };
             if let Some(r) = r.filter(|r| r.cluster == uuid) {
                 if best.as_ref().is_none_or(|b| r.epoch > b.epoch) {
                     best = Some(r);
@@ -681,7 +821,7 @@ impl Inner {
                 break;
             }
         }
-        best
+        Ok(best)
     }
 
     fn open_epoch(&self, m: &crate::membership::Membership) -> Result<(ClusterView, RaceIndex)> {
@@ -693,7 +833,7 @@ impl Inner {
     /// The membership being repaired after epoch `seen`, opened (for SEARCH while the master
     /// repairs the index); `None` when there is none.
     pub(crate) fn repairing_epoch(&self, seen: u64) -> Option<(ClusterView, RaceIndex)> {
-        let m = self.poll_membership(|m| m.epoch > seen)?;
+        let m = self.poll_membership(|m| m.epoch > seen).ok()??;
         if m.epoch <= seen || !m.repairing {
             return None;
         }
@@ -707,10 +847,13 @@ impl Inner {
         let deadline = std::time::Instant::now() + self.cfg.failover_wait;
         let wanted = |m: &crate::membership::Membership| m.epoch > seen && !m.repairing;
         loop {
-            if self.state.read().0.epoch > seen {
-                return Ok(());
+            {
+                let st = self.state.read();
+                if st.0.epoch > seen && !st.0.repairing {
+                    return Ok(());
+                }
             }
-            if let Some(m) = self.poll_membership(wanted).filter(wanted) {
+            if let Some(m) = self.poll_membership(wanted)?.filter(wanted) {
                 // A member may fail while we open the new epoch: then wait for the next one.
                 match self.open_epoch(&m) {
                     Ok((view, index)) => {
@@ -741,14 +884,29 @@ impl Inner {
         }
     }
 
-    /// Whether the key's primary slot points at `addr`.
-    pub(crate) fn points_to(&self, key: &[u8], addr: Addr) -> Result<bool> {
+    /// Whether a write attempt's commit record is there (or its object was since replaced,
+    /// freed and reused, which only follows a commit).
+    pub(crate) fn attempt_committed(&self, at: &Attempt) -> Result<bool> {
         let view = self.view();
-        let v = Verifier::new(&view);
-        Ok(self
-            .index()
-            .search(&v, key)?
-            .is_some_and(|s| slot_addr(s) == addr))
+        let ra = view
+            .acting(at.addr.node, at.addr.offset)
+            .ok_or(Error::Unavailable(at.addr.node))?;
+        let b = self.ep.read(tags::COMMIT, ra, at.len)?;
+        let Some(h) = object::decode_header(&b) else {
+            return Ok(false);
+        };
+        if h.generation != at.generation {
+            // Older: the attempt's object never landed; newer: it was reused since.
+            return Ok(h.generation > at.generation);
+        }
+        let lo = object::log_offset(h.klen, h.vlen);
+        if b.len() < lo + object::LOG_LEN {
+            return Ok(false);
+        }
+        Ok(
+            object::decode_log(&b[lo..lo + object::LOG_LEN], h.generation, at.addr)
+                .is_some_and(|l| l.commit.is_some()),
+        )
     }
 
     /// The view and the index of the current membership epoch, together (an operation uses

@@ -339,7 +339,16 @@ impl Master {
                 "every index replica failed: the index is lost".into(),
             ));
         }
-        let (index, on_behalf) = self.repair_index(&view, old_primary)?;
+        let (index, mut on_behalf) = self.repair_index(&view, old_primary)?;
+        if spaces[0].region.node != old_primary {
+            // The old primary is gone: a round whose backups all took its value but whose
+            // primary swap (on the dead node) is unknown became the slot's value without a
+            // conflict to show it. Its writer may not have written the commit record yet:
+            // write it, so the writer (and a later recovery) sees the operation as done.
+            for (_, v) in repair::slot_values(&self.ep, &spaces[0])? {
+                on_behalf += u64::from(self.commit_on_behalf(&view, v, 0)?);
+            }
+        }
         let active = Membership {
             cluster: old.cluster,
             epoch: repairing.epoch + 1,

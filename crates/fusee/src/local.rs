@@ -122,26 +122,65 @@ impl LocalCluster {
         self.client_with(ClientConfig::new(id))
     }
 
-    /// A client with explicit settings.
-    pub fn client_with(&self, cfg: ClientConfig) -> Result<Client> {
+    /// A client with explicit settings (and, unless it has one, a way to reconnect to
+    /// memory nodes that restart).
+    pub fn client_with(&self, mut cfg: ClientConfig) -> Result<Client> {
+        if cfg.reconnect.is_none() {
+            cfg.reconnect = Some(self.reconnect(cfg.id));
+        }
         Client::connect(self.endpoint(cfg.id)?, &self.cfg.cluster.nodes, cfg)
+    }
+
+    /// Reconnects client `id` to a memory node (after it restarted).
+    pub fn reconnect(&self, id: u64) -> crate::failover::Reconnect {
+        match self.tcp.is_empty() {
+            true => {
+                let conn = self.sim.connector(id);
+                Arc::new(move |n: NodeId| dmkit_verbs::Connector::connect(&conn, &n.0.to_string()))
+            }
+            false => {
+                let addrs: Vec<_> = self
+                    .tcp
+                    .iter()
+                    .map(|s| (s.node().id(), s.local_addr().to_string()))
+                    .collect();
+                Arc::new(move |n: NodeId| {
+                    let addr = addrs
+                        .iter()
+                        .find(|(i, _)| *i == n)
+                        .map(|(_, a)| a.clone())
+                        .ok_or(dmkit_verbs::Error::NoSuchNode(n))?;
+                    dmkit_verbs::Connector::connect(&TcpConnector::default(), &addr)
+                })
+            }
+        }
     }
 
     /// Restarts crashed client `id` and recovers it.
     pub fn recover(&self, id: u64) -> Result<(Client, RecoveryReport)> {
         self.sim.restart_client(id);
-        let sim = self.sim.clone();
-        Client::recover(
-            move || Ok(sim.endpoint(id)?),
-            &self.cfg.cluster.nodes,
-            ClientConfig::new(id),
-        )
+        let mut cfg = ClientConfig::new(id);
+        cfg.reconnect = Some(self.reconnect(id));
+        Client::recover(move || self.endpoint(id), &self.cfg.cluster.nodes, cfg)
     }
 
     /// A master for this cluster (in-process; drive it with [`Master::fail_over`],
     /// [`Master::rejoin`] or [`Master::run`]).
     pub fn master(&self) -> Result<Arc<Master>> {
         Master::new(self.endpoint(u64::MAX - 17)?, &self.cfg.cluster.nodes)
+    }
+
+    /// Restarts failed memory node `id` on its memory, as its process would restart on its
+    /// pool file: a fresh rkey, no membership (a master refills and readmits it).
+    pub fn restart_node(&self, id: NodeId) -> Result<()> {
+        let m = self
+            .memnodes
+            .iter()
+            .find(|m| m.node().id() == id)
+            .ok_or_else(|| Error::Config(format!("no memory node {id}")))?;
+        m.simulate_restart();
+        self.sim.recover_node(id);
+        Ok(())
     }
 
     pub fn nodes(&self) -> &[NodeId] {

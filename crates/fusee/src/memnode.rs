@@ -144,6 +144,19 @@ impl Memnode {
         self.membership.lock().clone()
     }
 
+    /// What a restart of the node's process on the same pool does to it, in place (for
+    /// in-process clusters): a fresh rkey for the pool, no membership record, no lease, not
+    /// fenced. The memory stays as it was.
+    pub fn simulate_restart(&self) {
+        let mut region = self.region.lock();
+        if let Some(d) = self.node.rekey(region.rkey) {
+            *region = d;
+        }
+        *self.membership.lock() = None;
+        *self.lease.lock() = Lease::default();
+        self.node.set_fenced(false);
+    }
+
     /// Whether this node serves clients now: not fenced, and (once a membership was
     /// published) a member of an active one.
     fn serving(&self) -> bool {

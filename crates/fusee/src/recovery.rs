@@ -465,7 +465,7 @@ impl crate::client::Inner {
     }
 
     /// Whether the index's primary slot for `key` points at `addr`.
-    fn is_referenced(&self, key: &[u8], addr: Addr) -> Result<bool> {
+    pub(crate) fn is_referenced(&self, key: &[u8], addr: Addr) -> Result<bool> {
         let view = self.view();
         let v = Verifier::new(&view);
         Ok(self

@@ -48,7 +48,7 @@ fn every_write_survives_the_loss_of_the_index_primary_and_then_of_another_node()
     }
     kv.insert(b"late", b"1").unwrap();
     // Node 0 comes back on its pool: refilled, then node 1 may fail.
-    c.sim.recover_node(NodeId(0));
+    c.restart_node(NodeId(0)).unwrap();
     let back = master.rejoin(NodeId(0)).unwrap();
     assert!(back.blocks_copied > 0, "{back:?}");
     assert!(master.membership().is_member(NodeId(0)));

@@ -402,6 +402,11 @@ impl RaceIndex {
         self.spaces[0].region.node
     }
 
+    /// The node holding the primary replica.
+    pub fn primary(&self) -> NodeId {
+        self.primary_node()
+    }
+
     pub(crate) fn corrupt(&self, what: impl Into<String>) -> Error {
         Error::Corrupt {
             node: self.primary_node(),

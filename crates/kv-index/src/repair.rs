@@ -168,6 +168,29 @@ pub fn repair_replicas(
     Ok(rep)
 }
 
+/// Every non-zero slot value of one replica (its whole image read in chunks), with the
+/// slot's offset in the space.
+pub fn slot_values(ep: &Endpoint, space: &IndexReplicaSpace) -> Result<Vec<(u64, u64)>> {
+    let total = used_len(ep, space)?;
+    let head = words(&ep.read(TAG, space.at(0), 64)?);
+    let params = head[(HDR_PARAMS / 8) as usize];
+    let area = (DIR_OFFSET + 8 * (1u64 << ((params >> 8) as u8))).div_ceil(64) * 64;
+    let mut out = Vec::new();
+    let mut off = area;
+    while off < total {
+        let len = CHUNK.min(total - off);
+        let w = words(&ep.read(TAG, space.at(off), len as usize)?);
+        for (i, v) in w.into_iter().enumerate() {
+            let at = off + i as u64 * 8;
+            if (at - area) / 8 % (BUCKET_BYTES / 8) != HEADER_WORD as u64 && thaw(v) != 0 {
+                out.push((at, thaw(v)));
+            }
+        }
+        off += len;
+    }
+    Ok(out)
+}
+
 /// The index replica space's length the header of `spaces[0]` says is in use (for copying a
 /// replica to a rejoining node).
 pub fn used_len(ep: &Endpoint, space: &IndexReplicaSpace) -> Result<u64> {
