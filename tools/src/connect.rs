@@ -82,7 +82,7 @@ pub fn endpoint_bounded(
         Some(a) => Endpoint::with_allocator(Default::default(), a),
         None => Endpoint::default(),
     };
-    let mut last = None;
+    let mut failed = Vec::new();
     for m in &file.memnodes {
         match c.connect(&m.addr) {
             Ok(conn) if conn.node() == NodeId(m.id) => ep.add_connection(conn),
@@ -94,17 +94,18 @@ pub fn endpoint_bounded(
                     m.addr, m.id
                 )));
             }
-            Err(e) => {
-                tracing::warn!(node = m.id, addr = %m.addr, error = %e, "memory node unreachable");
-                last = Some(e);
-            }
+            Err(e) => failed.push((m, e)),
         }
     }
     if ep.nodes().is_empty() {
-        return Err(CliError::runtime(match last {
-            Some(e) => format!("no memory node answers: {e}"),
+        return Err(CliError::runtime(match failed.pop() {
+            Some((_, e)) => format!("no memory node answers: {e}"),
             None => "the cluster file names no memory node".into(),
         }));
+    }
+    // Some answered: go on without the others (the master fails them over).
+    for (m, e) in failed {
+        tracing::warn!(node = m.id, addr = %m.addr, error = %e, "memory node unreachable");
     }
     Ok(ep)
 }
