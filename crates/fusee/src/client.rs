@@ -121,6 +121,9 @@ pub enum DeleteResult {
     NotFound,
 }
 
+/// A read answered from an epoch being repaired (`None`: the replicas disagree, wait).
+type RepairRead<'a, T> = dyn Fn(&ClusterView, &RaceIndex) -> Result<Option<T>> + 'a;
+
 /// A write attempt's object, to tell afterwards whether the attempt took effect.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Attempt {
@@ -701,7 +704,7 @@ impl Client {
     fn with_failover<T>(
         &self,
         op: impl Fn() -> Result<T>,
-        during_repair: Option<&dyn Fn(&ClusterView, &RaceIndex) -> Result<Option<T>>>,
+        during_repair: Option<&RepairRead<'_, T>>,
         settled: Option<&dyn Fn() -> Result<Option<T>>>,
     ) -> Result<T> {
         let mut attempts = 0;
