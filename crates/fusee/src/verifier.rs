@@ -99,13 +99,21 @@ impl KeyVerifier for Verifier<'_> {
             return Ok(None);
         }
         let objs = read_objects(ep, self.view, candidates)?;
+        let mut gone = false;
         for (i, o) in objs.into_iter().enumerate() {
-            if let Some(o) = o {
-                if o.key == key {
+            match o {
+                Some(o) if o.key == key => {
                     *self.found.lock() = Some((candidates[i], o));
                     return Ok(Some(i));
                 }
+                Some(_) => {}
+                // Reclaimed (or reused and not yet whole): the slot has moved on since the
+                // buckets were read, maybe to this very key. Never conclude "absent" from it.
+                None => gone = true,
             }
+        }
+        if gone {
+            return Err(dmkit_kv_index::Error::StaleCandidate);
         }
         Ok(None)
     }

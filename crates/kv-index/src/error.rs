@@ -34,6 +34,11 @@ pub enum Error {
     /// Waited this long for another client's split (or for the split lock) to finish.
     #[error("split did not finish within {waited:?} (its owner may have crashed)")]
     SplitStalled { waited: Duration },
+    /// The verifier found a candidate's object gone (freed, reclaimed, reused) since the
+    /// buckets were read: the slot moved on. The index reads the buckets again; a verifier
+    /// returns this from [`crate::KeyVerifier::find`] rather than "no match".
+    #[error("a candidate slot's object was replaced since the buckets were read")]
+    StaleCandidate,
     /// The key verifier failed (reading the KV objects).
     #[error("key verifier failed: {0}")]
     Verifier(String),

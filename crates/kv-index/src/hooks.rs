@@ -69,10 +69,14 @@ impl RaceIndex {
             let cands = view.candidates(&kh)?;
             let slots: Vec<Slot> = cands.iter().map(|c| c.2).collect();
             if !slots.is_empty() {
-                if let Some(i) = verifier.find(&self.ep, key, &slots)? {
-                    if i < slots.len() {
-                        return Ok(Some((slots[i], cands[i].0)));
+                match verifier.find(&self.ep, key, &slots) {
+                    Ok(Some(i)) if i < slots.len() => return Ok(Some((slots[i], cands[i].0))),
+                    Ok(_) => {}
+                    Err(crate::Error::StaleCandidate) => {
+                        self.stale(&mut backoff, start)?;
+                        continue;
                     }
+                    Err(e) => return Err(e),
                 }
             }
             if !view.splitting {
@@ -133,9 +137,12 @@ impl RaceIndex {
         if slots.is_empty() {
             return Ok(Some(None));
         }
-        Ok(Some(match verifier.find(&self.ep, key, &slots)? {
-            Some(i) if i < slots.len() => Some((slots[i], cands[i].0)),
-            _ => None,
+        Ok(Some(match verifier.find(&self.ep, key, &slots) {
+            Ok(Some(i)) if i < slots.len() => Some((slots[i], cands[i].0)),
+            Ok(_) => None,
+            // The key's round moved on meanwhile: ask again after the repair.
+            Err(crate::Error::StaleCandidate) => return Ok(None),
+            Err(e) => return Err(e),
         }))
     }
 
@@ -180,11 +187,17 @@ impl RaceIndex {
                 // A DELETE: the key's current slot, if the key is still there.
                 let cands = view.candidates(&kh)?;
                 let slots: Vec<Slot> = cands.iter().map(|c| c.2).collect();
-                match (!slots.is_empty())
+                let found = match (!slots.is_empty())
                     .then(|| verifier.find(&self.ep, key, &slots))
-                    .transpose()?
-                    .flatten()
+                    .transpose()
                 {
+                    Err(crate::Error::StaleCandidate) => {
+                        self.stale(&mut backoff, start)?;
+                        continue;
+                    }
+                    r => r?.flatten(),
+                };
+                match found {
                     Some(i) if i < cands.len() => Some((cands[i].0, cands[i].1)),
                     // The key is gone: deleted (by this writer, or another).
                     _ => return Ok(ResumeOutcome::AlreadyDone),

@@ -569,14 +569,31 @@ impl RaceIndex {
             let view = self.read_view(tags::SEARCH, &kh)?;
             let cands = view.candidates(&kh)?;
             let slots: Vec<Slot> = cands.iter().map(|c| c.2).collect();
-            if let Some(i) = self.find(verifier, key, &slots)? {
-                return Ok(Some(slots[i]));
-            }
-            if !view.splitting {
-                return Ok(None);
+            match self.find(verifier, key, &slots) {
+                Ok(Some(i)) => return Ok(Some(slots[i])),
+                Ok(None) if !view.splitting => return Ok(None),
+                Ok(None) => {}
+                Err(Error::StaleCandidate) => {
+                    self.stale(&mut backoff, start)?;
+                    continue;
+                }
+                Err(e) => return Err(e),
             }
             // A split may have moved the key between our slot reads and header reads.
             self.wait_split(&mut backoff, start)?;
+        }
+    }
+
+    /// A verifier saw a candidate move on: pause, then the caller reads the buckets again.
+    pub(crate) fn stale(&self, backoff: &mut Backoff, start: Instant) -> Result<()> {
+        metrics::counter!("dmkit_kv_index_stale_candidates_total").increment(1);
+        if backoff.pause() {
+            Ok(())
+        } else {
+            Err(Error::Verifier(format!(
+                "candidate objects kept moving on for {:?}",
+                start.elapsed()
+            )))
         }
     }
 
@@ -638,8 +655,14 @@ impl RaceIndex {
             }
             let cands = view.candidates(&kh)?;
             let slots: Vec<Slot> = cands.iter().map(|c| c.2).collect();
-            if let Some(i) = self.find(verifier, key, &slots)? {
-                return Ok(InsertOutcome::AlreadyExists { slot: slots[i] });
+            match self.find(verifier, key, &slots) {
+                Ok(Some(i)) => return Ok(InsertOutcome::AlreadyExists { slot: slots[i] }),
+                Ok(None) => {}
+                Err(Error::StaleCandidate) => {
+                    self.stale(&mut backoff, start)?;
+                    continue;
+                }
+                Err(e) => return Err(e),
             }
             let Some(pos) = view.free_slot(&kh) else {
                 self.split(verifier, &kh)?;
@@ -667,7 +690,14 @@ impl RaceIndex {
                 .filter(|c| c.0 != pos)
                 .map(|c| c.2)
                 .collect();
-            if self.find(verifier, key, &others)?.is_some() {
+            // (A candidate whose object moved on since: that slot held the key a moment ago;
+            // yield too, and the next look decides.)
+            let dup = match self.find(verifier, key, &others) {
+                Ok(found) => found.is_some(),
+                Err(Error::StaleCandidate) => true,
+                Err(e) => return Err(e),
+            };
+            if dup {
                 metrics::counter!("dmkit_kv_index_duplicates_resolved_total").increment(1);
                 self.retract(tags::INSERT, &kh, pos, slot.raw())?;
                 continue;
@@ -771,7 +801,14 @@ impl RaceIndex {
             let view = self.read_view_with(tag, kh, std::mem::take(&mut first))?;
             let cands = view.candidates(kh)?;
             let slots: Vec<Slot> = cands.iter().map(|c| c.2).collect();
-            let Some(i) = self.find(verifier, key, &slots)? else {
+            let found = match self.find(verifier, key, &slots) {
+                Err(Error::StaleCandidate) => {
+                    self.stale(&mut backoff, start)?;
+                    continue;
+                }
+                r => r?,
+            };
+            let Some(i) = found else {
                 if view.splitting {
                     self.wait_split(&mut backoff, start)?;
                     continue;
