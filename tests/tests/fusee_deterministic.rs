@@ -177,8 +177,13 @@ fn run_seed(seed: u64) -> Run {
                                 assert!(
                                     c.sim.client_crashed(id),
                                     "seed {seed} ({plan:?}): thread {t} op {i} failed without \
-                                     a crash: {e}\nreplay: {}",
-                                    replay(seed)
+                                     a crash: {e}\nreplay: {}{}",
+                                    replay(seed),
+                                    if std::env::var("DMKIT_DET_TRACE").is_ok() {
+                                        format!("\nall grants:\n{}", sched.trace().tail(usize::MAX))
+                                    } else {
+                                        String::new()
+                                    }
                                 );
                                 events.push(Event {
                                     key,

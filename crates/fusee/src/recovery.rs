@@ -370,7 +370,22 @@ impl crate::client::Inner {
         let view = self.view();
         let v = Verifier::new(&view);
         let hooks = self.hooks_for_redo(&alloc, op, &v);
-        let outcome = self.index().resume(&v, &obj.key, new_raw, &hooks)?;
+        let committed_delete_done = match (op, obj.log.commit) {
+            // A committed DELETE replaced `c.old`: unless the key still holds exactly that,
+            // the swap happened and the key has moved on (deleted, maybe inserted again).
+            // Resuming would delete a later incarnation of the key — an operation nobody
+            // asked for (its writer may long have reported this DELETE done).
+            (Op::Delete, Some(c)) => {
+                let probe = Verifier::new(&view);
+                self.index().search(&probe, &obj.key)?.map(|s| s.raw()) != Some(c.old)
+            }
+            _ => false,
+        };
+        let outcome = if committed_delete_done {
+            ResumeOutcome::AlreadyDone
+        } else {
+            self.index().resume(&v, &obj.key, new_raw, &hooks)?
+        };
         let commit = obj.log.commit;
         // What this operation replaced, and whether its cleanup may already have run.
         let replaced: Option<(u64, Option<u32>)> = match outcome {

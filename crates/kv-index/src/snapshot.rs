@@ -137,6 +137,41 @@ impl RaceIndex {
         Ok(r)
     }
 
+    /// A loser takes its value back out of the backups its CAS won (`new → expected`), once
+    /// the round is over. Normally the winner's repairs replaced it already and these CASes
+    /// fail harmlessly; but a CAS that landed after the winner's round ended (the backup
+    /// had returned to `expected`: a DELETE of the winner's value, A-B-A) left an orphan that
+    /// no winner would ever repair, and every later round on the slot lost to it by rule 3.
+    fn withdraw(
+        &self,
+        tag: Tag,
+        pos: SlotPos,
+        expected: u64,
+        new: u64,
+        olds: &[u64],
+    ) -> Result<()> {
+        if new == expected {
+            return Ok(());
+        }
+        let batches: Vec<_> = olds
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| **o == expected)
+            .map(|(k, _)| {
+                let mut b = self.ep.batch(self.spaces[k + 1].region.node);
+                b.cas(self.slot_addr(k + 1, pos), new, expected);
+                b
+            })
+            .collect();
+        if batches.is_empty() {
+            return Ok(());
+        }
+        for r in self.ep.execute_many(tag, batches) {
+            r?;
+        }
+        Ok(())
+    }
+
     /// CAS on the primary plus trailing READs in the same batch: one round trip.
     pub(crate) fn cas_primary(
         &self,
@@ -205,14 +240,14 @@ impl RaceIndex {
         hooks: &dyn WriteHooks,
     ) -> Result<(RawOutcome, Vec<Vec<u8>>)> {
         let Some(rule) = decide(expected, new, olds) else {
-            return Ok((
-                RawOutcome::Lost(self.wait_change(tag, pos, expected)?),
-                Vec::new(),
-            ));
+            let now = self.wait_change(tag, pos, expected)?;
+            self.withdraw(tag, pos, expected, new, olds)?;
+            return Ok((RawOutcome::Lost(now), Vec::new()));
         };
         if rule == Rule::SmallestValue {
             let now = self.read_primary_slot(tag, pos)?;
             if now != expected {
+                self.withdraw(tag, pos, expected, new, olds)?;
                 return Ok((RawOutcome::Lost(now), Vec::new()));
             }
         }
