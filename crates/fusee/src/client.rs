@@ -135,6 +135,10 @@ pub(crate) struct Attempt {
     delete: bool,
     /// (DELETE) the attempt had found the key before it was cut short.
     found: bool,
+    /// (DELETE) the slot offset and the value its last round replaced.
+    round: Option<(u64, u64)>,
+    /// The epoch the attempt ran in.
+    epoch: u64,
 }
 
 impl Attempt {
@@ -146,6 +150,8 @@ impl Attempt {
             primary: index.primary(),
             delete,
             found: false,
+            round: None,
+            epoch: 0,
         }
     }
 }
@@ -217,11 +223,17 @@ pub(crate) struct Hooks<'a> {
     ours: &'a Allocation,
     op: Op,
     verifier: &'a Verifier<'a>,
+    /// The last SNAPSHOT round started: (slot, the value it replaces).
+    round: Mutex<Option<(SlotPos, u64)>>,
 }
 
 impl WriteHooks for Hooks<'_> {
     fn first_round(&self) -> Vec<Batch> {
         self.first.lock().take().unwrap_or_default()
+    }
+
+    fn round(&self, pos: SlotPos, expected: u64) {
+        *self.round.lock() = Some((pos, expected));
     }
 
     fn before_primary(&self, old: u64) -> dmkit_kv_index::Result<()> {
@@ -614,6 +626,11 @@ impl Client {
                     // find it cannot have taken effect).
                     if let Some(at) = last.lock().as_mut() {
                         at.found = v.found.lock().is_some();
+                        at.epoch = view.epoch;
+                        at.round = hooks
+                            .round
+                            .lock()
+                            .map(|(pos, old)| (index.slot_offset(pos), old));
                     }
                     return Err(e.into());
                 }
@@ -671,10 +688,18 @@ impl Client {
         let committed = inner.attempt_committed(&at)?;
         let visible = index.replicas() >= 2 || index.primary() != at.primary;
         let took = if at.delete {
-            // A DELETE the master completed has no commit record (its value, 0, points to
-            // no log entry): a DELETE that had found the key took effect when the key is
-            // gone now — which a concurrent DELETE could also explain.
-            (committed && visible) || (at.found && self.search_once(key)?.is_none())
+            // A DELETE the master completed has no commit record (its value, 0, points to no
+            // log entry): the membership lists the DELETE rounds the master completed. Past
+            // that list (a primary lost with the value it held), a DELETE that had found the
+            // key took effect when the key is gone now — which a concurrent DELETE could
+            // also explain.
+            let view = inner.view();
+            let listed = at.round.is_some_and(|(off, old)| {
+                view.deletes
+                    .iter()
+                    .any(|&(e, o, v)| e > at.epoch && o == off && (v == old || v == 0))
+            });
+            listed || (committed && visible) || (at.found && self.search_once(key)?.is_none())
         } else {
             inner.is_referenced(key, at.addr)? || (committed && visible)
         };
@@ -1033,6 +1058,7 @@ impl Inner {
             ours: a,
             op,
             verifier: v,
+            round: Mutex::new(None),
         }
     }
 
@@ -1049,6 +1075,7 @@ impl Inner {
             ours: a,
             op,
             verifier: v,
+            round: Mutex::new(None),
         }
     }
 

@@ -105,6 +105,9 @@ pub struct ClusterView {
     pub uuid: u128,
     /// The membership is being repaired: writes wait for the next epoch.
     pub repairing: bool,
+    /// DELETE rounds the master completed in its repairs (see
+    /// [`crate::membership::Membership::deletes`]).
+    pub deletes: Vec<(u64, u64, u64)>,
     pub index_replicas: usize,
     pub data_replicas: usize,
     pub block_size: u64,
@@ -303,6 +306,7 @@ pub fn format(ep: &Endpoint, cfg: &ClusterConfig) -> Result<ClusterView> {
         epoch: 0,
         uuid,
         repairing: false,
+        deletes: Vec::new(),
         index_replicas: cfg.index_replicas,
         data_replicas: cfg.data_replicas,
         block_size,
@@ -439,6 +443,7 @@ pub fn open_at(
         epoch: membership.epoch,
         uuid: sb.uuid,
         repairing: membership.repairing,
+        deletes: membership.deletes.clone(),
         nodes: sb.nodes,
         index_replicas: sb.index_replicas,
         data_replicas: sb.data_replicas,

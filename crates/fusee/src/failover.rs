@@ -188,6 +188,7 @@ impl Master {
         });
         if m.epoch == 0 {
             let first = Membership {
+                deletes: Vec::new(),
                 cluster: m.cluster,
                 epoch: 1,
                 repairing: false,
@@ -325,6 +326,7 @@ impl Master {
             epoch: old.epoch + 1,
             repairing: true,
             members,
+            deletes: old.deletes.clone(),
         };
         self.publish(&repairing)?;
         if let Some(l) = &self.leases {
@@ -339,7 +341,7 @@ impl Master {
                 "every index replica failed: the index is lost".into(),
             ));
         }
-        let (index, mut on_behalf) = self.repair_index(&view, old_primary)?;
+        let (index, mut on_behalf, deletes) = self.repair_index(&view, old_primary)?;
         if spaces[0].region.node != old_primary {
             // The old primary is gone: a round whose backups all took its value but whose
             // primary swap (on the dead node) is unknown became the slot's value without a
@@ -354,6 +356,7 @@ impl Master {
             epoch: repairing.epoch + 1,
             repairing: false,
             members: repairing.members.clone(),
+            deletes: Self::remember(&old.deletes, repairing.epoch + 1, deletes),
         };
         self.publish(&active)?;
         let rep = FailoverReport {
@@ -375,18 +378,34 @@ impl Master {
         &self,
         view: &ClusterView,
         old_primary: NodeId,
-    ) -> Result<(repair::RepairReport, u64)> {
+    ) -> Result<(repair::RepairReport, u64, Vec<(u64, u64)>)> {
         let spaces = view.index_spaces();
         let primary_served = spaces.first().is_some_and(|s| s.region.node == old_primary);
         let mut on_behalf = 0u64;
+        let mut deletes = Vec::new();
         let rep = repair::repair_replicas(&self.ep, &spaces, primary_served, |c| {
             let (v, committed) = self.decide(view, c).map_err(|e| {
                 dmkit_kv_index::Error::Verifier(format!("deciding slot {:#x}: {e}", c.offset))
             })?;
             on_behalf += u64::from(committed);
+            let replaced = c.primary.unwrap_or(0);
+            if v == 0 && (replaced != 0 || c.backups.iter().any(|b| *b != 0)) {
+                // A DELETE completed here: its writer learns it from the membership.
+                deletes.push((c.offset, replaced));
+            }
             Ok(v)
         })?;
-        Ok((rep, on_behalf))
+        Ok((rep, on_behalf, deletes))
+    }
+
+    /// `old` with `new` (published at `epoch`) appended, the oldest dropped past
+    /// [`membership::DELETES_KEPT`].
+    fn remember(old: &[(u64, u64, u64)], epoch: u64, new: Vec<(u64, u64)>) -> Vec<(u64, u64, u64)> {
+        let new = new.into_iter().map(|(off, v)| (epoch, off, v));
+        let mut all: Vec<_> = old.iter().copied().chain(new).collect();
+        let excess = all.len().saturating_sub(membership::DELETES_KEPT);
+        all.drain(..excess);
+        all
     }
 
     /// The node holding the index primary under `m`.
@@ -521,6 +540,7 @@ impl Master {
             epoch: old.epoch + 1,
             repairing: true,
             members: members.clone(),
+            deletes: old.deletes.clone(),
         };
         self.publish(&repairing)?;
         // The newcomer accepts the master's refill (under an rkey only the master knows).
@@ -536,7 +556,7 @@ impl Master {
         let view = cluster::open_at(&self.ep, &self.nodes, &repairing)?;
         // The fence cut rounds short on the members: finish them before copying the index.
         let primary = self.index_primary(&repairing)?;
-        self.repair_index(&view, primary)?;
+        let (_, _, deletes) = self.repair_index(&view, primary)?;
         let target = {
             let mut r = self
                 .ep
@@ -637,6 +657,7 @@ impl Master {
             epoch: repairing.epoch + 1,
             repairing: false,
             members,
+            deletes: Self::remember(&old.deletes, repairing.epoch + 1, deletes),
         };
         self.publish(&active)?;
         rep.epoch = active.epoch;

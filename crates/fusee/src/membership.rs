@@ -15,7 +15,10 @@ use dmkit_verbs::{Endpoint, NodeId, RKey};
 
 use crate::memnode::{status, tag};
 
-const MAGIC: u32 = u32::from_le_bytes(*b"FMb1");
+const MAGIC: u32 = u32::from_le_bytes(*b"FMb2");
+
+/// How many completed DELETE rounds a record remembers.
+pub const DELETES_KEPT: usize = 256;
 
 /// One published membership.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,6 +32,12 @@ pub struct Membership {
     pub repairing: bool,
     /// The serving memory nodes, in ring order, with their pool regions' current rkeys.
     pub members: Vec<(NodeId, RKey)>,
+    /// DELETE rounds the master completed in repairs: (the epoch that published it, slot
+    /// offset in the index space, the value the primary held, 0 if unknown), newest last, at
+    /// most [`DELETES_KEPT`]. A DELETE
+    /// has no commit record the master could write (its slot value points nowhere), so its
+    /// writer, cut short, looks here to learn that its DELETE took effect.
+    pub deletes: Vec<(u64, u64, u64)>,
 }
 
 impl Membership {
@@ -56,6 +65,10 @@ impl Membership {
         for (n, k) in &self.members {
             w = w.u16(n.0).u32(k.0);
         }
+        w = w.u16(self.deletes.len() as u16);
+        for (epoch, off, old) in &self.deletes {
+            w = w.u64(*epoch).u64(*off).u64(*old);
+        }
         let mut b = w.finish();
         let crc = crc32c::crc32c(&b);
         b.extend_from_slice(&crc.to_le_bytes());
@@ -79,12 +92,18 @@ impl Membership {
         for _ in 0..n {
             members.push((NodeId(r.u16()?), RKey(r.u32()?)));
         }
+        let d = r.u16()?;
+        let mut deletes = Vec::with_capacity(usize::from(d));
+        for _ in 0..d {
+            deletes.push((r.u64()?, r.u64()?, r.u64()?));
+        }
         r.finish()?;
         Ok(Membership {
             cluster: u128::from(hi) << 64 | u128::from(lo),
             epoch,
             repairing,
             members,
+            deletes,
         })
     }
 }
@@ -192,6 +211,7 @@ pub fn newest(ep: &Endpoint, nodes: &[NodeId]) -> crate::Result<Membership> {
         cluster: 0,
         epoch: 0,
         repairing: false,
+        deletes: Vec::new(),
         members: nodes
             .iter()
             .filter_map(|n| {
@@ -216,6 +236,7 @@ mod tests {
             epoch: 7,
             repairing: true,
             members: vec![(NodeId(0), RKey(11)), (NodeId(2), RKey(99))],
+            deletes: vec![(7, 4096, 77)],
         };
         let mut b = m.encode();
         assert_eq!(Membership::decode(&b).unwrap(), m);

@@ -407,6 +407,12 @@ impl RaceIndex {
         self.primary_node()
     }
 
+    /// The offset of slot `pos` in every replica space (as [`crate::repair::SlotConflict`]
+    /// reports it).
+    pub fn slot_offset(&self, pos: SlotPos) -> u64 {
+        self.layout.slot_off(pos)
+    }
+
     pub(crate) fn corrupt(&self, what: impl Into<String>) -> Error {
         Error::Corrupt {
             node: self.primary_node(),
@@ -669,6 +675,7 @@ impl RaceIndex {
                 continue;
             };
             let post = self.post_reads(view.subtable, &kh);
+            hooks.round(pos, 0);
             let (out, bytes) = self.snapshot(tags::INSERT, pos, 0, slot.raw(), &post, hooks)?;
             let RawOutcome::Won(rule) = out else {
                 // The slot went to another writer (maybe of the same key): look again.
@@ -820,6 +827,7 @@ impl RaceIndex {
                 self.wait_split(&mut backoff, start)?;
                 continue;
             }
+            hooks.round(pos, raw);
             match self.snapshot(tag, pos, raw, new, &[], hooks)?.0 {
                 RawOutcome::Won(rule) => {
                     return Ok(Some(Modified {
