@@ -28,6 +28,13 @@ pub trait WriteHooks: Sync {
         let _ = old;
         Ok(())
     }
+
+    /// A SNAPSHOT round is about to start on `pos`, replacing `expected` (raw). Called before
+    /// every round of the operation; FUSEE remembers the last one, to tell afterwards whether a
+    /// round cut short by a failure was completed by the master.
+    fn round(&self, pos: SlotPos, expected: u64) {
+        let _ = (pos, expected);
+    }
 }
 
 /// No hooks.
