@@ -75,6 +75,10 @@ pub fn query_or_reconnect(
     }
 }
 
+/// What an index repair did: its figures, the commit records written on writers' behalf,
+/// and the DELETE rounds it completed (slot offset, the value replaced).
+type IndexRepair = (repair::RepairReport, u64, Vec<(u64, u64)>);
+
 /// Tag of the master's verbs.
 pub const TAG: &str = "fusee_master";
 
@@ -374,11 +378,7 @@ impl Master {
     /// Makes the serving index replicas identical (every writer is fenced): the rounds the
     /// fence cut short are finished or rolled back. Returns the repair's figures and the
     /// commit records written on writers' behalf.
-    fn repair_index(
-        &self,
-        view: &ClusterView,
-        old_primary: NodeId,
-    ) -> Result<(repair::RepairReport, u64, Vec<(u64, u64)>)> {
+    fn repair_index(&self, view: &ClusterView, old_primary: NodeId) -> Result<IndexRepair> {
         let spaces = view.index_spaces();
         let primary_served = spaces.first().is_some_and(|s| s.region.node == old_primary);
         let mut on_behalf = 0u64;
