@@ -1,7 +1,7 @@
 //! Starting `dmkit` processes on loopback and waiting for them.
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -315,4 +315,129 @@ impl ProcCluster {
             dir,
         }
     }
+}
+
+/// A child process killed (SIGKILL) when dropped, so a failing test leaves nothing running.
+#[derive(Debug)]
+pub struct Proc(Option<Child>);
+
+impl Proc {
+    pub fn new(child: Child) -> Proc {
+        Proc(Some(child))
+    }
+
+    /// Waits for it to exit and collects its output.
+    pub fn wait_with_output(mut self) -> std::process::Output {
+        self.0
+            .take()
+            .expect("still running")
+            .wait_with_output()
+            .expect("wait for the child")
+    }
+
+    /// SIGKILL, and wait for it to be gone.
+    pub fn kill(&mut self) {
+        if let Some(c) = &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// FNV-1a 64, as `dmkit ycsb` hashes values in its ack log.
+pub fn fnv1a_64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// `dmkit ycsb --load` of `records` keys of `value_bytes` as client `id`, acknowledgements
+/// appended to `log`; panics with its stderr if it fails.
+pub fn ycsb_load(file: &str, id: u64, records: u64, value_bytes: u32, log: &Path) {
+    let out = run_dmkit(
+        &[
+            "ycsb",
+            "--cluster",
+            file,
+            "--client-id",
+            &id.to_string(),
+            "--records",
+            &records.to_string(),
+            "--value-bytes",
+            &value_bytes.to_string(),
+            "--load",
+            "--seconds",
+            "0",
+            "--ack-log",
+            log.to_str().expect("a UTF-8 path"),
+        ],
+        Duration::from_secs(60),
+    );
+    assert!(
+        out.status.success(),
+        "ycsb load: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A running `dmkit ycsb` client: YCSB-A on its `share` (`i/n`) of `records` keys for
+/// `seconds`, every acknowledged write appended to `log`.
+pub fn ycsb_a(
+    file: &str,
+    id: u64,
+    share: &str,
+    seconds: &str,
+    records: u64,
+    value_bytes: u32,
+    log: &Path,
+) -> Proc {
+    Proc::new(
+        Command::new(dmkit_bin())
+            .args(["ycsb", "--cluster", file])
+            .args(["--client-id", &id.to_string()])
+            .args(["--workload", "a", "--seconds", seconds])
+            .args(["--records", &records.to_string()])
+            .args(["--value-bytes", &value_bytes.to_string()])
+            .args(["--partition", share])
+            .args(["--ack-log", log.to_str().expect("a UTF-8 path")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn dmkit ycsb"),
+    )
+}
+
+/// Reads a `dmkit ycsb` ack log into key → (tag, value hash) of its last acknowledged write;
+/// appends each line's time (unix ms) to `times`. Returns the lines read.
+pub fn read_ack_log(
+    log: &Path,
+    into: &mut std::collections::HashMap<String, (String, u64)>,
+    times: &mut Vec<u64>,
+) -> usize {
+    let text = std::fs::read_to_string(log).expect("read the ack log");
+    let mut n = 0;
+    for line in text.lines() {
+        let f: Vec<_> = line.split('\t').collect();
+        assert!(f.len() >= 4, "bad ack log line {line:?}");
+        into.insert(
+            f[0].to_string(),
+            (
+                f[1].to_string(),
+                u64::from_str_radix(f[2], 16).expect("a hex hash"),
+            ),
+        );
+        times.push(f[3].parse().expect("unix milliseconds"));
+        n += 1;
+    }
+    n
 }

@@ -4,101 +4,17 @@
 //! key must hold its last acknowledged write, and the test reports how long writes stalled.
 
 use std::collections::HashMap;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use dmkit_fusee::{Client, ClientConfig};
-use dmkit_tests::procs::{ProcCluster, dmkit_bin, run_dmkit};
+use dmkit_tests::procs::{Proc, ProcCluster, fnv1a_64, read_ack_log, run_dmkit, ycsb_a, ycsb_load};
 use dmkit_verbs::tcp::TcpConnector;
 use dmkit_verbs::{Connector, Endpoint, NodeId};
 
 const RECORDS: u64 = 300;
 
-fn fnv1a_64(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
-
-/// key -> (tag, hash) of the last acknowledged writes, and every ack's time (unix ms).
-fn read_log(log: &str, into: &mut HashMap<String, (String, u64)>, times: &mut Vec<u64>) {
-    for line in log.lines() {
-        let f: Vec<_> = line.split('\t').collect();
-        assert!(f.len() >= 4, "bad ack log line {line:?}");
-        into.insert(
-            f[0].to_string(),
-            (f[1].to_string(), u64::from_str_radix(f[2], 16).unwrap()),
-        );
-        times.push(f[3].parse().unwrap());
-    }
-}
-
-/// A child process killed when dropped (a failing test leaves nothing running).
-struct Proc(Option<Child>);
-
-impl Proc {
-    fn wait_with_output(mut self) -> std::process::Output {
-        self.0.take().expect("running").wait_with_output().unwrap()
-    }
-
-    fn kill(&mut self) {
-        if let Some(c) = &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
 fn ycsb(file: &str, id: u64, share: &str, seconds: &str, log: &std::path::Path) -> Proc {
-    let child = Command::new(dmkit_bin())
-        .args(["ycsb", "--cluster", file])
-        .args(["--client-id", &id.to_string()])
-        .args(["--workload", "a", "--seconds", seconds])
-        .args(["--records", &RECORDS.to_string(), "--value-bytes", "64"])
-        .args(["--partition", share])
-        .args(["--ack-log", log.to_str().unwrap()])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn dmkit ycsb");
-    Proc(Some(child))
-}
-
-fn load(file: &str, log: &std::path::Path, id: u64) {
-    let out = run_dmkit(
-        &[
-            "ycsb",
-            "--cluster",
-            file,
-            "--client-id",
-            &id.to_string(),
-            "--records",
-            &RECORDS.to_string(),
-            "--value-bytes",
-            "64",
-            "--load",
-            "--seconds",
-            "0",
-            "--ack-log",
-            log.to_str().unwrap(),
-        ],
-        Duration::from_secs(60),
-    );
-    assert!(
-        out.status.success(),
-        "load: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ycsb_a(file, id, share, seconds, RECORDS, 64, log)
 }
 
 /// Reads every key back through a fresh client on the surviving nodes.
@@ -158,7 +74,7 @@ fn sigkill_of_a_memnode_under_ycsb_a_loses_no_acknowledged_write() {
     let file = cluster.file.clone();
     let dir = cluster.dir.path().to_path_buf();
     let load_log = dir.join("ack-load.log");
-    load(&file, &load_log, 40);
+    ycsb_load(&file, 40, RECORDS, 64, &load_log);
     let children: Vec<_> = (0..4u64)
         .map(|i| {
             let log = dir.join(format!("ack-{i}.log"));
@@ -183,11 +99,7 @@ fn sigkill_of_a_memnode_under_ycsb_a_loses_no_acknowledged_write() {
     let mut expected = HashMap::new();
     let mut times = Vec::new();
     for log in &logs {
-        read_log(
-            &std::fs::read_to_string(log).unwrap(),
-            &mut expected,
-            &mut times,
-        );
+        read_ack_log(log, &mut expected, &mut times);
     }
     let after = times.iter().filter(|t| **t > killed_at).count();
     let stall = longest_stall(&mut times, killed_at);
@@ -211,7 +123,7 @@ fn a_client_and_a_memnode_killed_together_lose_no_acknowledged_write() {
     let file = cluster.file.clone();
     let dir = cluster.dir.path().to_path_buf();
     let load_log = dir.join("ack-load.log");
-    load(&file, &load_log, 50);
+    ycsb_load(&file, 50, RECORDS, 64, &load_log);
     let log_a = dir.join("ack-a.log");
     let log_b = dir.join("ack-b.log");
     let mut victim = ycsb(&file, 51, "0/2", "30", &log_a);
@@ -235,11 +147,7 @@ fn a_client_and_a_memnode_killed_together_lose_no_acknowledged_write() {
     let mut expected = HashMap::new();
     let mut times = Vec::new();
     for log in [&load_log, &log_a, &log_b] {
-        read_log(
-            &std::fs::read_to_string(log).unwrap(),
-            &mut expected,
-            &mut times,
-        );
+        read_ack_log(log, &mut expected, &mut times);
     }
     check_all(&cluster, &expected);
 }
@@ -263,7 +171,7 @@ fn a_restarted_memnode_is_refilled_and_the_cluster_survives_another_failure() {
     let file = cluster.file.clone();
     let dir = cluster.dir.path().to_path_buf();
     let load_log = dir.join("ack-load.log");
-    load(&file, &load_log, 60);
+    ycsb_load(&file, 60, RECORDS, 64, &load_log);
     let logs: Vec<_> = (0..2u64)
         .map(|i| dir.join(format!("ack-{i}.log")))
         .collect();
@@ -321,17 +229,9 @@ fn a_restarted_memnode_is_refilled_and_the_cluster_survives_another_failure() {
     }
     let mut expected = HashMap::new();
     let mut times = Vec::new();
-    read_log(
-        &std::fs::read_to_string(&load_log).unwrap(),
-        &mut expected,
-        &mut times,
-    );
+    read_ack_log(&load_log, &mut expected, &mut times);
     for l in &logs {
-        read_log(
-            &std::fs::read_to_string(l).unwrap(),
-            &mut expected,
-            &mut times,
-        );
+        read_ack_log(l, &mut expected, &mut times);
     }
     check_all(&cluster, &expected);
 }

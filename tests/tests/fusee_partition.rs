@@ -10,11 +10,11 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use dmkit_fusee::{Client, ClientConfig};
-use dmkit_tests::procs::{Daemon, cluster_file, dmkit_bin, run_dmkit};
+use dmkit_tests::procs::{Daemon, Proc, cluster_file, dmkit_bin, fnv1a_64, ycsb_a, ycsb_load};
 use dmkit_verbs::tcp::TcpConnector;
 use dmkit_verbs::{Connector, Endpoint, NodeId};
 
@@ -118,41 +118,8 @@ impl Drop for Net {
     }
 }
 
-fn fnv1a_64(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
-
-struct Proc(Option<Child>);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Some(c) = &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
 fn ycsb(file: &str, id: u64, share: &str, seconds: &str, log: &Path) -> Proc {
-    Proc(Some(
-        Command::new(dmkit_bin())
-            .args(["ycsb", "--cluster", file])
-            .args(["--client-id", &id.to_string()])
-            .args(["--workload", "a", "--seconds", seconds])
-            .args(["--records", &RECORDS.to_string(), "--value-bytes", "64"])
-            .args(["--partition", share])
-            .args(["--ack-log", log.to_str().unwrap()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn dmkit ycsb"),
-    ))
+    ycsb_a(file, id, share, seconds, RECORDS, 64, log)
 }
 
 fn membership_of(addr: &str, id: u16) -> Option<dmkit_fusee::membership::Membership> {
@@ -224,30 +191,7 @@ fn a_partitioned_memnode_is_fenced_and_no_acknowledged_write_is_lost() {
         "serving on",
     );
     let load_log = dir.path().join("ack-load.log");
-    let out = run_dmkit(
-        &[
-            "ycsb",
-            "--cluster",
-            &file,
-            "--client-id",
-            "70",
-            "--records",
-            "200",
-            "--value-bytes",
-            "64",
-            "--load",
-            "--seconds",
-            "0",
-            "--ack-log",
-            load_log.to_str().unwrap(),
-        ],
-        Duration::from_secs(60),
-    );
-    assert!(
-        out.status.success(),
-        "load: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ycsb_load(&file, 70, RECORDS, 64, &load_log);
     let logs: Vec<_> = (0..2)
         .map(|i| dir.path().join(format!("ack-{i}.log")))
         .collect();
@@ -305,8 +249,7 @@ fn a_partitioned_memnode_is_fenced_and_no_acknowledged_write_is_lost() {
 
     let mut expected: HashMap<String, u64> = HashMap::new();
     for c in clients {
-        let mut c = c;
-        let out = c.0.take().unwrap().wait_with_output().unwrap();
+        let out = c.wait_with_output();
         assert!(
             out.status.success(),
             "ycsb failed across the partition: {}",

@@ -8,21 +8,12 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use dmkit_fusee::{Client, ClientConfig};
-use dmkit_tests::procs::{ProcCluster, dmkit_bin, run_dmkit};
+use dmkit_tests::procs::{ProcCluster, dmkit_bin, fnv1a_64, run_dmkit};
 use dmkit_verbs::tcp::TcpConnector;
 use dmkit_verbs::{Endpoint, NodeId};
 
 const RECORDS: u64 = 400;
 const VALUE_BYTES: &str = "200";
-
-fn fnv1a_64(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
 
 /// key -> (tag, hash) of its last acknowledged write in one ack log (writes in log order).
 fn last_writes(log: &str, into: &mut HashMap<String, (String, u64)>) -> usize {

@@ -667,40 +667,44 @@ impl Master {
         Ok(rep)
     }
 
+    /// A block RPC to `node` whose reply must say OK; its body, and how to report a bad one.
+    fn block_rpc(&self, node: NodeId, req: &[u8], what: &str) -> Result<Vec<u8>> {
+        let reply = self.ep.rpc(TAG, node, req)?;
+        match reply.split_first() {
+            Some((&status::OK, body)) => Ok(body.to_vec()),
+            _ => Err(Error::Node {
+                node,
+                reason: format!("cannot {what}"),
+            }),
+        }
+    }
+
     fn block_count(&self, node: NodeId) -> Result<u64> {
-        let reply = self
-            .ep
-            .rpc(TAG, node, &Writer::new().u8(tag::STAT).finish())?;
-        let mut r = Reader::new(&reply);
+        let body = self.block_rpc(
+            node,
+            &Writer::new().u8(tag::STAT).finish(),
+            "report its size",
+        )?;
+        let mut r = Reader::new(&body);
         let bad = |e: dmkit_verbs::wire::WireError| Error::Node {
             node,
             reason: e.to_string(),
         };
-        if r.u8().map_err(bad)? != status::OK {
-            return Err(Error::Node {
-                node,
-                reason: "no STAT".into(),
-            });
-        }
-        let _bs = r.u64().map_err(bad)?;
+        let _block_size = r.u64().map_err(bad)?;
         r.u64().map_err(bad)
     }
 
     fn block_table(&self, node: NodeId) -> Result<HashMap<u64, u64>> {
-        let reply = self
-            .ep
-            .rpc(TAG, node, &Writer::new().u8(tag::BLOCK_TABLE).finish())?;
-        let mut r = Reader::new(&reply);
+        let body = self.block_rpc(
+            node,
+            &Writer::new().u8(tag::BLOCK_TABLE).finish(),
+            "list its block table",
+        )?;
+        let mut r = Reader::new(&body);
         let bad = |e: dmkit_verbs::wire::WireError| Error::Node {
             node,
             reason: e.to_string(),
         };
-        if r.u8().map_err(bad)? != status::OK {
-            return Err(Error::Node {
-                node,
-                reason: "cannot list its block table".into(),
-            });
-        }
         let n = r.u32().map_err(bad)?;
         let mut t = HashMap::new();
         for _ in 0..n {

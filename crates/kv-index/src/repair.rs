@@ -59,21 +59,11 @@ pub fn repair_replicas(
             "no serving index replica to repair".into(),
         ));
     };
-    let head = words(&ep.read(TAG, first.at(0), 64)?);
-    if head.len() < 8 || head[0] != MAGIC {
-        return Err(Error::NotFormatted {
-            node: first.region.node,
-            reason: "bad magic while repairing".into(),
-        });
-    }
-    let params = head[(HDR_PARAMS / 8) as usize];
-    let groups_log2 = params as u8;
-    let max_depth = (params >> 8) as u8;
-    let capacity = head[(HDR_CAPACITY / 8) as usize];
-    let dir_entries = 1u64 << max_depth;
-    let area = (DIR_OFFSET + 8 * dir_entries).div_ceil(64) * 64;
-    let subtable_bytes = (1u64 << groups_log2) * 3 * BUCKET_BYTES;
-    let total = area + capacity * subtable_bytes;
+    let Geometry {
+        dir_entries,
+        area,
+        total,
+    } = geometry(ep, first)?;
     if total > first.len {
         return Err(Error::NotFormatted {
             node: first.region.node,
@@ -171,10 +161,7 @@ pub fn repair_replicas(
 /// Every non-zero slot value of one replica (its whole image read in chunks), with the
 /// slot's offset in the space.
 pub fn slot_values(ep: &Endpoint, space: &IndexReplicaSpace) -> Result<Vec<(u64, u64)>> {
-    let total = used_len(ep, space)?;
-    let head = words(&ep.read(TAG, space.at(0), 64)?);
-    let params = head[(HDR_PARAMS / 8) as usize];
-    let area = (DIR_OFFSET + 8 * (1u64 << ((params >> 8) as u8))).div_ceil(64) * 64;
+    let Geometry { area, total, .. } = geometry(ep, space)?;
     let mut out = Vec::new();
     let mut off = area;
     while off < total {
@@ -191,9 +178,16 @@ pub fn slot_values(ep: &Endpoint, space: &IndexReplicaSpace) -> Result<Vec<(u64,
     Ok(out)
 }
 
-/// The index replica space's length the header of `spaces[0]` says is in use (for copying a
-/// replica to a rejoining node).
-pub fn used_len(ep: &Endpoint, space: &IndexReplicaSpace) -> Result<u64> {
+/// Where things are in a replica space, from its header.
+struct Geometry {
+    dir_entries: u64,
+    /// The subtable area's offset.
+    area: u64,
+    /// The bytes in use: header, directory and every subtable.
+    total: u64,
+}
+
+fn geometry(ep: &Endpoint, space: &IndexReplicaSpace) -> Result<Geometry> {
     let head = words(&ep.read(TAG, space.at(0), 64)?);
     if head.len() < 8 || head[0] != MAGIC {
         return Err(Error::NotFormatted {
@@ -205,5 +199,15 @@ pub fn used_len(ep: &Endpoint, space: &IndexReplicaSpace) -> Result<u64> {
     let dir_entries = 1u64 << ((params >> 8) as u8);
     let area = (DIR_OFFSET + 8 * dir_entries).div_ceil(64) * 64;
     let subtable_bytes = (1u64 << (params as u8)) * 3 * BUCKET_BYTES;
-    Ok(area + head[(HDR_CAPACITY / 8) as usize] * subtable_bytes)
+    Ok(Geometry {
+        dir_entries,
+        area,
+        total: area + head[(HDR_CAPACITY / 8) as usize] * subtable_bytes,
+    })
+}
+
+/// The index replica space's length the header of `space` says is in use (for copying a
+/// replica to a rejoining node).
+pub fn used_len(ep: &Endpoint, space: &IndexReplicaSpace) -> Result<u64> {
+    Ok(geometry(ep, space)?.total)
 }

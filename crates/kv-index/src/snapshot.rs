@@ -153,19 +153,30 @@ impl RaceIndex {
         if new == expected {
             return Ok(());
         }
-        let batches: Vec<_> = olds
+        let won: Vec<usize> = (0..olds.len()).filter(|k| olds[*k] == expected).collect();
+        self.take_back_from(tag, pos, new, expected, &won)
+    }
+
+    /// CASes backups `which` (0 = the first backup) `ours → to`, all in one round trip.
+    fn take_back_from(
+        &self,
+        tag: Tag,
+        pos: SlotPos,
+        ours: u64,
+        to: u64,
+        which: &[usize],
+    ) -> Result<()> {
+        if which.is_empty() {
+            return Ok(());
+        }
+        let batches = which
             .iter()
-            .enumerate()
-            .filter(|(_, o)| **o == expected)
-            .map(|(k, _)| {
+            .map(|k| {
                 let mut b = self.ep.batch(self.spaces[k + 1].region.node);
-                b.cas(self.slot_addr(k + 1, pos), new, expected);
+                b.cas(self.slot_addr(k + 1, pos), ours, to);
                 b
             })
             .collect();
-        if batches.is_empty() {
-            return Ok(());
-        }
         for r in self.ep.execute_many(tag, batches) {
             r?;
         }
@@ -292,16 +303,8 @@ impl RaceIndex {
         // ran on backups it had already unfrozen (the value came back: A-B-A). Take our
         // value out of the backups again, so they agree with the primary, and let the
         // round's other writers see it abandoned.
-        let batches = (1..self.spaces.len())
-            .map(|k| {
-                let mut b = self.ep.batch(self.spaces[k].region.node);
-                b.cas(self.slot_addr(k, pos), new, expected);
-                b
-            })
-            .collect();
-        for r in self.ep.execute_many(tag, batches) {
-            r?;
-        }
+        let all: Vec<usize> = (0..self.spaces.len() - 1).collect();
+        self.take_back_from(tag, pos, new, expected, &all)?;
         metrics::counter!("dmkit_kv_index_snapshot_abandoned_total").increment(1);
         Ok((RawOutcome::Lost(now), Vec::new()))
     }
