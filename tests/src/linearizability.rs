@@ -24,6 +24,44 @@ pub enum Call {
     Swap(Vec<u8>),
 }
 
+impl std::fmt::Display for Call {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = |v: &[u8]| String::from_utf8_lossy(v).into_owned();
+        match self {
+            Call::Get => write!(f, "get"),
+            Call::Put(v) => write!(f, "put {}", s(v)),
+            Call::Insert(v) => write!(f, "insert {}", s(v)),
+            Call::Update(v) => write!(f, "update {}", s(v)),
+            Call::Delete => write!(f, "delete"),
+            Call::Swap(v) => write!(f, "swap {}", s(v)),
+        }
+    }
+}
+
+/// Runs `call` on `key` with a FUSEE client and says what it returned in the checker's terms
+/// (`Swap` is not a FUSEE operation: it panics).
+pub fn apply_fusee(
+    client: &dmkit_fusee::Client,
+    key: &[u8],
+    call: &Call,
+) -> dmkit_fusee::Result<Ret> {
+    use dmkit_fusee::{DeleteResult, InsertResult, UpdateResult};
+    match call {
+        Call::Get => client.search(key).map(Ret::Value),
+        Call::Put(v) => client.upsert(key, v).map(|()| Ret::Ok),
+        Call::Insert(v) => client
+            .insert(key, v)
+            .map(|r| Ret::Flag(r == InsertResult::Inserted)),
+        Call::Update(v) => client
+            .update(key, v)
+            .map(|r| Ret::Flag(r == UpdateResult::Updated)),
+        Call::Delete => client
+            .delete(key)
+            .map(|r| Ret::Flag(r == DeleteResult::Deleted)),
+        Call::Swap(_) => unreachable!("not a FUSEE operation"),
+    }
+}
+
 /// What it got back.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Ret {
@@ -87,14 +125,7 @@ impl std::fmt::Display for Violation {
         events.sort_by_key(|e| e.start);
         let s = |v: &[u8]| String::from_utf8_lossy(v).into_owned();
         for e in &events {
-            let call = match &e.call {
-                Call::Get => "get".to_string(),
-                Call::Put(v) => format!("put {}", s(v)),
-                Call::Insert(v) => format!("insert {}", s(v)),
-                Call::Update(v) => format!("update {}", s(v)),
-                Call::Delete => "delete".to_string(),
-                Call::Swap(v) => format!("swap {}", s(v)),
-            };
+            let call = e.call.to_string();
             let ret = match &e.ret {
                 None => "(no reply: crashed)".to_string(),
                 Some(Ret::Value(None)) => "none".to_string(),

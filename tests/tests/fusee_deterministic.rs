@@ -27,10 +27,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use dmkit_fusee::{
-    Client, ClientConfig, DeleteResult, InsertResult, LocalCluster, LocalConfig, UpdateResult,
-};
-use dmkit_tests::linearizability::{Call, Event, Ret, check};
+use dmkit_fusee::{Client, ClientConfig, LocalCluster, LocalConfig};
+use dmkit_tests::linearizability::{Call, Event, Ret, apply_fusee, check};
 use dmkit_verbs::sim::{DetConfig, DetScheduler, Trace};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -150,20 +148,7 @@ fn run_seed(seed: u64) -> Run {
                         };
                         // The clock is the scheduler's: the same in every run of the seed.
                         let start = sched.tick();
-                        let r = match &call {
-                            Call::Get => client.search(&key).map(Ret::Value),
-                            Call::Put(v) => client.upsert(&key, v).map(|()| Ret::Ok),
-                            Call::Insert(v) => client
-                                .insert(&key, v)
-                                .map(|r| Ret::Flag(r == InsertResult::Inserted)),
-                            Call::Update(v) => client
-                                .update(&key, v)
-                                .map(|r| Ret::Flag(r == UpdateResult::Updated)),
-                            Call::Delete => client
-                                .delete(&key)
-                                .map(|r| Ret::Flag(r == DeleteResult::Deleted)),
-                            Call::Swap(_) => unreachable!("not a FUSEE operation"),
-                        };
+                        let r = apply_fusee(&client, &key, &call);
                         let end = sched.tick();
                         match r {
                             Ok(ret) => events.push(Event {
@@ -242,14 +227,7 @@ fn render(history: &[Event]) -> Vec<String> {
     history
         .iter()
         .map(|e| {
-            let call = match &e.call {
-                Call::Get => "get".to_string(),
-                Call::Put(v) => format!("put {}", s(v)),
-                Call::Insert(v) => format!("insert {}", s(v)),
-                Call::Update(v) => format!("update {}", s(v)),
-                Call::Delete => "delete".to_string(),
-                Call::Swap(v) => format!("swap {}", s(v)),
-            };
+            let call = e.call.to_string();
             let ret = match &e.ret {
                 None => "(crashed)".to_string(),
                 Some(Ret::Value(v)) => format!("{:?}", v.as_deref().map(s)),

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use dmkit_fusee::{DeleteResult, InsertResult, LocalCluster, LocalConfig, UpdateResult};
-use dmkit_tests::linearizability::{Call, Event, Ret, check};
+use dmkit_fusee::{LocalCluster, LocalConfig};
+use dmkit_tests::linearizability::{Call, Event, apply_fusee, check};
 use dmkit_verbs::NodeId;
 use parking_lot_free::Shared;
 use rand::{Rng, SeedableRng};
@@ -108,20 +108,7 @@ fn run_seed(seed: u64) {
                         _ => Call::Delete,
                     };
                     let start = clock.fetch_add(1, Ordering::SeqCst);
-                    let r = match &call {
-                        Call::Get => client.search(&key).map(Ret::Value),
-                        Call::Put(v) => client.upsert(&key, v).map(|()| Ret::Ok),
-                        Call::Insert(v) => client
-                            .insert(&key, v)
-                            .map(|r| Ret::Flag(r == InsertResult::Inserted)),
-                        Call::Update(v) => client
-                            .update(&key, v)
-                            .map(|r| Ret::Flag(r == UpdateResult::Updated)),
-                        Call::Delete => client
-                            .delete(&key)
-                            .map(|r| Ret::Flag(r == DeleteResult::Deleted)),
-                        Call::Swap(_) => unreachable!("not a FUSEE operation"),
-                    };
+                    let r = apply_fusee(&client, &key, &call);
                     let end = clock.fetch_add(1, Ordering::SeqCst);
                     match r {
                         Ok(ret) => events.push(Event {
