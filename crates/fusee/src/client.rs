@@ -142,7 +142,8 @@ pub(crate) struct Attempt {
 }
 
 impl Attempt {
-    fn of(a: &Allocation, len: usize, index: &RaceIndex, delete: bool) -> Attempt {
+    fn of(a: &Allocation, len: usize, inner: &Inner, delete: bool) -> Attempt {
+        let (view, index) = inner.state();
         Attempt {
             addr: a.addr,
             len,
@@ -151,7 +152,7 @@ impl Attempt {
             delete,
             found: false,
             round: None,
-            epoch: 0,
+            epoch: view.epoch,
         }
     }
 }
@@ -487,7 +488,7 @@ impl Client {
         *last.lock() = Some(Attempt::of(
             &a,
             object::object_len(key.len(), value.len()),
-            &inner.index(),
+            inner,
             false,
         ));
         let res = (|| {
@@ -545,7 +546,7 @@ impl Client {
         *last.lock() = Some(Attempt::of(
             &a,
             object::object_len(key.len(), value.len()),
-            &inner.index(),
+            inner,
             false,
         ));
         let bytes = object::encode(key, value, a.next, a.prev, a.generation, Op::Update)?;
@@ -612,7 +613,7 @@ impl Client {
             *last.lock() = Some(Attempt::of(
                 &a,
                 object::object_len(key.len(), 0),
-                &inner.index(),
+                inner,
                 true,
             ));
             let bytes = object::encode(key, &[], a.next, a.prev, a.generation, Op::Delete)?;
@@ -626,7 +627,6 @@ impl Client {
                     // find it cannot have taken effect).
                     if let Some(at) = last.lock().as_mut() {
                         at.found = v.found.lock().is_some();
-                        at.epoch = view.epoch;
                         at.round = hooks
                             .round
                             .lock()
@@ -686,20 +686,25 @@ impl Client {
         let inner = &self.inner;
         let index = inner.index();
         let committed = inner.attempt_committed(&at)?;
-        let visible = index.replicas() >= 2 || index.primary() != at.primary;
+        // Did every repair since the attempt see the index's backups? (A failover that kept
+        // only the old primary's replica could not see a round cut short on the backups.)
+        let view = inner.view();
+        let blind_since = view.blind.iter().any(|e| *e > at.epoch);
+        let visible = !blind_since && (index.replicas() >= 2 || index.primary() != at.primary);
         let took = if at.delete {
             // A DELETE the master completed has no commit record (its value, 0, points to no
-            // log entry): the membership lists the DELETE rounds the master completed. Past
-            // that list (a primary lost with the value it held), a DELETE that had found the
-            // key took effect when the key is gone now — which a concurrent DELETE could
-            // also explain.
-            let view = inner.view();
+            // log entry): the membership lists the DELETE rounds the master completed. When a
+            // repair could not see the backups (blind), a committed DELETE that had found the
+            // key took effect if the key is gone now — a concurrent DELETE could also explain
+            // that; an uncommitted one never swapped the primary (the record comes first).
             let listed = at.round.is_some_and(|(off, old)| {
                 view.deletes
                     .iter()
                     .any(|&(e, o, v)| e > at.epoch && o == off && (v == old || v == 0))
             });
-            listed || (committed && visible) || (at.found && self.search_once(key)?.is_none())
+            listed
+                || (committed && visible)
+                || (committed && at.found && self.search_once(key)?.is_none())
         } else {
             inner.is_referenced(key, at.addr)? || (committed && visible)
         };
@@ -759,7 +764,20 @@ impl Client {
                         return Err(if crashed { again } else { e });
                     }
                     if let Some(s) = settled {
-                        if let Some(v) = s()? {
+                        // Settle before running again — in whatever epoch that takes.
+                        let took = loop {
+                            match s() {
+                                Ok(took) => break took,
+                                Err(e2) if needs_membership(&e2) && attempts < 16 => {
+                                    attempts += 1;
+                                    self.inner
+                                        .refresh(self.inner.view().epoch)
+                                        .map_err(|_| e2)?;
+                                }
+                                Err(e2) => return Err(e2),
+                            }
+                        };
+                        if let Some(v) = took {
                             return Ok(v);
                         }
                     }
@@ -821,6 +839,25 @@ impl Inner {
     ) -> Result<Option<crate::membership::Membership>> {
         let rc = self.reconnect.lock().clone();
         let uuid = self.view().uuid;
+        if self.cfg.inline_jobs {
+            // Every verb from the caller's thread (deterministic simulation): ask in turn.
+            let mut best: Option<crate::membership::Membership> = None;
+            for n in &self.nodes {
+                let r = match crate::failover::query_or_reconnect(&self.ep, rc.as_ref(), *n) {
+                    Err(e @ Error::Verbs(dmkit_verbs::Error::ClientCrashed { .. })) => {
+                        return Err(e);
+                    }
+                    Err(_) => continue,
+                    Ok(q) => q.record,
+                };
+                if let Some(r) = r.filter(|r| r.cluster == uuid) {
+                    if best.as_ref().is_none_or(|b| r.epoch > b.epoch) {
+                        best = Some(r);
+                    }
+                }
+            }
+            return Ok(best);
+        }
         let (tx, rx) = mpsc::channel();
         for n in &self.nodes {
             let (ep, rc, tx, n) = (self.ep.clone(), rc.clone(), tx.clone(), *n);
@@ -908,7 +945,9 @@ impl Inner {
                     self.cfg.failover_wait
                 )));
             }
-            std::thread::sleep(Duration::from_millis(20));
+            // (Under the deterministic scheduler nobody moves while this thread sleeps.)
+            let pause = if self.cfg.inline_jobs { 1 } else { 20 };
+            std::thread::sleep(Duration::from_millis(pause));
         }
     }
 

@@ -108,6 +108,9 @@ pub struct ClusterView {
     /// DELETE rounds the master completed in its repairs (see
     /// [`crate::membership::Membership::deletes`]).
     pub deletes: Vec<(u64, u64, u64)>,
+    /// Failover epochs whose repair saw no index backup (see
+    /// [`crate::membership::Membership::blind`]).
+    pub blind: Vec<u64>,
     pub index_replicas: usize,
     pub data_replicas: usize,
     pub block_size: u64,
@@ -307,6 +310,7 @@ pub fn format(ep: &Endpoint, cfg: &ClusterConfig) -> Result<ClusterView> {
         uuid,
         repairing: false,
         deletes: Vec::new(),
+        blind: Vec::new(),
         index_replicas: cfg.index_replicas,
         data_replicas: cfg.data_replicas,
         block_size,
@@ -444,6 +448,7 @@ pub fn open_at(
         uuid: sb.uuid,
         repairing: membership.repairing,
         deletes: membership.deletes.clone(),
+        blind: membership.blind.clone(),
         nodes: sb.nodes,
         index_replicas: sb.index_replicas,
         data_replicas: sb.data_replicas,

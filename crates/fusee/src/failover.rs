@@ -193,6 +193,7 @@ impl Master {
         if m.epoch == 0 {
             let first = Membership {
                 deletes: Vec::new(),
+                blind: Vec::new(),
                 cluster: m.cluster,
                 epoch: 1,
                 repairing: false,
@@ -331,6 +332,7 @@ impl Master {
             repairing: true,
             members,
             deletes: old.deletes.clone(),
+            blind: old.blind.clone(),
         };
         self.publish(&repairing)?;
         if let Some(l) = &self.leases {
@@ -355,12 +357,21 @@ impl Master {
                 on_behalf += u64::from(self.commit_on_behalf(&view, v, 0)?);
             }
         }
+        let mut blind = old.blind.clone();
+        if spaces.len() == 1 && spaces[0].region.node == old_primary {
+            // Only the old primary's replica survived: rounds cut short on the lost backups
+            // were invisible to the repair.
+            blind.push(repairing.epoch + 1);
+            let excess = blind.len().saturating_sub(membership::DELETES_KEPT);
+            blind.drain(..excess);
+        }
         let active = Membership {
             cluster: old.cluster,
             epoch: repairing.epoch + 1,
             repairing: false,
             members: repairing.members.clone(),
             deletes: Self::remember(&old.deletes, repairing.epoch + 1, deletes),
+            blind,
         };
         self.publish(&active)?;
         let rep = FailoverReport {
@@ -541,6 +552,7 @@ impl Master {
             repairing: true,
             members: members.clone(),
             deletes: old.deletes.clone(),
+            blind: old.blind.clone(),
         };
         self.publish(&repairing)?;
         // The newcomer accepts the master's refill (under an rkey only the master knows).
@@ -658,6 +670,7 @@ impl Master {
             repairing: false,
             members,
             deletes: Self::remember(&old.deletes, repairing.epoch + 1, deletes),
+            blind: old.blind.clone(),
         };
         self.publish(&active)?;
         rep.epoch = active.epoch;

@@ -38,6 +38,10 @@ pub struct Membership {
     /// has no commit record the master could write (its slot value points nowhere), so its
     /// writer, cut short, looks here to learn that its DELETE took effect.
     pub deletes: Vec<(u64, u64, u64)>,
+    /// Epochs published by failovers whose repair saw no backup of the index (only the old
+    /// primary survived): a round cut short before them may have committed without the
+    /// master seeing it (its backups are gone). Newest last, at most [`DELETES_KEPT`].
+    pub blind: Vec<u64>,
 }
 
 impl Membership {
@@ -69,6 +73,10 @@ impl Membership {
         for (epoch, off, old) in &self.deletes {
             w = w.u64(*epoch).u64(*off).u64(*old);
         }
+        w = w.u16(self.blind.len() as u16);
+        for e in &self.blind {
+            w = w.u64(*e);
+        }
         let mut b = w.finish();
         let crc = crc32c::crc32c(&b);
         b.extend_from_slice(&crc.to_le_bytes());
@@ -97,6 +105,11 @@ impl Membership {
         for _ in 0..d {
             deletes.push((r.u64()?, r.u64()?, r.u64()?));
         }
+        let nb = r.u16()?;
+        let mut blind = Vec::with_capacity(usize::from(nb));
+        for _ in 0..nb {
+            blind.push(r.u64()?);
+        }
         r.finish()?;
         Ok(Membership {
             cluster: u128::from(hi) << 64 | u128::from(lo),
@@ -104,6 +117,7 @@ impl Membership {
             repairing,
             members,
             deletes,
+            blind,
         })
     }
 }
@@ -212,6 +226,7 @@ pub fn newest(ep: &Endpoint, nodes: &[NodeId]) -> crate::Result<Membership> {
         epoch: 0,
         repairing: false,
         deletes: Vec::new(),
+        blind: Vec::new(),
         members: nodes
             .iter()
             .filter_map(|n| {
@@ -237,6 +252,7 @@ mod tests {
             repairing: true,
             members: vec![(NodeId(0), RKey(11)), (NodeId(2), RKey(99))],
             deletes: vec![(7, 4096, 77)],
+            blind: vec![5],
         };
         let mut b = m.encode();
         assert_eq!(Membership::decode(&b).unwrap(), m);

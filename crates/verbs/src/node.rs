@@ -74,6 +74,8 @@ pub struct MemoryNode {
     regions: RwLock<HashMap<RKey, Region>>,
     handler: RwLock<Option<Arc<dyn RpcHandler>>>,
     fenced: std::sync::atomic::AtomicBool,
+    /// Seeded rkeys (deterministic simulation); `None`: the thread's random generator.
+    rkey_rng: parking_lot::Mutex<Option<rand_chacha::ChaCha8Rng>>,
 }
 
 impl std::fmt::Debug for MemoryNode {
@@ -96,6 +98,30 @@ impl MemoryNode {
             regions: RwLock::new(HashMap::new()),
             handler: RwLock::new(None),
             fenced: std::sync::atomic::AtomicBool::new(false),
+            rkey_rng: parking_lot::Mutex::new(None),
+        }
+    }
+
+    /// Draws the rkeys of later registrations and rekeys from a generator seeded with
+    /// `seed` (deterministic simulation: the same seed, the same rkeys), or again from the
+    /// thread's random generator with `None`.
+    pub fn seed_rkeys(&self, seed: Option<u64>) {
+        use rand::SeedableRng;
+        *self.rkey_rng.lock() = seed.map(rand_chacha::ChaCha8Rng::seed_from_u64);
+    }
+
+    /// A fresh rkey not in `taken` (nor `avoid`).
+    fn fresh_rkey(&self, taken: &HashMap<RKey, Region>, avoid: RKey) -> RKey {
+        let mut seeded = self.rkey_rng.lock();
+        let mut rng = rand::rng();
+        loop {
+            let k = RKey(match seeded.as_mut() {
+                Some(r) => r.next_u32(),
+                None => rng.next_u32(),
+            });
+            if k.0 != 0 && k != avoid && !taken.contains_key(&k) {
+                return k;
+            }
         }
     }
 
@@ -118,13 +144,7 @@ impl MemoryNode {
     pub fn rekey(&self, rkey: RKey) -> Option<RegionDesc> {
         let mut regions = self.regions.write();
         let mut r = regions.remove(&rkey)?;
-        let mut rng = rand::rng();
-        let fresh = loop {
-            let k = RKey(rng.next_u32());
-            if k.0 != 0 && k != rkey && !regions.contains_key(&k) {
-                break k;
-            }
-        };
+        let fresh = self.fresh_rkey(&regions, rkey);
         r.desc.rkey = fresh;
         let desc = r.desc;
         regions.insert(fresh, r);
@@ -172,13 +192,7 @@ impl MemoryNode {
                 r.desc.rkey, r.desc.base
             )));
         }
-        let mut rng = rand::rng();
-        let rkey = loop {
-            let k = RKey(rng.next_u32());
-            if k.0 != 0 && !regions.contains_key(&k) {
-                break k;
-            }
-        };
+        let rkey = self.fresh_rkey(&regions, RKey(0));
         let desc = RegionDesc {
             node: self.id,
             rkey,

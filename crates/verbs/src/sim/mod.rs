@@ -178,6 +178,11 @@ impl SimCluster {
         if let Some(old) = cur.take() {
             old.set_fail_hook(None);
         }
+        // Rkeys drawn from now on come from the seed (failovers rotate them).
+        for n in self.inner.nodes.read().values() {
+            n.node
+                .seed_rkeys(sched.as_ref().map(|s| s.seed() ^ u64::from(n.node.id().0)));
+        }
         if let Some(s) = &sched {
             let weak = Arc::downgrade(&self.inner);
             s.set_fail_hook(Some(Arc::new(move |node| {
