@@ -1,7 +1,8 @@
 //! FUSEE histories under the `sim` backend's deterministic scheduler
 //! (`dmkit_verbs::sim::sched`): three client threads on a few keys, random
 //! INSERT/UPDATE/upsert/DELETE/SEARCH, r = 1..3, work requests deferred and one client
-//! crashed at a verb and recovered — everything drawn from the seed, including the
+//! crashed at a verb and recovered, a memory node failed over and refilled — everything
+//! drawn from the seed, including the
 //! interleaving of the threads, verb by verb. A history is therefore a pure function of its
 //! seed: it is checked for linearizability, and a seed run twice must give the identical
 //! history and the identical verb trace.
@@ -14,15 +15,13 @@
 //! - `DMKIT_DET_KEEP_GOING=1` runs every seed and lists all failing ones at the end (long
 //!   runs).
 //!
-//! TODO(fusee node crash): memory-node crashes are injected only by the verbs-level
-//! deterministic test (`crates/verbs/tests/sim_deterministic.rs`) for now. FUSEE's failover
-//! is not deterministic yet: `Client`'s membership refresh and `Master::fail_over` fan their
-//! membership queries out on threads of their own, which the scheduler does not see (their
-//! RPCs run outside the replay), and the refresh adopts the *first* record that answers, so
-//! which one it takes is OS timing; the refresh also gives up on a wall-clock
-//! `failover_wait`. Once those queries can run on the calling thread, add a registered
-//! "master" thread that fails a node at a seeded point (`DetFaults::node_failures`, r >= 2)
-//! and drives `Master::fail_over`, and check the histories the same way.
+//! - Memory-node failures: in a third of the r >= 2 seeds a fourth, registered thread — the
+//!   master — makes a seeded number of membership queries, fails a memory node, fails it
+//!   over, restarts it on its memory and refills it (`Master::fail_over`, `Master::rejoin`),
+//!   while the clients go on (their membership polls run on their own threads in this mode,
+//!   `ClientConfig::inline_jobs`). `DMKIT_DET_NO_NODE_FAILURE=1` leaves them out. Those seeds
+//!   take the same steps every run, but their membership records carry the cluster's random
+//!   uuid and first rkeys, so the exact-replay test uses seeds without them.
 
 use std::collections::HashMap;
 use std::sync::Arc;
