@@ -201,16 +201,7 @@ impl Memnode {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn dmkit memnode");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { return };
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
+        let rx = lines(&mut child);
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());

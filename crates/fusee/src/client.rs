@@ -484,13 +484,7 @@ impl Client {
         last: &Mutex<Option<Attempt>>,
     ) -> Result<InsertResult> {
         let inner = &self.inner;
-        let a = inner.allocate(object::object_len(key.len(), value.len()))?;
-        *last.lock() = Some(Attempt::of(
-            &a,
-            object::object_len(key.len(), value.len()),
-            inner,
-            false,
-        ));
+        let a = inner.allocate_attempt(object::object_len(key.len(), value.len()), false, last)?;
         let res = (|| {
             let bytes = object::encode(key, value, a.next, a.prev, a.generation, Op::Insert)?;
             let slot = inner.slot_of(key, &a, bytes.len())?;
@@ -542,13 +536,7 @@ impl Client {
         last: &Mutex<Option<Attempt>>,
     ) -> Result<UpdateResult> {
         let inner = &self.inner;
-        let a = inner.allocate(object::object_len(key.len(), value.len()))?;
-        *last.lock() = Some(Attempt::of(
-            &a,
-            object::object_len(key.len(), value.len()),
-            inner,
-            false,
-        ));
+        let a = inner.allocate_attempt(object::object_len(key.len(), value.len()), false, last)?;
         let bytes = object::encode(key, value, a.next, a.prev, a.generation, Op::Update)?;
         let slot = inner.slot_of(key, &a, bytes.len())?;
         let (view, index) = inner.state();
@@ -609,13 +597,7 @@ impl Client {
         let inner = &self.inner;
         loop {
             // The log entry of a DELETE lives in a temporary object holding the key.
-            let a = inner.allocate(object::object_len(key.len(), 0))?;
-            *last.lock() = Some(Attempt::of(
-                &a,
-                object::object_len(key.len(), 0),
-                inner,
-                true,
-            ));
+            let a = inner.allocate_attempt(object::object_len(key.len(), 0), true, last)?;
             let bytes = object::encode(key, &[], a.next, a.prev, a.generation, Op::Delete)?;
             let (view, index) = inner.state();
             let v = Verifier::new(&view);
@@ -806,6 +788,19 @@ impl Drop for Inner {
     }
 }
 
+/// Keeps in `best` the newest of it and `r`, counting only records of cluster `uuid`.
+fn keep_newest(
+    best: &mut Option<crate::membership::Membership>,
+    r: Option<crate::membership::Membership>,
+    uuid: u128,
+) {
+    if let Some(r) = r.filter(|r| r.cluster == uuid) {
+        if best.as_ref().is_none_or(|b| r.epoch > b.epoch) {
+            *best = Some(r);
+        }
+    }
+}
+
 /// Whether `e` means the membership changed under the operation (a failed or fenced node, a
 /// rotated rkey), so it should be retried in the next epoch.
 pub(crate) fn needs_membership(e: &Error) -> bool {
@@ -850,11 +845,7 @@ impl Inner {
                     Err(_) => continue,
                     Ok(q) => q.record,
                 };
-                if let Some(r) = r.filter(|r| r.cluster == uuid) {
-                    if best.as_ref().is_none_or(|b| r.epoch > b.epoch) {
-                        best = Some(r);
-                    }
-                }
+                keep_newest(&mut best, r, uuid);
             }
             return Ok(best);
         }
@@ -877,11 +868,7 @@ impl Inner {
                 Err(_) => None,
                 Ok(r) => r,
             };
-            if let Some(r) = r.filter(|r| r.cluster == uuid) {
-                if best.as_ref().is_none_or(|b| r.epoch > b.epoch) {
-                    best = Some(r);
-                }
-            }
+            keep_newest(&mut best, r, uuid);
             if best.as_ref().is_some_and(&want) {
                 break;
             }
@@ -949,6 +936,19 @@ impl Inner {
             let pause = if self.cfg.inline_jobs { 1 } else { 20 };
             std::thread::sleep(Duration::from_millis(pause));
         }
+    }
+
+    /// Allocates the object of a write attempt and remembers the attempt in `last` (to settle
+    /// it if a membership change cuts it short).
+    fn allocate_attempt(
+        &self,
+        len: usize,
+        delete: bool,
+        last: &Mutex<Option<Attempt>>,
+    ) -> Result<Allocation> {
+        let a = self.allocate(len)?;
+        *last.lock() = Some(Attempt::of(&a, len, self, delete));
+        Ok(a)
     }
 
     /// Whether a write attempt's commit record is there (or its object was since replaced,
