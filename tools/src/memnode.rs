@@ -129,31 +129,92 @@ pub fn run(args: MemnodeArgs) -> Result<(), CliError> {
     let memnode = dmkit_fusee::memnode::Memnode::new(NodeId(args.id), pool)
         .map_err(|e| CliError::runtime(e.to_string()))?;
     let node = memnode.node().clone();
-    let served = [what];
     let has_secret = secret.is_some();
-    keep_lease(memnode.clone(), secret.clone())?;
-    let server = TcpServer::start(
-        args.listen.as_str(),
-        node,
-        TcpServerConfig {
-            secret,
-            ..Default::default()
-        },
-    )
-    .map_err(|e| CliError::usage(e.to_string()))?;
-    eprintln!(
-        "dmkit memnode: node {} serving {} on {} (tcp{})",
-        args.id,
-        served.join(" and "),
-        server.local_addr(),
-        if has_secret {
-            ", cluster secret required"
-        } else {
-            ""
+    let (_server, addr, how) = match args.backend {
+        #[cfg(feature = "rdma")]
+        Backend::Rdma => {
+            use dmkit_verbs::rdma::{RdmaConfig, RdmaServer};
+            if has_secret {
+                return Err(CliError::usage(
+                    "a cluster secret is set (DMKIT_SECRET, DMKIT_SECRET_FILE or --secret-file), \
+                     but the rdma backend has none: on RDMA fabrics the network is the trust \
+                     boundary (docs/RDMA.md); unset it, or serve over --backend tcp",
+                ));
+            }
+            let cfg = RdmaConfig::from_env().map_err(|e| CliError::usage(e.to_string()))?;
+            keep_lease(memnode.clone(), lease_connector(args.backend, None)?)?;
+            let device = cfg.device.clone();
+            let server = RdmaServer::start(args.listen.as_str(), node, cfg)
+                .map_err(|e| CliError::usage(e.to_string()))?;
+            let addr = server.local_addr();
+            let how = match device {
+                Some(d) => format!("rdma on {d}"),
+                None => "rdma".to_string(),
+            };
+            (Box::new(server) as Box<dyn std::any::Any>, addr, how)
         }
+        _ => {
+            keep_lease(
+                memnode.clone(),
+                lease_connector(args.backend, secret.clone())?,
+            )?;
+            let server = TcpServer::start(
+                args.listen.as_str(),
+                node,
+                TcpServerConfig {
+                    secret,
+                    ..Default::default()
+                },
+            )
+            .map_err(|e| CliError::usage(e.to_string()))?;
+            let addr = server.local_addr();
+            let how = if has_secret {
+                "tcp, cluster secret required".to_string()
+            } else {
+                "tcp".to_string()
+            };
+            (Box::new(server) as Box<dyn std::any::Any>, addr, how)
+        }
+    };
+    eprintln!(
+        "dmkit memnode: node {} serving {what} on {addr} ({how})",
+        args.id
     );
     loop {
         std::thread::park();
+    }
+}
+
+/// How the lease keeper reaches its peers: over the node's own backend, with short bounds
+/// (a peer that does not answer within a fraction of the lease is as good as gone for
+/// vouching).
+fn lease_connector(
+    backend: Backend,
+    secret: Option<Vec<u8>>,
+) -> Result<std::sync::Arc<dyn dmkit_verbs::Connector>, CliError> {
+    use std::time::Duration;
+    let bound = Duration::from_millis(300);
+    match backend {
+        #[cfg(feature = "rdma")]
+        Backend::Rdma => {
+            let mut cfg = dmkit_verbs::rdma::RdmaConfig::from_env()
+                .map_err(|e| CliError::usage(e.to_string()))?;
+            cfg.connect_timeout = bound;
+            cfg.op_timeout = bound;
+            // Vouching is a few small RPCs: no need for deep queues of pinned buffers.
+            cfg.send_depth = 16;
+            cfg.msg_depth = 8;
+            let _ = secret;
+            Ok(std::sync::Arc::new(dmkit_verbs::rdma::RdmaConnector::new(
+                cfg,
+            )))
+        }
+        _ => Ok(std::sync::Arc::new(dmkit_verbs::tcp::TcpConnector {
+            secret,
+            connect_timeout: bound,
+            op_timeout: bound,
+            ..dmkit_verbs::tcp::TcpConnector::default()
+        })),
     }
 }
 
@@ -162,22 +223,13 @@ pub fn run(args: MemnodeArgs) -> Result<(), CliError> {
 /// `Memnode::keep_lease`).
 fn keep_lease(
     memnode: std::sync::Arc<dmkit_fusee::memnode::Memnode>,
-    secret: Option<Vec<u8>>,
+    conn: std::sync::Arc<dyn dmkit_verbs::Connector>,
 ) -> Result<(), CliError> {
     use std::collections::HashMap;
     use std::sync::Arc;
 
-    use dmkit_verbs::tcp::TcpConnector;
-    use dmkit_verbs::{Connection, Connector, Endpoint};
+    use dmkit_verbs::{Connection, Endpoint};
 
-    // Short bounds: a peer that does not answer within a fraction of the lease is as good as
-    // gone for vouching.
-    let conn = TcpConnector {
-        secret,
-        connect_timeout: std::time::Duration::from_millis(300),
-        op_timeout: std::time::Duration::from_millis(300),
-        ..TcpConnector::default()
-    };
     let cache: parking_lot::Mutex<HashMap<NodeId, Arc<dyn Connection>>> = Default::default();
     let ask = move |peer: NodeId, addr: &str, req: &[u8]| -> bool {
         let cached = cache.lock().get(&peer).cloned();

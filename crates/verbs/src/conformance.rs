@@ -536,6 +536,86 @@ pub fn regions_are_learned_at_connect(h: &dyn Harness) {
     ep.write("t", c.at(0), b"new").unwrap();
 }
 
+/// A rekey cuts off peers that still use the old rkey, and a fence cuts off everyone, with
+/// the memory untouched; peers that learn the new descriptor (or connect after the unfence)
+/// carry on. (On rdma a verb that reaches the NIC with a dropped rkey also breaks that
+/// connection, as RC does; the verbs of a peer whose table is current fail before posting.)
+pub fn rekeys_and_fences_cut_peers_off(h: &dyn Harness) {
+    let node = Arc::new(MemoryNode::new(NodeId(0)));
+    let r = node
+        .register(Arc::new(DramBacking::new(4096)), Access::ALL, None)
+        .unwrap();
+    h.start_node(node.clone()).unwrap();
+    let mem = node.memory(r.rkey).unwrap();
+    let ep = h.endpoint().unwrap();
+    let stale = h.endpoint().unwrap();
+    ep.write("t", r.at(0), &[1; 8]).unwrap();
+    stale.write("t", r.at(8), &[1; 8]).unwrap();
+
+    let fresh = node.rekey(r.rkey).unwrap();
+    assert_eq!((fresh.base, fresh.len), (r.base, r.len));
+    // A peer told the new descriptor uses it on its connection...
+    ep.write("t", fresh.at(0), &[2; 8]).unwrap();
+    assert_eq!(ep.read("t", fresh.at(0), 8).unwrap(), [2; 8]);
+    // ...and neither it nor a peer that was not told gets anywhere with the old one.
+    for e in [&ep, &stale] {
+        let err = e.write("t", r.at(16), &[9; 8]).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::RemoteAccess {
+                    fault: AccessFault::UnknownRkey,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+    assert_eq!(
+        mem.load_u64(16).unwrap(),
+        0,
+        "a write with the old rkey landed"
+    );
+
+    node.set_fenced(true);
+    let err = ep.write("t", fresh.at(24), &[9; 8]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::RemoteAccess {
+                fault: AccessFault::Fenced | AccessFault::UnknownRkey,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // A peer connecting while the node is fenced is told so.
+    let late = h.endpoint().unwrap();
+    let err = late.read("t", fresh.at(0), 8).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::RemoteAccess {
+                fault: AccessFault::Fenced,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        mem.load_u64(24).unwrap(),
+        0,
+        "a write to a fenced node landed"
+    );
+
+    node.set_fenced(false);
+    // The late peer learns the unfence on its next verb; new peers work at once.
+    late.write("t", fresh.at(32), &[3; 8]).unwrap();
+    let after = h.endpoint().unwrap();
+    assert_eq!(after.read("t", fresh.at(32), 8).unwrap(), [3; 8]);
+    assert_eq!(after.read("t", fresh.at(0), 8).unwrap(), [2; 8]);
+}
+
 /// Instantiates every conformance case as a `#[test]` for the harness `$make` builds.
 #[macro_export]
 macro_rules! conformance_tests {
@@ -554,6 +634,7 @@ macro_rules! conformance_tests {
             hung_node_times_out,
             durable_writes_persist_before_completing,
             regions_are_learned_at_connect,
+            rekeys_and_fences_cut_peers_off,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {

@@ -76,7 +76,12 @@ pub struct MemoryNode {
     fenced: std::sync::atomic::AtomicBool,
     /// Seeded rkeys (deterministic simulation); `None`: the thread's random generator.
     rkey_rng: parking_lot::Mutex<Option<rand_chacha::ChaCha8Rng>>,
+    /// Told after the regions or the fencing changed (see [`MemoryNode::on_change`]).
+    watchers: parking_lot::Mutex<Vec<Watcher>>,
 }
+
+/// A change watcher; returns false once it is no longer interested.
+type Watcher = Box<dyn Fn() -> bool + Send + Sync>;
 
 impl std::fmt::Debug for MemoryNode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -99,7 +104,20 @@ impl MemoryNode {
             handler: RwLock::new(None),
             fenced: std::sync::atomic::AtomicBool::new(false),
             rkey_rng: parking_lot::Mutex::new(None),
+            watchers: parking_lot::Mutex::new(Vec::new()),
         }
+    }
+
+    /// Calls `watch` after every change of the regions or of the fencing (register,
+    /// deregister, rekey, set_fenced) until it returns false. Backends whose NIC checks
+    /// rkeys itself (rdma) use it to drop the registrations of old rkeys at once, so that a
+    /// rekey or a fence cuts peers off as it does on the other backends.
+    pub fn on_change(&self, watch: impl Fn() -> bool + Send + Sync + 'static) {
+        self.watchers.lock().push(Box::new(watch));
+    }
+
+    fn changed(&self) {
+        self.watchers.lock().retain(|w| w());
     }
 
     /// Draws the rkeys of later registrations and rekeys from a generator seeded with
@@ -129,8 +147,12 @@ impl MemoryNode {
     /// [`AccessFault::Fenced`] until it is unfenced; RPCs still reach the handler, so the
     /// node can be told it rejoined. Verbs already executing finish.
     pub fn set_fenced(&self, fenced: bool) {
-        self.fenced
-            .store(fenced, std::sync::atomic::Ordering::SeqCst);
+        let was = self
+            .fenced
+            .swap(fenced, std::sync::atomic::Ordering::SeqCst);
+        if was != fenced {
+            self.changed();
+        }
     }
 
     /// Whether the node is fenced.
@@ -142,12 +164,16 @@ impl MemoryNode {
     /// on (with [`AccessFault::UnknownRkey`]), so peers holding it are cut off until they
     /// learn the new descriptor. Returns it, or `None` for an unknown rkey.
     pub fn rekey(&self, rkey: RKey) -> Option<RegionDesc> {
-        let mut regions = self.regions.write();
-        let mut r = regions.remove(&rkey)?;
-        let fresh = self.fresh_rkey(&regions, rkey);
-        r.desc.rkey = fresh;
-        let desc = r.desc;
-        regions.insert(fresh, r);
+        let desc = {
+            let mut regions = self.regions.write();
+            let mut r = regions.remove(&rkey)?;
+            let fresh = self.fresh_rkey(&regions, rkey);
+            r.desc.rkey = fresh;
+            let desc = r.desc;
+            regions.insert(fresh, r);
+            desc
+        };
+        self.changed();
         Some(desc)
     }
 
@@ -202,8 +228,10 @@ impl MemoryNode {
             media: mem.media(),
         };
         regions.insert(rkey, Region { desc, mem });
+        drop(regions);
         metrics::gauge!("dmkit_verbs_registered_bytes", "node" => self.id.to_string())
             .increment(len as f64);
+        self.changed();
         Ok(desc)
     }
 
@@ -212,6 +240,7 @@ impl MemoryNode {
         let r = self.regions.write().remove(&rkey)?;
         metrics::gauge!("dmkit_verbs_registered_bytes", "node" => self.id.to_string())
             .decrement(r.desc.len as f64);
+        self.changed();
         Some(r.desc)
     }
 
@@ -315,6 +344,27 @@ mod tests {
         let b = Arc::new(DramBacking::new(4096));
         let d = n.register(b, Access::ALL, None).unwrap();
         (n, d)
+    }
+
+    #[test]
+    fn watchers_hear_every_change_until_they_leave() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let n = MemoryNode::new(NodeId(0));
+        let heard = Arc::new(AtomicUsize::new(0));
+        let h = heard.clone();
+        n.on_change(move || h.fetch_add(1, Ordering::SeqCst) < 4);
+        let r = n
+            .register(Arc::new(DramBacking::new(64)), Access::ALL, None)
+            .unwrap();
+        let r = n.rekey(r.rkey).unwrap();
+        n.set_fenced(true);
+        n.set_fenced(true); // no change: not told
+        assert_eq!(heard.load(Ordering::SeqCst), 3);
+        n.set_fenced(false);
+        n.deregister(r.rkey).unwrap();
+        // The fifth call returned false: the watcher is gone.
+        n.set_fenced(true);
+        assert_eq!(heard.load(Ordering::SeqCst), 5);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use super::alloc::RdmaAllocator;
 use super::chan::{self, Chan, kind};
 use super::ffi::{self, CmId, Cq, EventChannel, Pd, QpSizes};
 use super::post::{self, Wr, WrKind};
-use super::wire::{self, RemoteRegion};
+use super::wire::{self, RemoteRegion, Table};
 use super::{RdmaConfig, device_pd, select_device, sys};
 use crate::batch::{Batch, BatchResult, Op};
 use crate::buf::{BufAllocator, MemBuf};
@@ -100,7 +100,7 @@ struct Shared {
     alloc: RdmaAllocator,
     node: NodeId,
     peer: String,
-    regions: Mutex<Vec<RemoteRegion>>,
+    regions: Mutex<Table>,
     rpcs: Mutex<HashMap<u64, Arc<Slot<chan::Message>>>>,
     next_id: AtomicU64,
     sq_depth: u32,
@@ -278,7 +278,7 @@ impl RdmaConnection {
             let Some(_g) = s.poll_lock.try_lock() else {
                 return false;
             };
-            poll_once(&s, &s.cq) > 0
+            poll_once(&s, &s.cq, false) > 0
         })
     }
 
@@ -463,12 +463,26 @@ fn status_reason(status: u32) -> String {
     format!("{} ({status})", s.to_string_lossy())
 }
 
+thread_local! {
+    /// Set while this thread delivers completions: it must not wait for an RPC answer,
+    /// which only a poller delivers.
+    static IN_POLL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// Polls the CQ once and delivers what it finds; the number of completions. Callers hold
-/// `poll_lock`.
-fn poll_once(s: &Arc<Shared>, cq: &Cq) -> usize {
+/// `poll_lock`. `check_cm` also reads the node's disconnect notices: that costs a system
+/// call, so only the poll thread does it (within 20 ms of any notice), never a spinning waiter.
+fn poll_once(s: &Arc<Shared>, cq: &Cq, check_cm: bool) -> usize {
+    IN_POLL.with(|f| f.set(true));
+    let n = poll_once_inner(s, cq, check_cm);
+    IN_POLL.with(|f| f.set(false));
+    n
+}
+
+fn poll_once_inner(s: &Arc<Shared>, cq: &Cq, check_cm: bool) -> usize {
     let mut wcs = [sys::ibv_wc::default(); 16];
     // Disconnect notices from the node.
-    while let Some(ev) = s.cm.next(Duration::ZERO) {
+    while let Some(ev) = check_cm.then(|| s.cm.next(Duration::ZERO)).flatten() {
         if matches!(
             ev.kind,
             sys::RDMA_CM_EVENT_DISCONNECTED | sys::RDMA_CM_EVENT_DEVICE_REMOVAL
@@ -520,7 +534,7 @@ fn poll_loop(weak: &std::sync::Weak<Shared>, cq: &Cq) {
         let Some(s) = weak.upgrade() else { return };
         let n = {
             let _g = s.poll_lock.lock();
-            poll_once(&s, cq)
+            poll_once(&s, cq, true)
         };
         if !s.alive.load(Ordering::SeqCst) {
             let t = *dead_since.get_or_insert_with(Instant::now);
@@ -545,8 +559,12 @@ fn poll_loop(weak: &std::sync::Weak<Shared>, cq: &Cq) {
 
 /// Checks one op against the region table: the same checks, in the same order, as the soft
 /// NIC (`MemoryNode::execute`).
-fn check(regions: &[RemoteRegion], op: &Op) -> Result<RemoteRegion, AccessFault> {
-    let r = regions
+fn check(table: &Table, op: &Op) -> Result<RemoteRegion, AccessFault> {
+    if table.fenced {
+        return Err(AccessFault::Fenced);
+    }
+    let r = table
+        .regions
         .iter()
         .find(|r| r.desc.rkey == op.rkey)
         .ok_or(AccessFault::UnknownRkey)?;
@@ -571,14 +589,20 @@ impl Connection for RdmaConnection {
     }
 
     fn regions(&self) -> Vec<RegionDesc> {
-        self.shared.regions.lock().iter().map(|r| r.desc).collect()
+        self.shared
+            .regions
+            .lock()
+            .regions
+            .iter()
+            .map(|r| r.desc)
+            .collect()
     }
 
     fn refresh_regions(&self) -> Result<Vec<RegionDesc>> {
         let m = self.message(kind::REGIONS, &[]).wait()?;
-        let (_, regions) = wire::decode(&self.shared.peer, &m.body)?;
-        let out = regions.iter().map(|r| r.desc).collect();
-        *self.shared.regions.lock() = regions;
+        let (_, table) = wire::decode(&self.shared.peer, &m.body)?;
+        let out = table.regions.iter().map(|r| r.desc).collect();
+        *self.shared.regions.lock() = table;
         Ok(out)
     }
 
@@ -589,17 +613,38 @@ impl Connection for RdmaConnection {
             return Pending::ready(node, Err(self.dead()));
         }
         let (_, ops, mut bufs) = batch.into_parts();
-        let regions = s.regions.lock().clone();
         let mut fault = None;
         let mut targets = Vec::with_capacity(ops.len());
-        for (i, op) in ops.iter().enumerate() {
-            match check(&regions, op) {
-                Ok(r) => targets.push(r),
-                Err(f) => {
-                    fault = Some((i, f));
-                    break;
+        let mut refreshed = false;
+        loop {
+            {
+                let table = s.regions.lock();
+                for (i, op) in ops.iter().enumerate().skip(targets.len()) {
+                    match check(&table, op) {
+                        Ok(r) => targets.push(r),
+                        Err(f) => {
+                            fault = Some((i, f));
+                            break;
+                        }
+                    }
                 }
             }
+            // An rkey we do not know, or a fence: the node's table may have changed since we
+            // learned it (a rekey, a new region, an unfence). Learn it again, once, unless
+            // this thread is the one that delivers the answer.
+            let stale = matches!(
+                fault,
+                Some((_, AccessFault::UnknownRkey | AccessFault::Fenced))
+            );
+            if !stale || refreshed || IN_POLL.with(std::cell::Cell::get) {
+                break;
+            }
+            refreshed = true;
+            if self.refresh_regions().is_err() {
+                break;
+            }
+            fault = None;
+            targets.clear();
         }
         let n = targets.len();
         if n == 0 {

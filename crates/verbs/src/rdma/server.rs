@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 
 use super::chan::{self, Chan, Message, kind};
 use super::ffi::{CmId, Context, Cq, EventChannel, Mr, QpSizes};
-use super::wire::{self, RemoteRegion};
+use super::wire::{self, RemoteRegion, Table};
 use super::{RdmaConfig, device_pd, sys};
 use crate::error::{Error, Result};
 use crate::memory::RegionMemory;
@@ -102,6 +102,17 @@ impl RdmaServer {
             conns: Mutex::new(HashMap::new()),
             mrs: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(1),
+        });
+        // A rekey, a removed region or a fence drops the NIC registrations of the rkeys
+        // peers may still hold, at once: their verbs then fail at the NIC, as they are
+        // refused by the node itself on the other backends.
+        let w = Arc::downgrade(&shared);
+        shared.node.on_change(move || match w.upgrade() {
+            Some(s) => {
+                drop_stale_mrs(&s);
+                true
+            }
+            None => false,
         });
         let s = shared.clone();
         let listener = std::thread::Builder::new()
@@ -235,44 +246,101 @@ fn access_flags(a: Access) -> u32 {
     f
 }
 
-/// Registers every region of the node with `ctx`'s device (once) and drops registrations of
-/// regions the node removed; returns the table clients get.
-fn region_table(shared: &Shared, ctx: Context) -> Result<Vec<RemoteRegion>> {
-    let pd = device_pd(ctx)?;
+/// Drops the registrations of rkeys the node no longer has (rekeyed or removed regions), and
+/// all of them while it is fenced. Verbs that still use them fail at the NIC with a remote
+/// access error (which breaks the peer's connection, as RC does).
+fn drop_stale_mrs(shared: &Shared) {
+    let fenced = shared.node.is_fenced();
     let descs = shared.node.regions();
-    let mut mrs = shared.mrs.lock();
-    let c = ctx.raw() as usize;
-    mrs.retain(|(dc, rkey), _| *dc != c || descs.iter().any(|d| d.rkey == *rkey));
-    let mut out = Vec::with_capacity(descs.len());
-    for d in descs {
-        let key = (c, d.rkey);
-        let m = match mrs.entry(key) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => {
-                let Some(mem) = shared.node.memory(d.rkey) else {
-                    continue;
-                };
-                let ptr = mem.backing().as_ptr();
-                let len = mem.len();
-                // SAFETY: `mem` keeps the backing (and so the memory) alive as long as the
-                // NodeMr, which drops the registration first; every CPU access to registered
-                // memory goes through `RegionMemory`'s atomics, so the NIC's DMA races
-                // nothing that Rust considers non-atomic.
-                let mr = unsafe { Mr::register(&pd, ptr, len, access_flags(d.access)) }?;
-                v.insert(Arc::new(NodeMr {
-                    mr,
-                    va: ptr as u64,
-                    _mem: mem,
-                }))
-            }
-        };
-        out.push(RemoteRegion {
-            desc: d,
-            nic_rkey: m.mr.rkey(),
-            va: m.va,
-        });
+    let stale: Vec<Arc<NodeMr>> = {
+        let mut mrs = shared.mrs.lock();
+        let keys: Vec<_> = mrs
+            .keys()
+            .filter(|(_, rkey)| fenced || !descs.iter().any(|d| d.rkey == *rkey))
+            .copied()
+            .collect();
+        keys.iter().filter_map(|k| mrs.remove(k)).collect()
+    };
+    if !stale.is_empty() {
+        tracing::debug!(
+            node = %shared.node.id(),
+            count = stale.len(),
+            fenced,
+            "dropping NIC registrations of old rkeys"
+        );
     }
-    Ok(out)
+    // Deregistered here, outside the lock (it can take a while for large regions).
+    drop(stale);
+}
+
+/// Registers every region of the node with `ctx`'s device (once) and drops registrations of
+/// regions the node removed; returns the table clients get. A fenced node registers nothing
+/// and says so.
+fn region_table(shared: &Shared, ctx: Context) -> Result<Table> {
+    let pd = device_pd(ctx)?;
+    loop {
+        if shared.node.is_fenced() {
+            drop_stale_mrs(shared);
+            let regions = shared
+                .node
+                .regions()
+                .into_iter()
+                .map(|desc| RemoteRegion {
+                    desc,
+                    nic_rkey: 0,
+                    va: 0,
+                })
+                .collect();
+            return Ok(Table {
+                regions,
+                fenced: true,
+            });
+        }
+        let descs = shared.node.regions();
+        let mut mrs = shared.mrs.lock();
+        let c = ctx.raw() as usize;
+        mrs.retain(|(dc, rkey), _| *dc != c || descs.iter().any(|d| d.rkey == *rkey));
+        let mut out = Vec::with_capacity(descs.len());
+        for d in &descs {
+            let key = (c, d.rkey);
+            let m = match mrs.entry(key) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    let Some(mem) = shared.node.memory(d.rkey) else {
+                        continue;
+                    };
+                    let ptr = mem.backing().as_ptr();
+                    let len = mem.len();
+                    // SAFETY: `mem` keeps the backing (and so the memory) alive as long as
+                    // the NodeMr, which drops the registration first; every CPU access to
+                    // registered memory goes through `RegionMemory`'s atomics, so the NIC's
+                    // DMA races nothing that Rust considers non-atomic.
+                    let mr = unsafe { Mr::register(&pd, ptr, len, access_flags(d.access)) }?;
+                    v.insert(Arc::new(NodeMr {
+                        mr,
+                        va: ptr as u64,
+                        _mem: mem,
+                    }))
+                }
+            };
+            out.push(RemoteRegion {
+                desc: *d,
+                nic_rkey: m.mr.rkey(),
+                va: m.va,
+            });
+        }
+        // A rekey or a fence that came in meanwhile may have run its drop before these
+        // registrations existed: check again under the lock, and start over if so (the
+        // change's own drop takes the lock after us).
+        if !shared.node.is_fenced() && shared.node.regions() == descs {
+            return Ok(Table {
+                regions: out,
+                fenced: false,
+            });
+        }
+        drop(mrs);
+        drop_stale_mrs(shared);
+    }
 }
 
 fn accept(shared: &Arc<Shared>, mut id: CmId) -> Result<()> {

@@ -1,7 +1,8 @@
 //! The region table a memory node sends at connect (and on refresh): each region's
 //! descriptor plus what the NIC needs to reach it — the real virtual address and the NIC's
 //! rkey. Remote addresses in the verbs API are region-relative (`RegionDesc::base`); the
-//! client translates `base + off` to `va + off` when posting.
+//! client translates `base + off` to `va + off` when posting. A fenced node sends its
+//! descriptors without NIC rkeys (it has none registered) and the fenced flag.
 
 use crate::error::{Error, Result};
 use crate::types::{Access, Media, NodeId, RKey, RegionDesc};
@@ -14,10 +15,19 @@ pub(crate) struct RemoteRegion {
     pub va: u64,
 }
 
+/// What a client knows of a node's regions.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Table {
+    pub regions: Vec<RemoteRegion>,
+    /// The node is fenced: every verb is refused (`AccessFault::Fenced`).
+    pub fenced: bool,
+}
+
 const ENTRY: usize = 4 + 8 + 8 + 1 + 1 + 4 + 8;
 
-pub(crate) fn encode(node: NodeId, regions: &[RemoteRegion]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(6 + regions.len() * ENTRY);
+pub(crate) fn encode(node: NodeId, table: &Table) -> Vec<u8> {
+    let regions = &table.regions;
+    let mut out = Vec::with_capacity(7 + regions.len() * ENTRY);
     out.extend_from_slice(&node.0.to_le_bytes());
     out.extend_from_slice(&(regions.len() as u32).to_le_bytes());
     for r in regions {
@@ -29,10 +39,11 @@ pub(crate) fn encode(node: NodeId, regions: &[RemoteRegion]) -> Vec<u8> {
         out.extend_from_slice(&r.nic_rkey.to_le_bytes());
         out.extend_from_slice(&r.va.to_le_bytes());
     }
+    out.push(u8::from(table.fenced));
     out
 }
 
-pub(crate) fn decode(peer: &str, b: &[u8]) -> Result<(NodeId, Vec<RemoteRegion>)> {
+pub(crate) fn decode(peer: &str, b: &[u8]) -> Result<(NodeId, Table)> {
     let bad = || Error::Protocol {
         peer: peer.to_string(),
         reason: "malformed region table".into(),
@@ -42,7 +53,7 @@ pub(crate) fn decode(peer: &str, b: &[u8]) -> Result<(NodeId, Vec<RemoteRegion>)
     }
     let node = NodeId(u16::from_le_bytes([b[0], b[1]]));
     let n = u32::from_le_bytes(b[2..6].try_into().map_err(|_| bad())?) as usize;
-    if b.len() != 6 + n * ENTRY {
+    if b.len() != 7 + n * ENTRY || b[b.len() - 1] > 1 {
         return Err(bad());
     }
     let u32at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4"));
@@ -68,7 +79,8 @@ pub(crate) fn decode(peer: &str, b: &[u8]) -> Result<(NodeId, Vec<RemoteRegion>)
             }
         })
         .collect();
-    Ok((node, regions))
+    let fenced = b[b.len() - 1] == 1;
+    Ok((node, Table { regions, fenced }))
 }
 
 #[cfg(test)]
@@ -89,8 +101,17 @@ mod tests {
             nic_rkey: 77,
             va: 0x7f00_0000_1000,
         };
-        let b = encode(NodeId(4), &[r, r]);
-        assert_eq!(decode("p", &b).unwrap(), (NodeId(4), vec![r, r]));
-        assert!(decode("p", &b[..b.len() - 1]).is_err());
+        for fenced in [false, true] {
+            let t = Table {
+                regions: vec![r, r],
+                fenced,
+            };
+            let b = encode(NodeId(4), &t);
+            assert_eq!(decode("p", &b).unwrap(), (NodeId(4), t));
+            assert!(decode("p", &b[..b.len() - 1]).is_err());
+            let mut bad_flag = b.clone();
+            *bad_flag.last_mut().unwrap() = 2;
+            assert!(decode("p", &bad_flag).is_err());
+        }
     }
 }
