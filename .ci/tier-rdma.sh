@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Tier: dmkit-verbs' rdma backend, conformance suite on SoftRoCE (a QEMU guest with rdma_rxe;
-# see ../shared/softroce/README.md). Fails (non-zero) if the packages cannot be installed or
-# the guest cannot boot: never passes silently.
+# Tier: the rdma backend on SoftRoCE (a QEMU guest with rdma_rxe; see
+# ../shared/softroce/README.md): dmkit-verbs' conformance suite; `dmkit memnode --backend
+# rdma`, `dmkit bench verbs --backend rdma` (with perftest) and a FUSEE cluster as an operator
+# runs them (.ci/softroce-cli.sh); the FUSEE failover process tests over rdma. Fails
+# (non-zero) if the packages cannot be installed or the guest cannot boot: never passes
+# silently.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,3 +34,13 @@ cargo build -p dmkit-verbs --features rdma --tests
 # 3 runs); NICs DMA whole cache lines. docs/RDMA.md records it; every other case must pass.
 SOFTROCE_TIMEOUT=900 CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="bash $RUNNER" \
   cargo test -p dmkit-verbs --features rdma --test conformance_rdma -- --skip aligned_words_are_never_torn
+
+# The dmkit binary over rdma, as operators run it.
+cargo build --release -p dmkit-tools --features rdma
+SOFTROCE_TIMEOUT=600 DMKIT="$PWD/target/release/dmkit" bash "$RUNNER" bash .ci/softroce-cli.sh
+
+# FUSEE's failover process tests (SIGKILLed memnodes under YCSB clients, refills, a dead
+# master) with every memory node, client and master on rdma.
+SOFTROCE_TIMEOUT=900 CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="bash $RUNNER" \
+  DMKIT_TEST_BACKEND=rdma DMKIT_TEST_BIN="$PWD/target/release/dmkit" \
+  cargo test --release -p dmkit-tests --features rdma --test fusee_failover -- --test-threads=1

@@ -7,10 +7,59 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 /// The `dmkit` binary of this build, brought up to date once per test process (a no-op when
-/// `cargo test --workspace` already built it).
+/// `cargo test --workspace` already built it). `DMKIT_TEST_BIN` names a prebuilt one instead
+/// (the rdma tier builds `dmkit --features rdma` on the host and runs the tests in the
+/// SoftRoCE guest, where building is slow).
 pub fn dmkit_bin() -> PathBuf {
     static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BIN.get_or_init(build_dmkit).clone()
+    BIN.get_or_init(|| match std::env::var_os("DMKIT_TEST_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => build_dmkit(),
+    })
+    .clone()
+}
+
+/// The verbs backend the process tests run their memory nodes on: `tcp` on loopback, or
+/// `rdma` when `DMKIT_TEST_BACKEND=rdma` (inside the SoftRoCE guest: memory nodes listen on
+/// `$SOFTROCE_IP`, since rdma-cm cannot use loopback).
+pub fn backend() -> &'static str {
+    match std::env::var("DMKIT_TEST_BACKEND").as_deref() {
+        Ok("rdma") => "rdma",
+        Ok("tcp") | Err(_) => "tcp",
+        Ok(other) => panic!("DMKIT_TEST_BACKEND={other}: use tcp or rdma"),
+    }
+}
+
+/// A connector for the tests' [`backend`] (rdma needs this crate's `rdma` feature).
+pub fn connector() -> std::sync::Arc<dyn dmkit_verbs::Connector> {
+    match backend() {
+        #[cfg(feature = "rdma")]
+        "rdma" => std::sync::Arc::new(dmkit_verbs::rdma::RdmaConnector::new(
+            dmkit_verbs::rdma::RdmaConfig::from_env().expect("DMKIT_RDMA_* settings"),
+        )),
+        #[cfg(not(feature = "rdma"))]
+        "rdma" => panic!("DMKIT_TEST_BACKEND=rdma needs dmkit-tests built with --features rdma"),
+        _ => std::sync::Arc::new(dmkit_verbs::tcp::TcpConnector::default()),
+    }
+}
+
+/// An endpoint for `connector` (with its registered buffers, if it has any).
+pub fn endpoint_for(connector: &dyn dmkit_verbs::Connector) -> dmkit_verbs::Endpoint {
+    match connector.buf_allocator().expect("the backend's buffers") {
+        Some(a) => dmkit_verbs::Endpoint::with_allocator(Default::default(), a),
+        None => dmkit_verbs::Endpoint::default(),
+    }
+}
+
+/// Where memory nodes listen, port 0: loopback on tcp, the RDMA interface on rdma.
+pub fn memnode_listen() -> String {
+    if backend() == "rdma" {
+        let ip = std::env::var("SOFTROCE_IP")
+            .expect("DMKIT_TEST_BACKEND=rdma needs SOFTROCE_IP (run inside the SoftRoCE guest)");
+        format!("{ip}:0")
+    } else {
+        "127.0.0.1:0".into()
+    }
 }
 
 fn build_dmkit() -> PathBuf {
@@ -164,7 +213,8 @@ pub fn cluster_file(
     memnodes: &[(u16, String)],
 ) -> PathBuf {
     let mut s = format!(
-        "backend = \"tcp\"\nmaster = \"{master}\"\nindex_replicas = {replicas}\ndata_replicas = {replicas}\nindex_mib = 1\n"
+        "backend = \"{}\"\nmaster = \"{master}\"\nindex_replicas = {replicas}\ndata_replicas = {replicas}\nindex_mib = 1\n",
+        backend()
     );
     for (id, addr) in memnodes {
         s.push_str(&format!("[[memnode]]\nid = {id}\naddr = \"{addr}\"\n"));
@@ -185,16 +235,17 @@ pub struct Memnode {
 }
 
 impl Memnode {
-    /// Starts `dmkit memnode --listen 127.0.0.1:0 ARGS` and waits until it serves.
+    /// Starts `dmkit memnode --listen 127.0.0.1:0 ARGS` (see [`memnode_listen`]) on the
+    /// tests' [`backend`] and waits until it serves.
     pub fn start(args: &[&str]) -> Memnode {
-        Self::start_on("127.0.0.1:0", args)
+        Self::start_on(&memnode_listen(), args)
     }
 
     /// Starts it on a given listen address.
     pub fn start_on(listen: &str, args: &[&str]) -> Memnode {
         let mut child = Command::new(dmkit_bin())
             .arg("memnode")
-            .args(["--listen", listen])
+            .args(["--listen", listen, "--backend", backend()])
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -1,4 +1,5 @@
-//! FUSEE survives the crash of a memory node, as real processes over `tcp`: three
+//! FUSEE survives the crash of a memory node, as real processes over `tcp` (or `rdma` in the
+//! SoftRoCE tier: `DMKIT_TEST_BACKEND=rdma`, see `procs::backend`): three
 //! `dmkit memnode`s with r = 3, a `dmkit master` (the failure detector), and YCSB-A clients
 //! that log every acknowledged write. A memory node is SIGKILLed mid-run; afterwards every
 //! key must hold its last acknowledged write, and the test reports how long writes stalled.
@@ -7,9 +8,11 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use dmkit_fusee::{Client, ClientConfig};
-use dmkit_tests::procs::{Proc, ProcCluster, fnv1a_64, read_ack_log, run_dmkit, ycsb_a, ycsb_load};
-use dmkit_verbs::tcp::TcpConnector;
-use dmkit_verbs::{Connector, Endpoint, NodeId};
+use dmkit_tests::procs::{
+    Proc, ProcCluster, connector, endpoint_for, fnv1a_64, read_ack_log, run_dmkit, ycsb_a,
+    ycsb_load,
+};
+use dmkit_verbs::NodeId;
 
 const RECORDS: u64 = 300;
 
@@ -19,8 +22,8 @@ fn ycsb(file: &str, id: u64, share: &str, seconds: &str, log: &std::path::Path) 
 
 /// Reads every key back through a fresh client on the surviving nodes.
 fn check_all(cluster: &ProcCluster, expected: &HashMap<String, (String, u64)>) {
-    let conn = TcpConnector::default();
-    let ep = Endpoint::default();
+    let conn = connector();
+    let ep = endpoint_for(&*conn);
     for (i, m) in cluster.memnodes.iter().enumerate() {
         if let Ok(c) = conn.connect(&m.addr) {
             assert_eq!(c.node(), NodeId(i as u16));
@@ -154,10 +157,11 @@ fn a_client_and_a_memnode_killed_together_lose_no_acknowledged_write() {
 
 /// Whether memory node `id` (at `addr`) holds a membership in which it is a member.
 fn is_member(addr: &str, id: u16) -> bool {
-    let Ok(c) = TcpConnector::default().connect(addr) else {
+    let conn = connector();
+    let Ok(c) = conn.connect(addr) else {
         return false;
     };
-    let ep = Endpoint::default();
+    let ep = endpoint_for(&*conn);
     ep.add_connection(c);
     dmkit_fusee::membership::query(&ep, NodeId(id))
         .ok()
@@ -185,8 +189,9 @@ fn a_restarted_memnode_is_refilled_and_the_cluster_survives_another_failure() {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let other = cluster.memnodes[0].addr.clone();
     loop {
-        let c = TcpConnector::default().connect(&other).unwrap();
-        let ep = Endpoint::default();
+        let conn = connector();
+        let c = conn.connect(&other).unwrap();
+        let ep = endpoint_for(&*conn);
         ep.add_connection(c);
         let rec = dmkit_fusee::membership::query(&ep, NodeId(0))
             .unwrap()

@@ -537,9 +537,9 @@ pub fn regions_are_learned_at_connect(h: &dyn Harness) {
 }
 
 /// A rekey cuts off peers that still use the old rkey, and a fence cuts off everyone, with
-/// the memory untouched; peers that learn the new descriptor (or connect after the unfence)
-/// carry on. (On rdma a verb that reaches the NIC with a dropped rkey also breaks that
-/// connection, as RC does; the verbs of a peer whose table is current fail before posting.)
+/// the memory untouched; the refused verbs fail their own batches only, and peers that learn
+/// the new descriptor carry on over the same connections. (On rdma a verb that reaches the
+/// NIC with a dropped rkey breaks the RC connection, which is then made again.)
 pub fn rekeys_and_fences_cut_peers_off(h: &dyn Harness) {
     let node = Arc::new(MemoryNode::new(NodeId(0)));
     let r = node
@@ -609,8 +609,11 @@ pub fn rekeys_and_fences_cut_peers_off(h: &dyn Harness) {
     );
 
     node.set_fenced(false);
-    // The late peer learns the unfence on its next verb; new peers work at once.
+    // Every peer works again with the current rkey, on its connection.
     late.write("t", fresh.at(32), &[3; 8]).unwrap();
+    for e in [&ep, &stale] {
+        assert_eq!(e.read("t", fresh.at(32), 8).unwrap(), [3; 8]);
+    }
     let after = h.endpoint().unwrap();
     assert_eq!(after.read("t", fresh.at(32), 8).unwrap(), [3; 8]);
     assert_eq!(after.read("t", fresh.at(0), 8).unwrap(), [2; 8]);

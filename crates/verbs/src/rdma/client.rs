@@ -107,6 +107,8 @@ struct Shared {
     sq_free: Mutex<u32>,
     sq_cv: Condvar,
     alive: AtomicBool,
+    /// Broke on a remote access error: the node is alive, the connection can be made again.
+    healable: AtomicBool,
     reason: Mutex<Option<String>>,
     op_timeout: Duration,
     max_inline: u32,
@@ -130,10 +132,14 @@ impl std::fmt::Debug for Shared {
     }
 }
 
-/// An RC connection to one memory node.
+/// An RC connection to one memory node (made again, transparently, after a verb broke it
+/// with an rkey the node had dropped).
 #[derive(Debug)]
 pub struct RdmaConnection {
-    shared: Arc<Shared>,
+    current: Mutex<Arc<Shared>>,
+    config: RdmaConfig,
+    alloc: RdmaAllocator,
+    addr: String,
 }
 
 fn cerr(reason: String) -> Error {
@@ -145,7 +151,50 @@ fn cerr(reason: String) -> Error {
 
 impl RdmaConnection {
     fn connect(conn: &RdmaConnector, addr: &str) -> Result<Self> {
-        let cfg = &conn.config;
+        let alloc = conn.allocator()?;
+        let shared = Self::open(&conn.config, &alloc, addr)?;
+        Ok(RdmaConnection {
+            current: Mutex::new(shared),
+            config: conn.config.clone(),
+            alloc,
+            addr: addr.to_string(),
+        })
+    }
+
+    /// The live connection. One that broke on a remote access error (a verb used an rkey
+    /// the node has dropped: a rekey, a removed region, a fence) is made again first: the
+    /// node is alive, and on the other backends such a verb only fails its own batch.
+    fn shared(&self) -> Arc<Shared> {
+        let mut cur = self.current.lock();
+        if !cur.alive.load(Ordering::SeqCst) && cur.healable.load(Ordering::SeqCst) {
+            match Self::open(&self.config, &self.alloc, &self.addr) {
+                Ok(fresh) if fresh.node == cur.node => {
+                    tracing::debug!(node = %cur.node, peer = %self.addr, "rdma connection made again after a remote access error");
+                    *cur = fresh;
+                }
+                Ok(fresh) => {
+                    cur.healable.store(false, Ordering::SeqCst);
+                    *cur.reason.lock() = Some(format!(
+                        "{} now answers as memory node {}",
+                        self.addr, fresh.node
+                    ));
+                    fresh.kill("wrong node".into());
+                }
+                Err(e) => {
+                    // Gone for good: it fails like any broken connection from now on.
+                    tracing::debug!(node = %cur.node, peer = %self.addr, error = %e, "cannot make the rdma connection again");
+                    cur.healable.store(false, Ordering::SeqCst);
+                    *cur.reason.lock() = Some(format!(
+                        "broken by a remote access error, and cannot be made again: {e}"
+                    ));
+                }
+            }
+        }
+        cur.clone()
+    }
+
+    fn open(cfg: &RdmaConfig, alloc: &RdmaAllocator, addr: &str) -> Result<Arc<Shared>> {
+        let alloc = alloc.clone();
         let dst = addr
             .to_socket_addrs()
             .map_err(|e| cerr(e.to_string()))?
@@ -153,7 +202,6 @@ impl RdmaConnection {
             .ok_or_else(|| cerr("no address".into()))?;
         let dst = ffi::v4(dst)?;
         let (want_ctx, src) = select_device(cfg)?;
-        let alloc = conn.allocator()?;
         let ms = cfg.connect_timeout.as_millis().min(i32::MAX as u128) as i32;
         let cm = EventChannel::new()?;
         let mut id = CmId::new(&cm)?;
@@ -253,6 +301,7 @@ impl RdmaConnection {
             sq_free: Mutex::new(send_depth),
             sq_cv: Condvar::new(),
             alive: AtomicBool::new(true),
+            healable: AtomicBool::new(false),
             reason: Mutex::new(None),
             op_timeout: cfg.op_timeout,
             max_inline,
@@ -265,12 +314,14 @@ impl RdmaConnection {
         std::thread::Builder::new()
             .name(format!("dmkit-rdma-cq-{node}"))
             .spawn(move || poll_loop(&s, &cq))?;
-        Ok(RdmaConnection { shared })
+        Ok(shared)
     }
+}
 
+impl Shared {
     /// Lets a waiter poll the CQ itself (when no one else is polling it).
-    fn progress(&self) -> Progress {
-        let s = Arc::downgrade(&self.shared);
+    fn progress(self: &Arc<Self>) -> Progress {
+        let s = Arc::downgrade(self);
         Arc::new(move || {
             let Some(s) = s.upgrade() else { return false };
             s.last_spin
@@ -282,8 +333,8 @@ impl RdmaConnection {
         })
     }
 
-    fn timeout_hook(&self) -> TimeoutHook {
-        let s = Arc::downgrade(&self.shared);
+    fn timeout_hook(self: &Arc<Self>) -> TimeoutHook {
+        let s = Arc::downgrade(self);
         Arc::new(move || {
             if let Some(s) = s.upgrade() {
                 s.kill(format!(
@@ -296,9 +347,8 @@ impl RdmaConnection {
 
     fn dead(&self) -> Error {
         Error::Disconnected {
-            node: self.shared.node,
+            node: self.node,
             reason: self
-                .shared
                 .reason
                 .lock()
                 .clone()
@@ -306,8 +356,16 @@ impl RdmaConnection {
         }
     }
 
-    fn message(&self, k: u8, body: &[u8]) -> Pending<chan::Message> {
-        let s = &self.shared;
+    fn refresh_regions(self: &Arc<Self>) -> Result<Vec<RegionDesc>> {
+        let m = self.message(kind::REGIONS, &[]).wait()?;
+        let (_, table) = wire::decode(&self.peer, &m.body)?;
+        let out = table.regions.iter().map(|r| r.desc).collect();
+        *self.regions.lock() = table;
+        Ok(out)
+    }
+
+    fn message(self: &Arc<Self>, k: u8, body: &[u8]) -> Pending<chan::Message> {
+        let s = self;
         if !s.alive.load(Ordering::SeqCst) {
             return Pending::ready(s.node, Err(self.dead()));
         }
@@ -320,9 +378,7 @@ impl RdmaConnection {
         }
         Pending::waiting(s.node, slot, s.op_timeout, Some(self.timeout_hook()))
     }
-}
 
-impl Shared {
     fn kill(&self, reason: String) {
         if self.alive.swap(false, Ordering::SeqCst) {
             tracing::debug!(node = %self.node, peer = %self.peer, %reason, "rdma connection down");
@@ -388,6 +444,7 @@ impl Shared {
                         after: self.op_timeout,
                     },
                     sys::IBV_WC_REM_ACCESS_ERR => {
+                        self.healable.store(true, Ordering::SeqCst);
                         let index = (wc.wr_id & 0xffff) as usize;
                         let op = f.ops.get(index).copied().unwrap_or(f.ops[0]);
                         Error::RemoteAccess {
@@ -585,11 +642,12 @@ fn check(table: &Table, op: &Op) -> Result<RemoteRegion, AccessFault> {
 
 impl Connection for RdmaConnection {
     fn node(&self) -> NodeId {
-        self.shared.node
+        self.current.lock().node
     }
 
     fn regions(&self) -> Vec<RegionDesc> {
-        self.shared
+        self.current
+            .lock()
             .regions
             .lock()
             .regions
@@ -599,18 +657,14 @@ impl Connection for RdmaConnection {
     }
 
     fn refresh_regions(&self) -> Result<Vec<RegionDesc>> {
-        let m = self.message(kind::REGIONS, &[]).wait()?;
-        let (_, table) = wire::decode(&self.shared.peer, &m.body)?;
-        let out = table.regions.iter().map(|r| r.desc).collect();
-        *self.shared.regions.lock() = table;
-        Ok(out)
+        self.shared().refresh_regions()
     }
 
     fn post(&self, batch: Batch, _ctx: PostCtx) -> Pending<BatchResult> {
-        let s = &self.shared;
+        let s = &self.shared();
         let node = s.node;
         if !s.alive.load(Ordering::SeqCst) {
-            return Pending::ready(node, Err(self.dead()));
+            return Pending::ready(node, Err(s.dead()));
         }
         let (_, ops, mut bufs) = batch.into_parts();
         let mut fault = None;
@@ -640,7 +694,7 @@ impl Connection for RdmaConnection {
                 break;
             }
             refreshed = true;
-            if self.refresh_regions().is_err() {
+            if s.refresh_regions().is_err() {
                 break;
             }
             fault = None;
@@ -797,7 +851,7 @@ impl Connection for RdmaConnection {
                 if !s.alive.load(Ordering::SeqCst)
                     || s.sq_cv.wait_until(&mut free, deadline).timed_out()
                 {
-                    return Pending::ready(node, Err(self.dead()));
+                    return Pending::ready(node, Err(s.dead()));
                 }
             }
             *free -= total;
@@ -829,13 +883,14 @@ impl Connection for RdmaConnection {
                 break;
             }
         }
-        Pending::waiting(node, slot, s.op_timeout, Some(self.timeout_hook()))
-            .with_progress(self.progress())
+        Pending::waiting(node, slot, s.op_timeout, Some(s.timeout_hook()))
+            .with_progress(s.progress())
     }
 
     fn rpc(&self, req: &[u8], _ctx: PostCtx) -> Pending<Vec<u8>> {
-        let node = self.shared.node;
-        match self.message(kind::RPC, req).wait() {
+        let s = self.shared();
+        let node = s.node;
+        match s.message(kind::RPC, req).wait() {
             Ok(m) if m.kind == kind::RPC_OK => Pending::ready(node, Ok(m.body)),
             Ok(m) => Pending::ready(
                 node,
@@ -849,20 +904,23 @@ impl Connection for RdmaConnection {
     }
 
     fn is_alive(&self) -> bool {
-        self.shared.alive.load(Ordering::SeqCst)
+        let s = self.current.lock();
+        s.alive.load(Ordering::SeqCst) || s.healable.load(Ordering::SeqCst)
     }
 
     fn close(&self) {
-        self.shared.kill("connection closed by the client".into());
+        let s = self.current.lock();
+        s.healable.store(false, Ordering::SeqCst);
+        s.kill("connection closed by the client".into());
     }
 
     fn timeout(&self) -> Duration {
-        self.shared.op_timeout
+        self.config.op_timeout
     }
 }
 
 impl Drop for RdmaConnection {
     fn drop(&mut self) {
-        self.shared.kill("connection dropped".into());
+        self.current.lock().kill("connection dropped".into());
     }
 }
