@@ -175,23 +175,34 @@ impl Endpoint {
     }
 
     fn post_uncounted(&self, tag: Tag, batch: Batch) -> Pending<BatchResult> {
+        self.post_counting(tag, batch, 0)
+    }
+
+    /// Posts `batch`, counting its verbs and `round_trips` for `tag` (one lookup of the
+    /// tag's counters per post).
+    fn post_counting(&self, tag: Tag, batch: Batch, round_trips: u64) -> Pending<BatchResult> {
         let node = batch.node();
+        let fail = |e| {
+            if round_trips > 0 {
+                self.inner.stats.round_trip(tag);
+            }
+            Pending::ready(node, Err(e))
+        };
         if let Err(e) = batch.validate() {
-            return Pending::ready(node, Err(e));
+            return fail(e);
         }
         let conn = match self.connection(node) {
             Ok(c) => c,
-            Err(e) => return Pending::ready(node, Err(e)),
+            Err(e) => return fail(e),
         };
-        self.inner.stats.ops(tag, &batch.ops);
+        self.inner.stats.ops(tag, &batch.ops, round_trips);
         conn.post(batch, self.ctx())
     }
 
     /// Posts a batch (one doorbell) and counts one round trip for `tag`. Wait on the result
     /// with [`Endpoint::wait`] so the modeled clock advances.
     pub fn post(&self, tag: Tag, batch: Batch) -> Pending<BatchResult> {
-        self.inner.stats.round_trip(tag);
-        self.post_uncounted(tag, batch)
+        self.post_counting(tag, batch, 1)
     }
 
     /// Waits for a completion, advancing this handle's modeled clock.

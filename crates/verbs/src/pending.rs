@@ -167,30 +167,42 @@ impl<T: Send + 'static> Pending<T> {
             State::Ready(r) => r,
             State::Done => Err(Error::InvalidArgument("completion already taken".into())),
             State::Waiting(slot) => {
-                let start = Instant::now();
-                let deadline = start
-                    .checked_add(timeout)
-                    .unwrap_or_else(|| start + Duration::from_secs(86400 * 365));
+                let far = |t: Instant| {
+                    t.checked_add(timeout)
+                        .unwrap_or_else(|| t + Duration::from_secs(86400 * 365))
+                };
                 let got = match &self.progress {
-                    None => slot.wait_until(deadline),
-                    Some(p) => loop {
-                        if let Some(r) = slot.take() {
-                            break Some(r);
-                        }
-                        let busy = p();
-                        let now = Instant::now();
-                        if now >= deadline {
-                            break slot.take();
-                        }
-                        if !busy && now - start > SPIN {
-                            let nap = (now + Duration::from_micros(500)).min(deadline);
-                            if let Some(r) = slot.wait_until(nap) {
+                    None => slot.wait_until(far(Instant::now())),
+                    // The clock is read only once the completion is not there after the
+                    // first poll: on emulated machines a clock read is a system call.
+                    Some(p) => {
+                        let mut start = None;
+                        loop {
+                            if let Some(r) = slot.take() {
                                 break Some(r);
                             }
-                        } else {
-                            std::hint::spin_loop();
+                            let busy = p();
+                            if busy {
+                                if let Some(r) = slot.take() {
+                                    break Some(r);
+                                }
+                            }
+                            let now = Instant::now();
+                            let start = *start.get_or_insert(now);
+                            let deadline = far(start);
+                            if now >= deadline {
+                                break slot.take();
+                            }
+                            if !busy && now - start > SPIN {
+                                let nap = (now + Duration::from_micros(500)).min(deadline);
+                                if let Some(r) = slot.wait_until(nap) {
+                                    break Some(r);
+                                }
+                            } else {
+                                std::hint::spin_loop();
+                            }
                         }
-                    },
+                    }
                 };
                 match got {
                     Some(r) => r,

@@ -131,8 +131,12 @@ impl Stats {
         self.counters(tag).round_trips.add(1);
     }
 
-    pub(crate) fn ops(&self, tag: Tag, ops: &[Op]) {
+    /// Counts a batch's verbs, and `round_trips` with them.
+    pub(crate) fn ops(&self, tag: Tag, ops: &[Op], round_trips: u64) {
         let c = self.counters(tag);
+        if round_trips > 0 {
+            c.round_trips.add(round_trips);
+        }
         let (mut r, mut w, mut cas, mut faa, mut out, mut inb) = (0, 0, 0, 0, 0u64, 0u64);
         for op in ops {
             match op.kind {

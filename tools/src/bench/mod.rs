@@ -157,11 +157,17 @@ impl Report {
 }
 
 /// Latency samples of one measurement.
+///
+/// Single operations are timed with [`Recorder::tick`] / [`Recorder::record_since`]: quanta's
+/// clock, which reads the TSC where it is invariant (as perftest's `get_cycles`) and the OS
+/// clock otherwise. Where the OS clock is slow to read (an emulated HPET: a system call
+/// per reading), that keeps the stopwatch out of what it measures.
 pub struct Recorder {
     hist: Histogram<u64>,
     ops: u64,
     started: Instant,
     elapsed: Duration,
+    clock: quanta::Clock,
 }
 
 impl Recorder {
@@ -171,7 +177,28 @@ impl Recorder {
             ops: 0,
             started: Instant::now(),
             elapsed: Duration::ZERO,
+            clock: quanta::Clock::new(),
         }
+    }
+
+    /// A reading of the stopwatch, for [`Recorder::record_since`].
+    pub fn tick(&self) -> u64 {
+        self.clock.raw()
+    }
+
+    /// Records one sample from `start` (a [`Recorder::tick`]) to now, covering `ops`
+    /// operations.
+    pub fn record_since(&mut self, start: u64, ops: u64) {
+        let ns = self.clock.delta_as_nanos(start, self.clock.raw());
+        self.record(ns, ops);
+    }
+
+    /// Records one sample of `ticks` (a difference of two [`Recorder::tick`]s) covering
+    /// `ops` operations.
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    pub fn record_ticks(&mut self, ticks: u64, ops: u64) {
+        let ns = self.clock.delta_as_nanos(0, ticks);
+        self.record(ns, ops);
     }
 
     /// Records one sample of `ns` covering `ops` operations.

@@ -116,6 +116,8 @@ pub fn run(args: VerbsArgs) -> Result<(), CliError> {
     #[cfg_attr(not(feature = "rdma"), allow(unused_mut))]
     let mut perftest_target: Option<super::perftest::Target> = None;
     #[cfg(feature = "rdma")]
+    let mut raw_conn = None;
+    #[cfg(feature = "rdma")]
     let mut _rdma_server = None;
     let (ep, region, _server, _cluster) = match args.backend {
         Backend::Sim => {
@@ -190,6 +192,7 @@ pub fn run(args: VerbsArgs) -> Result<(), CliError> {
             report.config("device", device);
             report.config("memnode", addr.clone());
             let connector = RdmaConnector::new(cfg);
+            raw_conn = Some(connector.connect_rdma(&addr).map_err(rt)?);
             let ep = Endpoint::connect(&connector, &[(id, addr)]).map_err(rt)?;
             let r = ep
                 .regions(id)
@@ -221,6 +224,11 @@ pub fn run(args: VerbsArgs) -> Result<(), CliError> {
         report.push(m);
         pb.inc(1);
     }
+    #[cfg(feature = "rdma")]
+    if let Some(c) = &raw_conn {
+        pb.set_message("raw read64");
+        report.push(raw_read64(c, &region, plan.lat_ops)?);
+    }
     if let Some(t) = &perftest_target {
         pb.set_message("perftest");
         perftest_baselines(&mut report, t, &plan)?;
@@ -229,6 +237,10 @@ pub fn run(args: VerbsArgs) -> Result<(), CliError> {
         let tput = |r: &Report, n: &str| r.result(n).map(|m| m.ops_per_sec).unwrap_or(f64::NAN);
         let lat = p50(&report, "read64") / p50(&report, "perftest_ib_read_lat_64");
         report.ratio("rdma_read64_latency_vs_perftest", lat, Some("<= 1.25"));
+        let raw = p50(&report, "raw_read64") / p50(&report, "perftest_ib_read_lat_64");
+        report.ratio("rdma_raw_read64_latency_vs_perftest", raw, None);
+        let path = p50(&report, "read64") / p50(&report, "raw_read64");
+        report.ratio("rdma_read64_latency_vs_raw", path, None);
         let thr = tput(&report, "write64_batch16") / tput(&report, "perftest_ib_write_bw_64");
         report.ratio("rdma_write64_throughput_vs_perftest", thr, Some(">= 0.8"));
         let cas = tput(&report, "cas_batch16") / tput(&report, "perftest_ib_atomic_bw_cas");
@@ -312,6 +324,32 @@ fn plot(report: &Report, args: &VerbsArgs) -> Result<(), CliError> {
         .map_err(|e| CliError::runtime(format!("--plot: {e}")))?;
     eprintln!("wrote {}", path.display());
     Ok(())
+}
+
+/// READs posted straight on a queue pair of this process and polled for, with nothing of
+/// the verbs path around them (`raw_read64`): what this process reaches on the device,
+/// between perftest (another program) and the full path (`read64`).
+#[cfg(feature = "rdma")]
+fn raw_read64(
+    c: &dmkit_verbs::rdma::RdmaConnection,
+    r: &RegionDesc,
+    n: u64,
+) -> Result<super::Sample, CliError> {
+    let mut rec = Recorder::new();
+    let clock = quanta::Clock::new();
+    let now = || clock.raw();
+    let rt = |e: dmkit_verbs::Error| CliError::runtime(format!("raw READs: {e}"));
+    c.raw_read_latencies(r.at(0), 64, (n / 10) as usize, &now)
+        .map_err(rt)?;
+    rec.start();
+    let ticks = c
+        .raw_read_latencies(r.at(0), 64, n as usize, &now)
+        .map_err(rt)?;
+    rec.stop();
+    for t in ticks {
+        rec.record_ticks(t, 1);
+    }
+    Ok(rec.sample("raw_read64", 1.0))
 }
 
 /// perftest on the same device: READ latency, WRITE and CAS message rates with 64 work
@@ -431,11 +469,11 @@ fn ours_latency(ep: &Endpoint, r: &RegionDesc, op: Op, n: u64) -> super::Sample 
     let mut rec = Recorder::new();
     rec.start();
     for i in 0..n {
-        let s = Instant::now();
+        let s = rec.tick();
         let mut b = ep.batch(r.node);
         push(ep, &mut b, r, op, i, &data);
         black_box(ep.execute(t, b).ok());
-        rec.record(s.elapsed().as_nanos() as u64, 1);
+        rec.record_since(s, 1);
     }
     rec.stop();
     let d = ep.stats().tag(t).since(&before);
@@ -509,9 +547,9 @@ fn local_latency(op: Op, n: u64) -> super::Sample {
     let mut rec = Recorder::new();
     rec.start();
     for i in 0..n {
-        let s = Instant::now();
+        let s = rec.tick();
         local_op(op, black_box(&src), black_box(&mut dst), &word, i);
-        rec.record(s.elapsed().as_nanos() as u64, 1);
+        rec.record_since(s, 1);
     }
     rec.stop();
     rec.sample(&format!("memcpy_{}", op.name()), 0.0)
@@ -524,11 +562,11 @@ fn local_batched(op: Op, batches: u64) -> super::Sample {
     let mut rec = Recorder::new();
     rec.start();
     for i in 0..batches {
-        let s = Instant::now();
+        let s = rec.tick();
         for j in 0..BATCH as u64 {
             local_op(op, black_box(&src), black_box(&mut dst), &word, i * 16 + j);
         }
-        rec.record(s.elapsed().as_nanos() as u64, BATCH as u64);
+        rec.record_since(s, BATCH as u64);
     }
     rec.stop();
     rec.sample(&format!("memcpy_{}_batch16", op.name()), 0.0)
@@ -575,9 +613,9 @@ impl EchoServer {
         let mut rec = Recorder::new();
         rec.start();
         for _ in 0..n {
-            let t = Instant::now();
+            let t = rec.tick();
             Self::round_trip(&mut s, &msg, &mut back)?;
-            rec.record(t.elapsed().as_nanos() as u64, 1);
+            rec.record_since(t, 1);
         }
         rec.stop();
         Ok(rec.sample(&format!("echo_{}", op.name()), 1.0))
@@ -592,9 +630,9 @@ impl EchoServer {
         let mut rec = Recorder::new();
         rec.start();
         for _ in 0..batches {
-            let t = Instant::now();
+            let t = rec.tick();
             Self::round_trip(&mut s, &msg, &mut back)?;
-            rec.record(t.elapsed().as_nanos() as u64, BATCH as u64);
+            rec.record_since(t, BATCH as u64);
         }
         rec.stop();
         Ok(rec.sample(&format!("echo_{}_batch16", op.name()), 1.0 / BATCH as f64))

@@ -55,16 +55,23 @@ impl RdmaConnector {
     }
 }
 
-impl Connector for RdmaConnector {
-    fn connect(&self, addr: &str) -> Result<Arc<dyn Connection>> {
-        let c = RdmaConnection::connect(self, addr).map_err(|e| match e {
+impl RdmaConnector {
+    /// Connects to the memory node at `addr` (the concrete connection, for its
+    /// diagnostics; [`Connector::connect`] gives the same as a trait object).
+    pub fn connect_rdma(&self, addr: &str) -> Result<RdmaConnection> {
+        RdmaConnection::connect(self, addr).map_err(|e| match e {
             Error::Connect { reason, .. } => Error::Connect {
                 addr: addr.to_string(),
                 reason,
             },
             e => e,
-        })?;
-        Ok(Arc::new(c))
+        })
+    }
+}
+
+impl Connector for RdmaConnector {
+    fn connect(&self, addr: &str) -> Result<Arc<dyn Connection>> {
+        Ok(Arc::new(self.connect_rdma(addr)?))
     }
 
     fn buf_allocator(&self) -> Result<Option<Arc<dyn crate::BufAllocator>>> {
@@ -116,10 +123,11 @@ struct Shared {
     /// is polling it: the poll thread, or a waiter driving its own completion.
     cq: Arc<Cq>,
     poll_lock: Mutex<()>,
-    /// When a waiter last polled the CQ itself (ns since `epoch`): while waiters poll, the
-    /// poll thread stays off the CPU instead of waking on every completion event.
-    last_spin: AtomicU64,
-    epoch: Instant,
+    /// Counts the polls waiters make themselves: while it moves, the poll thread stays off
+    /// the CPU instead of waking on every completion event. (A counter, not a timestamp:
+    /// reading the clock on every poll costs a system call on some machines.)
+    waiter_polls: AtomicU64,
+    hooks: OnceLock<(Progress, TimeoutHook)>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -307,8 +315,8 @@ impl RdmaConnection {
             max_inline,
             cq: cq.clone(),
             poll_lock: Mutex::new(()),
-            last_spin: AtomicU64::new(0),
-            epoch: Instant::now(),
+            waiter_polls: AtomicU64::new(0),
+            hooks: OnceLock::new(),
         });
         let s = Arc::downgrade(&shared);
         std::thread::Builder::new()
@@ -321,11 +329,24 @@ impl RdmaConnection {
 impl Shared {
     /// Lets a waiter poll the CQ itself (when no one else is polling it).
     fn progress(self: &Arc<Self>) -> Progress {
+        self.hooks().0.clone()
+    }
+
+    fn timeout_hook(self: &Arc<Self>) -> TimeoutHook {
+        self.hooks().1.clone()
+    }
+
+    /// The waiters' hooks, made once per connection (not per verb).
+    fn hooks(self: &Arc<Self>) -> &(Progress, TimeoutHook) {
+        self.hooks
+            .get_or_init(|| (self.make_progress(), self.make_timeout_hook()))
+    }
+
+    fn make_progress(self: &Arc<Self>) -> Progress {
         let s = Arc::downgrade(self);
         Arc::new(move || {
             let Some(s) = s.upgrade() else { return false };
-            s.last_spin
-                .store(s.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            s.waiter_polls.fetch_add(1, Ordering::Relaxed);
             let Some(_g) = s.poll_lock.try_lock() else {
                 return false;
             };
@@ -333,7 +354,7 @@ impl Shared {
         })
     }
 
-    fn timeout_hook(self: &Arc<Self>) -> TimeoutHook {
+    fn make_timeout_hook(self: &Arc<Self>) -> TimeoutHook {
         let s = Arc::downgrade(self);
         Arc::new(move || {
             if let Some(s) = s.upgrade() {
@@ -558,6 +579,14 @@ fn poll_once_inner(s: &Arc<Shared>, cq: &Cq, check_cm: bool) -> usize {
         }
     };
     for wc in &wcs[..n] {
+        deliver(s, wc);
+    }
+    n
+}
+
+/// Hands one completion to whoever waits for it.
+fn deliver(s: &Arc<Shared>, wc: &sys::ibv_wc) {
+    {
         let tag = wc.wr_id & chan::TAG_MASK;
         if tag == chan::TAG_SEND {
             s.chan.on_send_done(wc.wr_id);
@@ -566,7 +595,7 @@ fn poll_once_inner(s: &Arc<Shared>, cq: &Cq, check_cm: bool) -> usize {
             }
         } else if tag == chan::TAG_RECV {
             if wc.status != sys::IBV_WC_SUCCESS {
-                continue;
+                return;
             }
             match s.chan.on_recv(wc.wr_id, wc.byte_len as usize) {
                 Ok(Some(m)) => {
@@ -582,11 +611,147 @@ fn poll_once_inner(s: &Arc<Shared>, cq: &Cq, check_cm: bool) -> usize {
             s.on_batch_wc(wc);
         }
     }
-    n
+}
+
+/// The work request id of [`RdmaConnection::raw_read_latencies`]' READs (batch 0, which
+/// no batch uses).
+const RAW_WR_ID: u64 = 0xffff;
+
+impl RdmaConnection {
+    /// Diagnostics (`dmkit bench verbs` on rdma): `n` READs of `len` bytes at `at`, each
+    /// posted straight on this connection's queue pair into one registered buffer and
+    /// polled for on its completion queue by this thread, with nothing else of the verbs
+    /// path around them: the floor this process reaches on the device, to set beside perftest
+    /// and beside the full path. Returns each READ's time in `now`'s units (`now` is read
+    /// before the post and after the completion). Other completions that turn up meanwhile
+    /// are delivered as usual.
+    #[doc(hidden)]
+    pub fn raw_read_latencies(
+        &self,
+        at: crate::RemoteAddr,
+        len: u32,
+        n: usize,
+        now: &dyn Fn() -> u64,
+    ) -> Result<Vec<u64>> {
+        let s = self.shared();
+        if !s.alive.load(Ordering::SeqCst) {
+            return Err(s.dead());
+        }
+        let op = Op {
+            kind: OpKind::Read,
+            rkey: at.rkey,
+            addr: at.addr,
+            len,
+            buf: None,
+        };
+        let r = check(&s.regions.lock(), &op).map_err(|fault| Error::RemoteAccess {
+            node: s.node,
+            index: 0,
+            rkey: at.rkey,
+            addr: at.addr,
+            len,
+            fault,
+        })?;
+        let mut buf = s.alloc.alloc(len as usize)?;
+        let wr = Wr {
+            id: RAW_WR_ID,
+            kind: WrKind::Read {
+                raddr: r.va + (at.addr - r.desc.base),
+                rkey: r.nic_rkey,
+            },
+            addr: buf.as_mut_ptr() as u64,
+            len,
+            lkey: buf.lkey(),
+            signaled: true,
+            inline: false,
+        };
+        // The poll thread and waiters stay off the CQ meanwhile.
+        let _g = s.poll_lock.lock();
+        {
+            let mut free = s.sq_free.lock();
+            if *free == 0 {
+                return Err(Error::InvalidArgument("the send queue is full".into()));
+            }
+            *free -= 1;
+        }
+        let mut out = Vec::with_capacity(n);
+        let mut wcs = [sys::ibv_wc::default(); 16];
+        let mut result = Ok(());
+        // Whether a READ may still be outstanding when we stop (then `buf` must not be
+        // reused: it is leaked, on that failure path only).
+        let mut outstanding = false;
+        'ops: for _ in 0..n {
+            let t0 = now();
+            // SAFETY: `buf` is registered and owned here; each READ is waited for before
+            // the next, and `buf` is leaked below if one may still be outstanding.
+            if let Err(e) = unsafe { post::post_send(s.id.qp(), std::slice::from_ref(&wr)) } {
+                result = Err(e);
+                break;
+            }
+            outstanding = true;
+            // The clock is read only after many empty polls (it can cost a system call).
+            let (mut empty, mut deadline) = (0u32, None);
+            loop {
+                let got = match s.cq.poll(&mut wcs) {
+                    Ok(k) => k,
+                    Err(e) => {
+                        result = Err(e);
+                        break 'ops;
+                    }
+                };
+                let mut mine = None;
+                for wc in &wcs[..got] {
+                    if wc.wr_id == RAW_WR_ID {
+                        mine = Some(wc.status);
+                    } else {
+                        deliver(&s, wc);
+                    }
+                }
+                match mine {
+                    Some(st) if st == sys::IBV_WC_SUCCESS => break,
+                    Some(st) => {
+                        outstanding = false;
+                        let why = format!("raw READ failed: {}", status_reason(st));
+                        s.kill(why.clone());
+                        result = Err(Error::Disconnected {
+                            node: s.node,
+                            reason: why,
+                        });
+                        break 'ops;
+                    }
+                    None if got == 0 => {
+                        empty += 1;
+                        if empty % 4096 == 0 {
+                            let d = *deadline.get_or_insert_with(|| Instant::now() + s.op_timeout);
+                            if Instant::now() > d {
+                                s.kill("raw READ timed out".into());
+                                result = Err(Error::Timeout {
+                                    node: s.node,
+                                    after: s.op_timeout,
+                                });
+                                break 'ops;
+                            }
+                        }
+                        std::hint::spin_loop();
+                    }
+                    None => {}
+                }
+            }
+            outstanding = false;
+            out.push(now().wrapping_sub(t0));
+        }
+        if outstanding {
+            std::mem::forget(buf);
+        }
+        *s.sq_free.lock() += 1;
+        result.map(|()| out)
+    }
 }
 
 fn poll_loop(weak: &std::sync::Weak<Shared>, cq: &Cq) {
     let mut dead_since: Option<Instant> = None;
+    // Waiter polls last seen, and for how many rounds of this loop the count stood still.
+    let (mut seen, mut still) = (0u64, u32::MAX);
     loop {
         let Some(s) = weak.upgrade() else { return };
         let n = {
@@ -599,8 +764,14 @@ fn poll_loop(weak: &std::sync::Weak<Shared>, cq: &Cq) {
                 return;
             }
         }
-        let now = s.epoch.elapsed().as_nanos() as u64;
-        let spinning = now < s.last_spin.load(Ordering::Relaxed) + 5_000_000;
+        let polls = s.waiter_polls.load(Ordering::Relaxed);
+        if polls == seen {
+            still = still.saturating_add(1);
+        } else {
+            (seen, still) = (polls, 0);
+        }
+        // Waiters polled within the last few rounds (milliseconds).
+        let spinning = still < 5;
         drop(s);
         if n == 0 {
             if spinning {
@@ -668,7 +839,8 @@ impl Connection for RdmaConnection {
         }
         let (_, ops, mut bufs) = batch.into_parts();
         let mut fault = None;
-        let mut targets = Vec::with_capacity(ops.len());
+        // (Inline storage: a verb's common case allocates nothing here.)
+        let mut targets: smallvec::SmallVec<[RemoteRegion; 4]> = smallvec::SmallVec::new();
         let mut refreshed = false;
         loop {
             {
@@ -731,7 +903,7 @@ impl Connection for RdmaConnection {
         } else {
             None
         };
-        let mut wrs: Vec<Wr> = Vec::with_capacity(n + 1);
+        let mut wrs: smallvec::SmallVec<[Wr; 8]> = smallvec::SmallVec::with_capacity(n + 1);
         let mut bounce_reads = Vec::new();
         let mut keep = Vec::new();
         let mut persist = Vec::new();
@@ -845,13 +1017,16 @@ impl Connection for RdmaConnection {
             c.last_mut().expect("non-empty").signaled = true;
         }
         {
-            let deadline = Instant::now() + s.op_timeout;
             let mut free = s.sq_free.lock();
-            while *free < total {
-                if !s.alive.load(Ordering::SeqCst)
-                    || s.sq_cv.wait_until(&mut free, deadline).timed_out()
-                {
-                    return Pending::ready(node, Err(s.dead()));
+            if *free < total {
+                // (The clock is read only when the queue is full.)
+                let deadline = Instant::now() + s.op_timeout;
+                while *free < total {
+                    if !s.alive.load(Ordering::SeqCst)
+                        || s.sq_cv.wait_until(&mut free, deadline).timed_out()
+                    {
+                        return Pending::ready(node, Err(s.dead()));
+                    }
                 }
             }
             *free -= total;

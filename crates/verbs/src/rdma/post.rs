@@ -53,15 +53,25 @@ pub(crate) unsafe fn post_send(qp: *mut sys::ibv_qp, wrs: &[Wr]) -> Result<()> {
     if wrs.is_empty() {
         return Ok(());
     }
-    let mut sges: Vec<sys::ibv_sge> = wrs
-        .iter()
-        .map(|w| sys::ibv_sge {
+    // Small lists (the common case) are built on the stack: no allocation per doorbell.
+    const STACK: usize = 8;
+    let mut sge_arr = [sys::ibv_sge::default(); STACK];
+    let mut wr_arr = [sys::ibv_send_wr::default(); STACK];
+    let (mut sge_vec, mut wr_vec) = (Vec::new(), Vec::new());
+    let (sges, list): (&mut [sys::ibv_sge], &mut [sys::ibv_send_wr]) = if wrs.len() <= STACK {
+        (&mut sge_arr[..wrs.len()], &mut wr_arr[..wrs.len()])
+    } else {
+        sge_vec.resize(wrs.len(), sys::ibv_sge::default());
+        wr_vec.resize(wrs.len(), sys::ibv_send_wr::default());
+        (&mut sge_vec[..], &mut wr_vec[..])
+    };
+    for (sge, w) in sges.iter_mut().zip(wrs) {
+        *sge = sys::ibv_sge {
             addr: w.addr,
             length: w.len,
             lkey: w.lkey,
-        })
-        .collect();
-    let mut list: Vec<sys::ibv_send_wr> = Vec::with_capacity(wrs.len());
+        };
+    }
     for (i, w) in wrs.iter().enumerate() {
         let mut s = sys::ibv_send_wr {
             wr_id: w.id,
@@ -114,7 +124,7 @@ pub(crate) unsafe fn post_send(qp: *mut sys::ibv_qp, wrs: &[Wr]) -> Result<()> {
                 };
             }
         }
-        list.push(s);
+        list[i] = s;
     }
     let base = list.as_mut_ptr();
     for i in 0..list.len() - 1 {
