@@ -88,14 +88,14 @@ pub fn run(args: VerbsArgs) -> Result<(), CliError> {
             lat_ops: 2_000_000,
             batches: 200_000,
         },
-        // Emulated RDMA (SoftRoCE under QEMU) runs about 2k round trips a second.
+        // Emulated RDMA (SoftRoCE under QEMU) runs about 20k round trips a second.
         (Backend::Rdma, true) => Plan {
-            lat_ops: 400,
-            batches: 150,
+            lat_ops: 3_000,
+            batches: 600,
         },
         (Backend::Rdma, false) => Plan {
-            lat_ops: 3_000,
-            batches: 1_000,
+            lat_ops: 20_000,
+            batches: 3_000,
         },
         (_, true) => Plan {
             lat_ops: 8_000,
