@@ -20,6 +20,17 @@ wait_for() { # FILE PATTERN
   fail "no '$2' in $1"
 }
 
+# Bad input: a memlock limit too low is one clear error at start (root ignores the limit, so
+# as nobody).
+if setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all \
+    bash -c "ulimit -l 64; exec '$D' memnode --backend rdma --listen $IP:7199 --dram 64MiB" \
+    2>"$W/memlock.log"; then
+  fail "memnode started with a 64 KiB memlock limit"
+fi
+grep -q "memlock limit is 65536 bytes" "$W/memlock.log" \
+  || fail "no memlock advice: $(cat "$W/memlock.log")"
+echo "== memlock too low: $(tail -1 "$W/memlock.log")"
+
 for i in 0 1 2; do
   "$D" memnode --backend rdma --listen "$IP:$((7100 + i))" --id "$i" --dram 64MiB 2>"$W/mn$i.log" &
   pids+=($!)

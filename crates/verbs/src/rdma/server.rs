@@ -106,6 +106,12 @@ impl RdmaServer {
         // A rekey, a removed region or a fence drops the NIC registrations of the rkeys
         // peers may still hold, at once: their verbs then fail at the NIC, as they are
         // refused by the node itself on the other backends.
+        // Bound to one interface's address, the id knows its device: register the node's
+        // memory now, so a registration the NIC or the memlock limit refuses stops the start
+        // with that error, rather than each client's connection later.
+        if let Some(ctx) = id.context() {
+            region_table(&shared, ctx).map_err(with_addr)?;
+        }
         let w = Arc::downgrade(&shared);
         shared.node.on_change(move || match w.upgrade() {
             Some(s) => {
