@@ -214,6 +214,12 @@ pub fn run(args: VerbsArgs) -> Result<(), CliError> {
 
     let total = Op::ALL.len() as u64 * 4;
     let pb = progress(total, "bench verbs");
+    #[cfg(feature = "rdma")]
+    if let Some(c) = &raw_conn {
+        pb.set_message("raw read64");
+        report.push(raw_read64(c, &region, plan.lat_ops)?);
+    }
+
     for op in Op::ALL {
         pb.set_message(format!("ours {}", op.name()));
         let m = ours_latency(&ep, &region, op, plan.lat_ops);
@@ -223,11 +229,6 @@ pub fn run(args: VerbsArgs) -> Result<(), CliError> {
         let m = ours_batched(&ep, &region, op, plan.batches, window);
         report.push(m);
         pb.inc(1);
-    }
-    #[cfg(feature = "rdma")]
-    if let Some(c) = &raw_conn {
-        pb.set_message("raw read64");
-        report.push(raw_read64(c, &region, plan.lat_ops)?);
     }
     if let Some(t) = &perftest_target {
         pb.set_message("perftest");
