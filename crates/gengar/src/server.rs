@@ -80,6 +80,9 @@ impl Default for ServerConfig {
 #[derive(Debug, Default)]
 pub struct ServerStats {
     pub promotions: AtomicU64,
+    /// Promotions planned but not carried out (the object was freed meanwhile, or the DRAM
+    /// pool had no slot of its size class).
+    pub promotions_skipped: AtomicU64,
     pub evictions: AtomicU64,
     pub leases: AtomicU64,
     pub windows: AtomicU64,
@@ -453,9 +456,15 @@ impl GengarServer {
     /// leases expired). Returns (promoted, evicted).
     pub fn run_window(&self) -> (usize, usize) {
         let _w = self.window.lock();
+        // What an object would take of the DRAM buffer: its slot there, not its payload (the
+        // pool gives objects power-of-two slots). Objects too large for a DRAM slot are no
+        // candidates.
         let size_of = |obj: u64| {
             let h = self.nvm.object_header(obj as usize).ok()?;
-            h.allocated.then_some(u64::from(h.size))
+            if !h.allocated {
+                return None;
+            }
+            self.dram_footprint(h.size)
         };
         // Every object reported this window (that still exists), with its merged count.
         let reported = self.selector.finish_window(u64::MAX, size_of).hot;
@@ -493,6 +502,10 @@ impl GengarServer {
                 Err(e) => {
                     tracing::debug!(obj = h.obj, error = %e, "promotion skipped");
                     self.policy.lock().remove(h.obj);
+                    self.stats
+                        .promotions_skipped
+                        .fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!("dmkit_gengar_promotions_skipped_total").increment(1);
                 }
             }
         }
@@ -564,8 +577,15 @@ impl GengarServer {
         cached
             .keys()
             .filter_map(|o| self.nvm.object_header(*o as usize).ok())
-            .map(|h| u64::from(h.size))
+            .filter_map(|h| self.dram_footprint(h.size))
             .sum()
+    }
+
+    /// The bytes a DRAM copy of an object of `payload` bytes occupies (its slot), or `None`
+    /// when no DRAM slot is that large.
+    fn dram_footprint(&self, payload: u32) -> Option<u64> {
+        let class = self.dram.size_class_for(payload as usize).ok()?;
+        Some(class.slot_size as u64)
     }
 
     /// Waits out `late_op_grace`.

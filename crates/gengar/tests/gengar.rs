@@ -128,6 +128,43 @@ fn hot_objects_are_promoted_with_their_data_and_writes_go_through() {
 }
 
 #[test]
+fn admission_counts_the_dram_slots_objects_take() {
+    // The smallest DRAM buffer (1 MiB in 64 KiB blocks). Objects of 33 000 bytes take a whole
+    // 64 KiB slot each there: as many fit as there are free blocks, not twice as many, as
+    // their payloads would suggest.
+    let cfg = ServerConfig {
+        dram_bytes: 1 << 20,
+        hysteresis: 0.0,
+        ..short_leases()
+    };
+    let s = setup(1, cfg);
+    let fit = (s.servers[0].free().1 / (64 << 10)) as usize;
+    assert!(fit >= 4, "{fit}");
+    let c = s.client(1);
+    let objs: Vec<_> = (0..2 * fit).map(|_| c.alloc(33_000).unwrap()).collect();
+    for _ in 0..3 {
+        for (i, o) in objs.iter().enumerate() {
+            for _ in 0..(10 + i) {
+                c.read_at(*o, 0, 8).unwrap();
+            }
+        }
+        c.report_hot().unwrap();
+        s.servers[0].run_window();
+    }
+    let st = s.servers[0].stats();
+    assert_eq!(s.servers[0].cached_objects(), fit);
+    assert_eq!(
+        st.promotions_skipped
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "the policy planned promotions the DRAM pool had no room for"
+    );
+    for o in &objs[fit..] {
+        assert!(s.servers[0].is_cached(o.offset), "the hottest are cached");
+    }
+}
+
+#[test]
 fn evicted_objects_keep_every_write_made_while_cached() {
     // A DRAM buffer of 1 MiB in 64 KiB blocks holds 16 objects of 60 KB.
     let cfg = ServerConfig {
