@@ -29,6 +29,23 @@ pub fn secret(file: Option<&ClusterFile>) -> Result<Option<Vec<u8>>, CliError> {
         .transpose()
 }
 
+/// Serves `node` over tcp on `listen`, requiring `secret` of peers when given.
+pub fn serve_tcp(
+    listen: &str,
+    node: Arc<dmkit_verbs::MemoryNode>,
+    secret: Option<Vec<u8>>,
+) -> Result<dmkit_verbs::tcp::TcpServer, CliError> {
+    dmkit_verbs::tcp::TcpServer::start(
+        listen,
+        node,
+        dmkit_verbs::tcp::TcpServerConfig {
+            secret,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| CliError::usage(e.to_string()))
+}
+
 /// The connector for the file's backend (with the cluster secret, if any), with `bound` on connecting and on waiting for a completion (tcp) — the
 /// master's, so that a node cut off is noticed within a heartbeat or two.
 pub fn connector_bounded(

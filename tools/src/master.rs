@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use dmkit_fusee::cluster::{self, ClusterConfig};
 use dmkit_fusee::failover::{LeaseConfig, Master, MasterConfig};
-use dmkit_verbs::tcp::{TcpServer, TcpServerConfig};
 use dmkit_verbs::wire::Writer;
 use dmkit_verbs::{MemoryNode, NodeId, Peer};
 
@@ -133,15 +132,7 @@ pub fn run(args: MasterArgs) -> Result<(), CliError> {
         Ok(w.bytes(&master.membership().encode()).finish())
     }));
     let secret = crate::connect::secret(Some(&file))?;
-    let server = TcpServer::start(
-        args.listen.as_str(),
-        node,
-        TcpServerConfig {
-            secret,
-            ..Default::default()
-        },
-    )
-    .map_err(|e| CliError::usage(e.to_string()))?;
+    let server = crate::connect::serve_tcp(&args.listen, node, secret)?;
     eprintln!(
         "dmkit master: cluster of {} memory nodes {} (index replicas {}, data replicas {}); serving on {}",
         view.nodes.len(),

@@ -1,10 +1,8 @@
 //! `dmkit memnode`: a memory node serving registered memory to clients.
 
-use dmkit_verbs::NodeId;
-use dmkit_verbs::tcp::{TcpServer, TcpServerConfig};
-
 use crate::size::format_size;
 use crate::{Backend, CliError};
+use dmkit_verbs::NodeId;
 
 #[derive(Debug, clap::Args)]
 pub struct MemnodeArgs {
@@ -158,15 +156,7 @@ pub fn run(args: MemnodeArgs) -> Result<(), CliError> {
                 memnode.clone(),
                 lease_connector(args.backend, secret.clone())?,
             )?;
-            let server = TcpServer::start(
-                args.listen.as_str(),
-                node,
-                TcpServerConfig {
-                    secret,
-                    ..Default::default()
-                },
-            )
-            .map_err(|e| CliError::usage(e.to_string()))?;
+            let server = crate::connect::serve_tcp(&args.listen, node, secret)?;
             let addr = server.local_addr();
             let how = if has_secret {
                 "tcp, cluster secret required".to_string()
