@@ -137,6 +137,8 @@ pub(crate) struct Attempt {
     found: bool,
     /// (DELETE) the slot offset and the value its last round replaced.
     round: Option<(u64, u64)>,
+    /// (DELETE) that round reached its primary swap: every backup held the DELETE's value.
+    swapping: bool,
     /// The epoch the attempt ran in.
     epoch: u64,
 }
@@ -152,6 +154,7 @@ impl Attempt {
             delete,
             found: false,
             round: None,
+            swapping: false,
             epoch: view.epoch,
         }
     }
@@ -226,6 +229,8 @@ pub(crate) struct Hooks<'a> {
     verifier: &'a Verifier<'a>,
     /// The last SNAPSHOT round started: (slot, the value it replaces).
     round: Mutex<Option<(SlotPos, u64)>>,
+    /// The last round reached its primary swap: every backup held this writer's value.
+    swapping: std::sync::atomic::AtomicBool,
 }
 
 impl WriteHooks for Hooks<'_> {
@@ -235,9 +240,13 @@ impl WriteHooks for Hooks<'_> {
 
     fn round(&self, pos: SlotPos, expected: u64) {
         *self.round.lock() = Some((pos, expected));
+        self.swapping
+            .store(false, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn before_primary(&self, old: u64) -> dmkit_kv_index::Result<()> {
+        self.swapping
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         let known = self
             .verifier
             .found
@@ -613,6 +622,7 @@ impl Client {
                             .round
                             .lock()
                             .map(|(pos, old)| (index.slot_offset(pos), old));
+                        at.swapping = hooks.swapping.load(std::sync::atomic::Ordering::Relaxed);
                     }
                     return Err(e.into());
                 }
@@ -684,7 +694,14 @@ impl Client {
                     .iter()
                     .any(|&(e, o, v)| e > at.epoch && o == off && (v == old || v == 0))
             });
+            // A round that had every backup (it was about to swap the primary) when the old
+            // primary was lost: the repair, which saw the backups, kept their value — the
+            // DELETE's. (No other writer can win a round once one holds every backup; the
+            // master lists no DELETE here, since it never saw the value replaced.)
+            let primary_lost = view.primary_lost.iter().any(|e| *e > at.epoch);
+            let kept_by_repair = at.swapping && !blind_since && primary_lost;
             listed
+                || kept_by_repair
                 || (committed && visible)
                 || (committed && at.found && self.search_once(key)?.is_none())
         } else {
@@ -1098,6 +1115,7 @@ impl Inner {
             op,
             verifier: v,
             round: Mutex::new(None),
+            swapping: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -1115,6 +1133,7 @@ impl Inner {
             op,
             verifier: v,
             round: Mutex::new(None),
+            swapping: std::sync::atomic::AtomicBool::new(false),
         }
     }
 

@@ -111,6 +111,9 @@ pub struct ClusterView {
     /// Failover epochs whose repair saw no index backup (see
     /// [`crate::membership::Membership::blind`]).
     pub blind: Vec<u64>,
+    /// Epochs of failovers that lost the index primary (see
+    /// [`crate::membership::Membership::primary_lost`]).
+    pub primary_lost: Vec<u64>,
     pub index_replicas: usize,
     pub data_replicas: usize,
     pub block_size: u64,
@@ -311,6 +314,7 @@ pub fn format(ep: &Endpoint, cfg: &ClusterConfig) -> Result<ClusterView> {
         repairing: false,
         deletes: Vec::new(),
         blind: Vec::new(),
+        primary_lost: Vec::new(),
         index_replicas: cfg.index_replicas,
         data_replicas: cfg.data_replicas,
         block_size,
@@ -449,6 +453,7 @@ pub fn open_at(
         repairing: membership.repairing,
         deletes: membership.deletes.clone(),
         blind: membership.blind.clone(),
+        primary_lost: membership.primary_lost.clone(),
         nodes: sb.nodes,
         index_replicas: sb.index_replicas,
         data_replicas: sb.data_replicas,

@@ -194,6 +194,7 @@ impl Master {
             let first = Membership {
                 deletes: Vec::new(),
                 blind: Vec::new(),
+                primary_lost: Vec::new(),
                 cluster: m.cluster,
                 epoch: 1,
                 repairing: false,
@@ -333,6 +334,7 @@ impl Master {
             members,
             deletes: old.deletes.clone(),
             blind: old.blind.clone(),
+            primary_lost: old.primary_lost.clone(),
         };
         self.publish(&repairing)?;
         if let Some(l) = &self.leases {
@@ -348,7 +350,11 @@ impl Master {
             ));
         }
         let (index, mut on_behalf, deletes) = self.repair_index(&view, old_primary)?;
+        let mut primary_lost = old.primary_lost.clone();
         if spaces[0].region.node != old_primary {
+            primary_lost.push(repairing.epoch + 1);
+            let excess = primary_lost.len().saturating_sub(membership::DELETES_KEPT);
+            primary_lost.drain(..excess);
             // The old primary is gone: a round whose backups all took its value but whose
             // primary swap (on the dead node) is unknown became the slot's value without a
             // conflict to show it. Its writer may not have written the commit record yet:
@@ -372,6 +378,7 @@ impl Master {
             members: repairing.members.clone(),
             deletes: Self::remember(&old.deletes, repairing.epoch + 1, deletes),
             blind,
+            primary_lost,
         };
         self.publish(&active)?;
         let rep = FailoverReport {
@@ -553,6 +560,7 @@ impl Master {
             members: members.clone(),
             deletes: old.deletes.clone(),
             blind: old.blind.clone(),
+            primary_lost: old.primary_lost.clone(),
         };
         self.publish(&repairing)?;
         // The newcomer accepts the master's refill (under an rkey only the master knows).
@@ -671,6 +679,7 @@ impl Master {
             members,
             deletes: Self::remember(&old.deletes, repairing.epoch + 1, deletes),
             blind: old.blind.clone(),
+            primary_lost: old.primary_lost.clone(),
         };
         self.publish(&active)?;
         rep.epoch = active.epoch;

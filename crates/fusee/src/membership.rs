@@ -15,7 +15,9 @@ use dmkit_verbs::{Endpoint, NodeId, RKey};
 
 use crate::memnode::{status, tag};
 
-const MAGIC: u32 = u32::from_le_bytes(*b"FMb2");
+const MAGIC: u32 = u32::from_le_bytes(*b"FMb3");
+/// The record before `primary_lost` (read, never written).
+const MAGIC_V2: u32 = u32::from_le_bytes(*b"FMb2");
 
 /// How many completed DELETE rounds a record remembers.
 pub const DELETES_KEPT: usize = 256;
@@ -42,6 +44,11 @@ pub struct Membership {
     /// primary survived): a round cut short before them may have committed without the
     /// master seeing it (its backups are gone). Newest last, at most [`DELETES_KEPT`].
     pub blind: Vec<u64>,
+    /// Epochs published by failovers that lost the index primary (a backup took over, with
+    /// its values): a DELETE cut short after its round had every backup took effect then,
+    /// though the master never saw the value it replaced. Newest last, at most
+    /// [`DELETES_KEPT`].
+    pub primary_lost: Vec<u64>,
 }
 
 impl Membership {
@@ -77,6 +84,10 @@ impl Membership {
         for e in &self.blind {
             w = w.u64(*e);
         }
+        w = w.u16(self.primary_lost.len() as u16);
+        for e in &self.primary_lost {
+            w = w.u64(*e);
+        }
         let mut b = w.finish();
         let crc = crc32c::crc32c(&b);
         b.extend_from_slice(&crc.to_le_bytes());
@@ -88,7 +99,8 @@ impl Membership {
             return Err(WireError("membership checksum"));
         }
         let mut r = Reader::new(&b[..b.len() - 4]);
-        if r.u32()? != MAGIC {
+        let magic = r.u32()?;
+        if magic != MAGIC && magic != MAGIC_V2 {
             return Err(WireError("membership magic"));
         }
         let hi = r.u64()?;
@@ -110,6 +122,13 @@ impl Membership {
         for _ in 0..nb {
             blind.push(r.u64()?);
         }
+        let mut primary_lost = Vec::new();
+        if magic == MAGIC {
+            let np = r.u16()?;
+            for _ in 0..np {
+                primary_lost.push(r.u64()?);
+            }
+        }
         r.finish()?;
         Ok(Membership {
             cluster: u128::from(hi) << 64 | u128::from(lo),
@@ -118,6 +137,7 @@ impl Membership {
             members,
             deletes,
             blind,
+            primary_lost,
         })
     }
 }
@@ -227,6 +247,7 @@ pub fn newest(ep: &Endpoint, nodes: &[NodeId]) -> crate::Result<Membership> {
         repairing: false,
         deletes: Vec::new(),
         blind: Vec::new(),
+        primary_lost: Vec::new(),
         members: nodes
             .iter()
             .filter_map(|n| {
@@ -253,11 +274,31 @@ mod tests {
             members: vec![(NodeId(0), RKey(11)), (NodeId(2), RKey(99))],
             deletes: vec![(7, 4096, 77)],
             blind: vec![5],
+            primary_lost: vec![6, 9],
         };
         let mut b = m.encode();
         assert_eq!(Membership::decode(&b).unwrap(), m);
         b[5] ^= 1;
         assert!(Membership::decode(&b).is_err());
         assert!(Membership::decode(&[]).is_err());
+    }
+
+    #[test]
+    fn records_written_before_primary_lost_existed_still_read() {
+        let m = Membership {
+            cluster: 5,
+            epoch: 3,
+            repairing: false,
+            members: vec![(NodeId(1), RKey(4))],
+            deletes: vec![(2, 64, 0)],
+            blind: vec![2],
+            primary_lost: Vec::new(),
+        };
+        // The previous layout: magic FMb2, no primary_lost list (its u16 count, 0 here).
+        let now = m.encode();
+        let mut old = now[..now.len() - 4 - 2].to_vec();
+        old[..4].copy_from_slice(b"FMb2");
+        old.extend_from_slice(&crc32c::crc32c(&old).to_le_bytes());
+        assert_eq!(Membership::decode(&old).unwrap(), m);
     }
 }
