@@ -132,6 +132,8 @@ pub(crate) struct Attempt {
     generation: u32,
     /// The index primary's node in the attempt's epoch.
     primary: NodeId,
+    /// The index replicas serving in the attempt's epoch.
+    replicas: usize,
     delete: bool,
     /// (DELETE) the attempt had found the key before it was cut short.
     found: bool,
@@ -151,6 +153,7 @@ impl Attempt {
             len,
             generation: a.generation,
             primary: index.primary(),
+            replicas: index.replicas(),
             delete,
             found: false,
             round: None,
@@ -682,7 +685,12 @@ impl Client {
         // only the old primary's replica could not see a round cut short on the backups.)
         let view = inner.view();
         let blind_since = view.blind.iter().any(|e| *e > at.epoch);
-        let visible = !blind_since && (index.replicas() >= 2 || index.primary() != at.primary);
+        // (A round with no backup at all — the index down to one replica in the attempt's
+        // epoch — leaves no trace a repair could see: its commit record says the primary
+        // swap was next, not that it happened; the slot itself tells.)
+        let visible = !blind_since
+            && at.replicas >= 2
+            && (index.replicas() >= 2 || index.primary() != at.primary);
         let took = if at.delete {
             // A DELETE the master completed has no commit record (its value, 0, points to no
             // log entry): the membership lists the DELETE rounds the master completed. When a
