@@ -758,7 +758,11 @@ impl Client {
                             }
                         }
                     }
-                    if let Err(again) = self.inner.refresh(seen) {
+                    let caught_up = match &e {
+                        Error::Refused(n) => self.inner.await_refused(*n, seen),
+                        _ => self.inner.refresh(seen),
+                    };
+                    if let Err(again) = caught_up {
                         tracing::warn!(error = %again, "no new membership");
                         // This client crashing (fault injection) says more than the failure.
                         let crashed = matches!(
@@ -777,9 +781,12 @@ impl Client {
                                 Ok(took) => break took,
                                 Err(e2) if needs_membership(&e2) && attempts < 16 => {
                                     attempts += 1;
-                                    self.inner
-                                        .refresh(self.inner.view().epoch)
-                                        .map_err(|_| e2)?;
+                                    let now = self.inner.view().epoch;
+                                    match &e2 {
+                                        Error::Refused(n) => self.inner.await_refused(*n, now),
+                                        _ => self.inner.refresh(now),
+                                    }
+                                    .map_err(|_| e2)?;
                                 }
                                 Err(e2) => return Err(e2),
                             }
@@ -920,6 +927,42 @@ impl Inner {
     /// Waits for an active membership newer than epoch `seen` and switches to it (a client
     /// only ever works in active epochs: the rkeys of a repairing one are for reading). Fails
     /// after `failover_wait`.
+    /// After `node` refused a block request in epoch `seen`: the master publishes a new
+    /// record to one member after another, so a member can still hold the previous (repairing)
+    /// one when this client already works in the new epoch. Waits until `node` serves in
+    /// `seen` — or, if it does not within the failover wait, for a newer epoch as
+    /// [`Inner::refresh`] does.
+    pub(crate) fn await_refused(&self, node: NodeId, seen: u64) -> Result<()> {
+        let deadline = std::time::Instant::now() + self.cfg.failover_wait;
+        let rc = self.reconnect.lock().clone();
+        loop {
+            {
+                let st = self.state.read();
+                if st.0.epoch > seen && !st.0.repairing {
+                    return Ok(());
+                }
+            }
+            match crate::failover::query_or_reconnect(&self.ep, rc.as_ref(), node) {
+                Err(e @ Error::Verbs(dmkit_verbs::Error::ClientCrashed { .. })) => return Err(e),
+                Ok(q) => match q.record {
+                    Some(r) if r.epoch > seen => return self.refresh(seen),
+                    Some(r)
+                        if r.epoch == seen && !r.repairing && r.is_member(node) && !q.fenced =>
+                    {
+                        return Ok(());
+                    }
+                    _ => {}
+                },
+                Err(_) => {}
+            }
+            if std::time::Instant::now() > deadline {
+                return self.refresh(seen);
+            }
+            let pause = if self.cfg.inline_jobs { 1 } else { 5 };
+            std::thread::sleep(Duration::from_millis(pause));
+        }
+    }
+
     pub(crate) fn refresh(&self, seen: u64) -> Result<()> {
         let deadline = std::time::Instant::now() + self.cfg.failover_wait;
         let wanted = |m: &crate::membership::Membership| m.epoch > seen && !m.repairing;
