@@ -697,21 +697,27 @@ impl Client {
             // repair could not see the backups (blind), a committed DELETE that had found the
             // key took effect if the key is gone now — a concurrent DELETE could also explain
             // that; an uncommitted one never swapped the primary (the record comes first).
-            let listed = at.round.is_some_and(|(off, old)| {
-                view.deletes
-                    .iter()
-                    .any(|&(e, o, v)| e > at.epoch && o == off && (v == old || v == 0))
-            });
             // A round that had every backup (it was about to swap the primary) when the old
             // primary was lost: the repair, which saw the backups, kept their value — the
             // DELETE's. (No other writer can win a round once one holds every backup; the
             // master lists no DELETE here, since it never saw the value replaced.)
             let primary_lost = view.primary_lost.iter().any(|e| *e > at.epoch);
             let kept_by_repair = at.swapping && !blind_since && primary_lost;
-            listed
-                || kept_by_repair
+            let listed = at.round.is_some_and(|(off, old)| {
+                view.deletes
+                    .iter()
+                    .any(|&(e, o, v)| e > at.epoch && o == off && (v == old || v == 0))
+            });
+            let took = kept_by_repair
                 || (committed && visible)
-                || (committed && at.found && self.search_once(key)?.is_none())
+                || listed
+                || (committed && at.found && self.search_once(key)?.is_none());
+            match at.round {
+                // Another DELETE of the same value, cut short in the same epoch, can pass the
+                // same tests: only one of the two did it (see `claim_delete`).
+                Some((off, old)) if took => self.claim_delete((at.epoch, off, old))?,
+                _ => took,
+            }
         } else {
             inner.is_referenced(key, at.addr)? || (committed && visible)
         };
@@ -720,6 +726,39 @@ impl Client {
             return Ok(Some(done));
         }
         Ok(None)
+    }
+
+    /// Claims a completed DELETE round `(epoch, slot offset, value replaced)` for this
+    /// client, on the lowest-numbered member: true if the claim is this client's. Two DELETEs
+    /// of one value, both cut short, both learn that a DELETE completed; only one did it —
+    /// the first to claim reports Deleted, the other NotFound (it ran after, on no key).
+    fn claim_delete(&self, round: (u64, u64, u64)) -> Result<bool> {
+        let inner = &self.inner;
+        let view = inner.view();
+        let node = view
+            .members
+            .iter()
+            .copied()
+            .min()
+            .ok_or_else(|| Error::Membership("no member to claim a DELETE on".into()))?;
+        let req = dmkit_verbs::wire::Writer::new()
+            .u8(crate::memnode::tag::CLAIM_DELETE)
+            .u64(round.0)
+            .u64(round.1)
+            .u64(round.2)
+            .u64(inner.id)
+            .finish();
+        let reply = inner.ep.rpc(cluster::TAG, node, &req)?;
+        let mut r = dmkit_verbs::wire::Reader::new(&reply);
+        let bad = |why: String| Error::Node {
+            node,
+            reason: format!("bad DELETE claim reply: {why}"),
+        };
+        if r.u8().map_err(|e| bad(e.to_string()))? != crate::memnode::status::OK {
+            return Err(bad("refused".into()));
+        }
+        let owner = r.u64().map_err(|e| bad(e.to_string()))?;
+        Ok(owner == inner.id)
     }
 
     /// Sets how this client reconnects to memory nodes that restart (their old connections

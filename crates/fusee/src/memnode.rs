@@ -34,6 +34,7 @@ pub(crate) mod tag {
     pub const SET_FENCED: u8 = 12;
     pub const HEARTBEAT: u8 = 13;
     pub const VOUCH: u8 = 14;
+    pub const CLAIM_DELETE: u8 = 15;
 }
 
 /// "No owner" in a SET_BLOCK request.
@@ -83,7 +84,13 @@ pub struct Memnode {
     /// The newest membership record the master gave this node.
     membership: parking_lot::Mutex<Option<Membership>>,
     lease: parking_lot::Mutex<Lease>,
+    /// Who claimed which completed DELETE round ((epoch, slot offset, value replaced) →
+    /// client), oldest first, at most [`CLAIMS_KEPT`].
+    claims: parking_lot::Mutex<std::collections::VecDeque<((u64, u64, u64), u64)>>,
 }
+
+/// Claims of DELETE rounds a node remembers.
+const CLAIMS_KEPT: usize = 4096;
 
 /// This node's lease: renewed by the master's heartbeats or, while the master is silent, by
 /// a majority of the members vouching for it. A node whose lease ran out fences itself (a
@@ -114,6 +121,7 @@ impl Memnode {
             region: parking_lot::Mutex::new(region),
             membership: parking_lot::Mutex::new(None),
             lease: parking_lot::Mutex::new(Lease::default()),
+            claims: parking_lot::Mutex::new(std::collections::VecDeque::new()),
         });
         let weak = Arc::downgrade(&m);
         m.node
@@ -400,6 +408,25 @@ impl Memnode {
                         .as_ref()
                         .is_some_and(|m| m.epoch == epoch && m.is_member(who));
                 Writer::new().u8(status::OK).u8(u8::from(yes)).finish()
+            }
+            tag::CLAIM_DELETE => {
+                // Two DELETEs of one value, both cut short, can both learn that the round was
+                // completed; the first to claim it reports it, the other found nothing.
+                let key = (r.u64()?, r.u64()?, r.u64()?);
+                let client = r.u64()?;
+                r.finish()?;
+                let mut claims = self.claims.lock();
+                let owner = match claims.iter().find(|(k, _)| *k == key) {
+                    Some((_, c)) => *c,
+                    None => {
+                        if claims.len() >= CLAIMS_KEPT {
+                            claims.pop_front();
+                        }
+                        claims.push_back((key, client));
+                        client
+                    }
+                };
+                Writer::new().u8(status::OK).u64(owner).finish()
             }
             tag::SET_FENCED => {
                 let fenced = r.u8()? != 0;
