@@ -86,8 +86,11 @@ pub struct Memnode {
     lease: parking_lot::Mutex<Lease>,
     /// Who claimed which completed DELETE round ((epoch, slot offset, value replaced) →
     /// client), oldest first, at most [`CLAIMS_KEPT`].
-    claims: parking_lot::Mutex<std::collections::VecDeque<((u64, u64, u64), u64)>>,
+    claims: parking_lot::Mutex<std::collections::VecDeque<(DeleteRound, u64)>>,
 }
+
+/// A completed DELETE round: (epoch, slot offset, value replaced).
+type DeleteRound = (u64, u64, u64);
 
 /// Claims of DELETE rounds a node remembers.
 const CLAIMS_KEPT: usize = 4096;
