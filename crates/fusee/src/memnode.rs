@@ -472,3 +472,49 @@ impl Memnode {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim(m: &Memnode, round: DeleteRound, client: u64) -> u64 {
+        let req = Writer::new()
+            .u8(tag::CLAIM_DELETE)
+            .u64(round.0)
+            .u64(round.1)
+            .u64(round.2)
+            .u64(client)
+            .finish();
+        let reply = m.dispatch(&req).unwrap();
+        let mut r = Reader::new(&reply);
+        assert_eq!(r.u8().unwrap(), status::OK);
+        r.u64().unwrap()
+    }
+
+    #[test]
+    fn the_first_claim_of_a_delete_round_holds() {
+        let pool = Pool::create_dram(
+            4 << 20,
+            dmkit_pmem_pool::PoolOptions::default().block_size(64 << 10),
+        )
+        .unwrap();
+        let m = Memnode::new(NodeId(0), pool).unwrap();
+        assert_eq!(claim(&m, (3, 64, 7), 11), 11);
+        assert_eq!(
+            claim(&m, (3, 64, 7), 12),
+            11,
+            "the second claimant learns the first"
+        );
+        assert_eq!(claim(&m, (3, 64, 7), 11), 11, "asking again is harmless");
+        assert_eq!(
+            claim(&m, (4, 64, 7), 12),
+            12,
+            "another round is another claim"
+        );
+        // Old claims go once the node keeps too many.
+        for i in 0..CLAIMS_KEPT as u64 {
+            claim(&m, (9, i, 1), 20);
+        }
+        assert_eq!(claim(&m, (3, 64, 7), 12), 12);
+    }
+}
