@@ -361,6 +361,14 @@ fn a_seed_replays_the_identical_history_and_verb_trace() {
     // the first registration, which are random per run, so the traced RPC bytes differ.
     let single = env_u64("DMKIT_DET_SEED");
     let seeds = match single {
+        Some(s) if Plan::of(s).node_failure.is_some() => {
+            eprintln!(
+                "seed {s} fails a memory node: its runs take the same steps, but their traced \
+                 RPC bytes carry a random cluster uuid and rkeys, so the exact-replay check \
+                 leaves it out (the linearizability test replays it step by step)"
+            );
+            return;
+        }
         Some(s) => vec![s],
         None => (1..)
             .filter(|s| Plan::of(*s).node_failure.is_none())
