@@ -797,11 +797,7 @@ impl Client {
                             }
                         }
                     }
-                    let caught_up = match &e {
-                        Error::Refused(n) => self.inner.await_refused(*n, seen),
-                        _ => self.inner.refresh(seen),
-                    };
-                    if let Err(again) = caught_up {
+                    if let Err(again) = self.inner.catch_up(&e, seen) {
                         tracing::warn!(error = %again, "no new membership");
                         // This client crashing (fault injection) says more than the failure.
                         let crashed = matches!(
@@ -821,11 +817,7 @@ impl Client {
                                 Err(e2) if needs_membership(&e2) && attempts < 16 => {
                                     attempts += 1;
                                     let now = self.inner.view().epoch;
-                                    match &e2 {
-                                        Error::Refused(n) => self.inner.await_refused(*n, now),
-                                        _ => self.inner.refresh(now),
-                                    }
-                                    .map_err(|_| e2)?;
+                                    self.inner.catch_up(&e2, now).map_err(|_| e2)?;
                                 }
                                 Err(e2) => return Err(e2),
                             }
@@ -966,6 +958,15 @@ impl Inner {
     /// Waits for an active membership newer than epoch `seen` and switches to it (a client
     /// only ever works in active epochs: the rkeys of a repairing one are for reading). Fails
     /// after `failover_wait`.
+    /// After `e` cut an operation short in epoch `seen`: waits for what it calls for — the
+    /// refusing member to catch up ([`Inner::await_refused`]), else a newer epoch.
+    pub(crate) fn catch_up(&self, e: &Error, seen: u64) -> Result<()> {
+        match e {
+            Error::Refused(n) => self.await_refused(*n, seen),
+            _ => self.refresh(seen),
+        }
+    }
+
     /// After `node` refused a block request in epoch `seen`: the master publishes a new
     /// record to one member after another, so a member can still hold the previous (repairing)
     /// one when this client already works in the new epoch. Waits until `node` serves in
