@@ -197,12 +197,12 @@ pub struct BatchResult {
 }
 
 impl BatchResult {
+    /// Old values are empty (read as 0) until a backend with atomics sets them.
     pub(crate) fn new(node: NodeId, ops: Vec<Op>, bufs: Vec<MemBuf>) -> Self {
-        let olds = vec![0; ops.len()];
         Self {
             node,
             ops,
-            olds,
+            olds: Vec::new(),
             bufs,
         }
     }
@@ -234,7 +234,7 @@ impl BatchResult {
             Some(Op {
                 kind: OpKind::Cas { expect, .. },
                 ..
-            }) => self.olds[idx.0] == *expect,
+            }) => self.old(idx) == *expect,
             _ => false,
         }
     }

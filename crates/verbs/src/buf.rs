@@ -35,8 +35,9 @@ struct Chunk {
 /// Who lends registered memory to [`MemBuf`]s (an allocator of a backend whose NIC needs
 /// registration) and takes each chunk back when its buffer is dropped.
 pub trait ChunkOwner: Send + Sync + fmt::Debug {
-    /// Takes back the chunk `[ptr, ptr + cap)` handed out with [`MemBuf::from_registered`].
-    fn release(&self, ptr: NonNull<u8>, cap: usize);
+    /// Takes back the chunk `[ptr, ptr + cap)` that was handed out under `lkey` with
+    /// [`MemBuf::from_registered`].
+    fn release(&self, ptr: NonNull<u8>, cap: usize, lkey: u32);
 }
 
 // SAFETY: a `Chunk` is the only handle to its memory (the owner lent it exclusively, see
@@ -64,7 +65,7 @@ impl MemBuf {
     }
 
     /// A buffer of `len` bytes at `ptr`, registered with the NIC under `lkey`, lent by
-    /// `owner`, which gets `(ptr, cap)` back through [`ChunkOwner::release`] when the buffer
+    /// `owner`, which gets `(ptr, cap, lkey)` back through [`ChunkOwner::release`] when the buffer
     /// is dropped.
     ///
     /// # Safety
@@ -139,7 +140,7 @@ impl DerefMut for MemBuf {
 impl Drop for MemBuf {
     fn drop(&mut self) {
         if let Storage::Registered(c) = &self.data {
-            c.owner.release(c.ptr, c.cap);
+            c.owner.release(c.ptr, c.cap, self.lkey);
         }
     }
 }
@@ -182,7 +183,7 @@ mod tests {
     }
 
     impl ChunkOwner for Lender {
-        fn release(&self, ptr: NonNull<u8>, cap: usize) {
+        fn release(&self, ptr: NonNull<u8>, cap: usize, _lkey: u32) {
             self.released.lock().push((ptr.as_ptr() as usize, cap));
         }
     }

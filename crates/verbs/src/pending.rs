@@ -2,6 +2,7 @@
 //! waited on, with a bounded timeout, by the caller.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
@@ -20,6 +21,8 @@ struct SlotState<T> {
 pub(crate) struct Slot<T> {
     state: Mutex<SlotState<T>>,
     cv: Condvar,
+    /// Set once a result has been delivered: a spinning waiter checks it without the lock.
+    delivered: AtomicBool,
 }
 
 impl<T> Slot<T> {
@@ -30,6 +33,7 @@ impl<T> Slot<T> {
                 callback: None,
             }),
             cv: Condvar::new(),
+            delivered: AtomicBool::new(false),
         })
     }
 
@@ -43,6 +47,7 @@ impl<T> Slot<T> {
             cb(&r);
         }
         s.result = Some(r);
+        self.delivered.store(true, Ordering::Release);
         self.cv.notify_all();
     }
 
@@ -59,6 +64,9 @@ impl<T> Slot<T> {
     }
 
     fn take(&self) -> Option<Result<T>> {
+        if !self.delivered.load(Ordering::Acquire) {
+            return None;
+        }
         self.state.lock().result.take()
     }
 
@@ -86,6 +94,10 @@ pub(crate) type Progress = Arc<dyn Fn() -> bool + Send + Sync>;
 
 /// How long a waiter with a progress hook polls before it also sleeps between polls.
 const SPIN: Duration = Duration::from_micros(200);
+
+/// While spinning, a waiter reads the clock (for its timeout and for [`SPIN`]) once per this
+/// many polls.
+const CLOCK_EVERY: u32 = 64;
 
 enum State<T> {
     Ready(Result<T>),
@@ -173,10 +185,12 @@ impl<T: Send + 'static> Pending<T> {
                 };
                 let got = match &self.progress {
                     None => slot.wait_until(far(Instant::now())),
-                    // The clock is read only once the completion is not there after the
-                    // first poll: on emulated machines a clock read is a system call.
+                    // The clock is read only every `CLOCK_EVERY` polls while spinning (and
+                    // before each nap): on emulated machines a clock read is a system call,
+                    // dearer than the poll itself.
                     Some(p) => {
                         let mut start = None;
+                        let (mut polls, mut napping) = (0u32, false);
                         loop {
                             if let Some(r) = slot.take() {
                                 break Some(r);
@@ -187,13 +201,19 @@ impl<T: Send + 'static> Pending<T> {
                                     break Some(r);
                                 }
                             }
+                            polls = polls.wrapping_add(1);
+                            if !napping && polls % CLOCK_EVERY != 0 {
+                                std::hint::spin_loop();
+                                continue;
+                            }
                             let now = Instant::now();
                             let start = *start.get_or_insert(now);
                             let deadline = far(start);
                             if now >= deadline {
                                 break slot.take();
                             }
-                            if !busy && now - start > SPIN {
+                            napping = !busy && now - start > SPIN;
+                            if napping {
                                 let nap = (now + Duration::from_micros(500)).min(deadline);
                                 if let Some(r) = slot.wait_until(nap) {
                                     break Some(r);

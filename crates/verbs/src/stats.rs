@@ -2,7 +2,7 @@
 //! ("search", "insert", ...) so they can report "round trips per SEARCH" from code and export
 //! the same numbers through the `metrics` facade.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -116,24 +116,31 @@ pub struct Stats {
 }
 
 impl Stats {
-    fn counters(&self, tag: Tag) -> Arc<TagCounters> {
+    /// Runs `f` on the tag's counters (under the read lock: no reference count to bump on
+    /// the verbs' hot path).
+    fn with<R>(&self, tag: Tag, f: impl FnOnce(&TagCounters) -> R) -> R {
         if let Some(c) = self.tags.read().get(tag) {
-            return c.clone();
+            return f(c);
         }
-        self.tags
+        let c = self
+            .tags
             .write()
             .entry(tag)
             .or_insert_with(|| Arc::new(TagCounters::new(tag)))
-            .clone()
+            .clone();
+        f(&c)
     }
 
     pub(crate) fn round_trip(&self, tag: Tag) {
-        self.counters(tag).round_trips.add(1);
+        self.with(tag, |c| c.round_trips.add(1));
     }
 
     /// Counts a batch's verbs, and `round_trips` with them.
     pub(crate) fn ops(&self, tag: Tag, ops: &[Op], round_trips: u64) {
-        let c = self.counters(tag);
+        self.with(tag, |c| Self::count_ops(c, ops, round_trips));
+    }
+
+    fn count_ops(c: &TagCounters, ops: &[Op], round_trips: u64) {
         if round_trips > 0 {
             c.round_trips.add(round_trips);
         }
@@ -169,13 +176,14 @@ impl Stats {
     }
 
     pub(crate) fn rpc(&self, tag: Tag, out: usize) {
-        let c = self.counters(tag);
-        c.rpcs.add(1);
-        c.bytes_out.add(out as u64);
+        self.with(tag, |c| {
+            c.rpcs.add(1);
+            c.bytes_out.add(out as u64);
+        });
     }
 
     pub(crate) fn rpc_reply(&self, tag: Tag, inb: usize) {
-        self.counters(tag).bytes_in.add(inb as u64);
+        self.with(tag, |c| c.bytes_in.add(inb as u64));
     }
 
     /// The counts of one tag (zero if it was never used).

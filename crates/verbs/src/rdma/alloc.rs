@@ -102,20 +102,13 @@ struct Pool {
 }
 
 impl ChunkOwner for Pool {
-    fn release(&self, ptr: NonNull<u8>, cap: usize) {
+    fn release(&self, ptr: NonNull<u8>, cap: usize, lkey: u32) {
         let addr = ptr.as_ptr() as usize;
         if cap > MAX_CLASS {
             self.large.lock().retain(|s| s.ptr() as usize != addr);
             return;
         }
-        let c = class_of(cap);
-        let lkey = self
-            .slabs
-            .lock()
-            .iter()
-            .find(|s| (s.ptr() as usize..s.ptr() as usize + s.len).contains(&addr))
-            .map_or(0, Slab::lkey);
-        self.free[c].lock().push((addr, lkey));
+        self.free[class_of(cap)].lock().push((addr, lkey));
     }
 }
 

@@ -1,6 +1,6 @@
 //! The client side: an RC connection to one memory node, set up with rdma-cm.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::net::ToSocketAddrs;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -84,16 +84,33 @@ struct InFlight {
     node: NodeId,
     ops: Vec<Op>,
     bufs: Vec<MemBuf>,
+    signaled_left: usize,
+    wrs: u32,
+    /// What only some batches need (plain verbs on registered buffers need none of it):
+    /// boxed, so the common entry stays small — it is moved in and out of the map per verb.
+    extra: Option<Box<Extra>>,
+}
+
+#[derive(Default)]
+struct Extra {
     /// (op index, bounce buffer) for reads into unregistered buffers.
     bounce_reads: Vec<(usize, MemBuf)>,
     /// Registered memory written by the NIC or read by it for this batch: kept until done.
     _keep: Vec<MemBuf>,
     /// Atomic results: (op index, offset in `atomics`).
     atomics: Option<MemBuf>,
-    signaled_left: usize,
-    wrs: u32,
     fault: Option<(usize, AccessFault)>,
     persist: Vec<u8>,
+}
+
+impl InFlight {
+    fn fault(&self) -> Option<(usize, AccessFault)> {
+        self.extra.as_ref().and_then(|e| e.fault)
+    }
+
+    fn persist(&self) -> &[u8] {
+        self.extra.as_ref().map_or(&[], |e| &e.persist)
+    }
 }
 
 struct Shared {
@@ -122,7 +139,8 @@ struct Shared {
     /// The completion queue (QPs hold their own Arc, so it outlives them either way) and who
     /// is polling it: the poll thread, or a waiter driving its own completion.
     cq: Arc<Cq>,
-    poll_lock: Mutex<()>,
+    /// (It guards the completion array polls fill, so no poll zeroes one.)
+    poll_lock: Mutex<Box<[sys::ibv_wc; POLL_BATCH]>>,
     /// Counts the polls waiters make themselves: while it moves, the poll thread stays off
     /// the CPU instead of waking on every completion event. (A counter, not a timestamp:
     /// reading the clock on every poll costs a system call on some machines.)
@@ -174,7 +192,7 @@ impl RdmaConnection {
     /// node is alive, and on the other backends such a verb only fails its own batch.
     fn shared(&self) -> Arc<Shared> {
         let mut cur = self.current.lock();
-        if !cur.alive.load(Ordering::SeqCst) && cur.healable.load(Ordering::SeqCst) {
+        if !cur.alive.load(Ordering::Acquire) && cur.healable.load(Ordering::SeqCst) {
             match Self::open(&self.config, &self.alloc, &self.addr) {
                 Ok(fresh) if fresh.node == cur.node => {
                     tracing::debug!(node = %cur.node, peer = %self.addr, "rdma connection made again after a remote access error");
@@ -296,14 +314,14 @@ impl RdmaConnection {
         let shared = Arc::new(Shared {
             id,
             chan,
-            inflight: Mutex::new(HashMap::new()),
+            inflight: Mutex::new(HashMap::default()),
             cm,
             pd,
             alloc,
             node,
             peer: addr.to_string(),
             regions: Mutex::new(regions),
-            rpcs: Mutex::new(HashMap::new()),
+            rpcs: Mutex::new(HashMap::default()),
             next_id: AtomicU64::new(1),
             sq_depth: send_depth,
             sq_free: Mutex::new(send_depth),
@@ -314,7 +332,7 @@ impl RdmaConnection {
             op_timeout: cfg.op_timeout,
             max_inline,
             cq: cq.clone(),
-            poll_lock: Mutex::new(()),
+            poll_lock: Mutex::new(Box::new([sys::ibv_wc::default(); POLL_BATCH])),
             waiter_polls: AtomicU64::new(0),
             hooks: OnceLock::new(),
         });
@@ -347,10 +365,10 @@ impl Shared {
         Arc::new(move || {
             let Some(s) = s.upgrade() else { return false };
             s.waiter_polls.fetch_add(1, Ordering::Relaxed);
-            let Some(_g) = s.poll_lock.try_lock() else {
+            let Some(mut wcs) = s.poll_lock.try_lock() else {
                 return false;
             };
-            poll_once(&s, &s.cq, false) > 0
+            poll_once(&s, &s.cq, &mut wcs[..], false) > 0
         })
     }
 
@@ -422,21 +440,25 @@ impl Shared {
     }
 
     fn finish(&self, mut f: InFlight) {
-        let mut olds = vec![0u64; f.ops.len()];
-        if let Some(a) = &f.atomics {
-            for (i, o) in olds.iter_mut().enumerate() {
-                let at = i * 8;
-                if matches!(f.ops[i].kind, OpKind::Cas { .. } | OpKind::Faa { .. }) {
-                    *o = u64::from_ne_bytes(a[at..at + 8].try_into().expect("8 bytes"));
+        // (Only batches with atomics have old values: no allocation for the others.)
+        let mut olds = Vec::new();
+        if let Some(x) = &mut f.extra {
+            if let Some(a) = &x.atomics {
+                olds.resize(f.ops.len(), 0u64);
+                for (i, o) in olds.iter_mut().enumerate() {
+                    let at = i * 8;
+                    if matches!(f.ops[i].kind, OpKind::Cas { .. } | OpKind::Faa { .. }) {
+                        *o = u64::from_ne_bytes(a[at..at + 8].try_into().expect("8 bytes"));
+                    }
+                }
+            }
+            for (i, b) in std::mem::take(&mut x.bounce_reads) {
+                if let Some(dst) = f.ops[i].buf {
+                    f.bufs[dst].copy_from_slice(&b);
                 }
             }
         }
-        for (i, b) in std::mem::take(&mut f.bounce_reads) {
-            if let Some(dst) = f.ops[i].buf {
-                f.bufs[dst].copy_from_slice(&b);
-            }
-        }
-        if let Some((index, fault)) = f.fault {
+        if let Some((index, fault)) = f.fault() {
             let op = f.ops[index];
             f.slot.complete(Err(Error::RemoteAccess {
                 node: f.node,
@@ -502,7 +524,7 @@ impl Shared {
         let Some(f) = done else { return };
         *self.sq_free.lock() += f.wrs;
         self.sq_cv.notify_all();
-        if f.persist.is_empty() || f.fault.is_some() {
+        if f.persist().is_empty() || f.fault().is_some() {
             self.finish(f);
             return;
         }
@@ -510,7 +532,7 @@ impl Shared {
         // by the read-after-write; now the node persists it, then the batch completes.
         let s = self.clone();
         std::thread::spawn(move || {
-            let body = f.persist.clone();
+            let body = f.persist().to_vec();
             let id = s.next_id.fetch_add(1, Ordering::Relaxed);
             let slot = Slot::new();
             s.rpcs.lock().insert(id, slot.clone());
@@ -526,7 +548,8 @@ impl Shared {
                         .iter()
                         .position(|o| matches!(o.kind, OpKind::Write { durable: true }))
                         .unwrap_or(0);
-                    f.fault = Some((index, AccessFault::PersistFailed));
+                    f.extra.get_or_insert_with(Box::default).fault =
+                        Some((index, AccessFault::PersistFailed));
                     s.finish(f);
                 }
                 Err(e) => f.slot.complete(Err(e)),
@@ -550,15 +573,14 @@ thread_local! {
 /// Polls the CQ once and delivers what it finds; the number of completions. Callers hold
 /// `poll_lock`. `check_cm` also reads the node's disconnect notices: that costs a system
 /// call, so only the poll thread does it (within 20 ms of any notice), never a spinning waiter.
-fn poll_once(s: &Arc<Shared>, cq: &Cq, check_cm: bool) -> usize {
+fn poll_once(s: &Arc<Shared>, cq: &Cq, wcs: &mut [sys::ibv_wc], check_cm: bool) -> usize {
     IN_POLL.with(|f| f.set(true));
-    let n = poll_once_inner(s, cq, check_cm);
+    let n = poll_once_inner(s, cq, wcs, check_cm);
     IN_POLL.with(|f| f.set(false));
     n
 }
 
-fn poll_once_inner(s: &Arc<Shared>, cq: &Cq, check_cm: bool) -> usize {
-    let mut wcs = [sys::ibv_wc::default(); 16];
+fn poll_once_inner(s: &Arc<Shared>, cq: &Cq, wcs: &mut [sys::ibv_wc], check_cm: bool) -> usize {
     // Disconnect notices from the node.
     while let Some(ev) = check_cm.then(|| s.cm.next(Duration::ZERO)).flatten() {
         if matches!(
@@ -571,7 +593,7 @@ fn poll_once_inner(s: &Arc<Shared>, cq: &Cq, check_cm: bool) -> usize {
             ));
         }
     }
-    let n = match cq.poll(&mut wcs) {
+    let n = match cq.poll(wcs) {
         Ok(n) => n,
         Err(e) => {
             s.kill(e.to_string());
@@ -616,6 +638,9 @@ fn deliver(s: &Arc<Shared>, wc: &sys::ibv_wc) {
 /// The work request id of [`RdmaConnection::raw_read_latencies`]' READs (batch 0, which
 /// no batch uses).
 const RAW_WR_ID: u64 = 0xffff;
+
+/// Completions taken off the CQ per poll.
+const POLL_BATCH: usize = 16;
 
 impl RdmaConnection {
     /// Diagnostics (`dmkit bench verbs` on rdma): `n` READs of `len` bytes at `at`, each
@@ -755,8 +780,8 @@ fn poll_loop(weak: &std::sync::Weak<Shared>, cq: &Cq) {
     loop {
         let Some(s) = weak.upgrade() else { return };
         let n = {
-            let _g = s.poll_lock.lock();
-            poll_once(&s, cq, true)
+            let mut wcs = s.poll_lock.lock();
+            poll_once(&s, cq, &mut wcs[..], true)
         };
         if !s.alive.load(Ordering::SeqCst) {
             let t = *dead_since.get_or_insert_with(Instant::now);
@@ -1031,6 +1056,20 @@ impl Connection for RdmaConnection {
             }
             *free -= total;
         }
+        let plain = bounce_reads.is_empty()
+            && keep.is_empty()
+            && atomics.is_none()
+            && fault.is_none()
+            && persist.is_empty();
+        let extra = (!plain).then(|| {
+            Box::new(Extra {
+                bounce_reads,
+                _keep: keep,
+                atomics,
+                fault,
+                persist,
+            })
+        });
         let slot = Slot::new();
         s.inflight.lock().insert(
             id,
@@ -1039,13 +1078,9 @@ impl Connection for RdmaConnection {
                 node,
                 ops,
                 bufs,
-                bounce_reads,
-                _keep: keep,
-                atomics,
                 signaled_left: chunks,
                 wrs: total,
-                fault,
-                persist,
+                extra,
             },
         );
         for c in wrs.chunks(chunk) {

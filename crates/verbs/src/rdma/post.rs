@@ -1,5 +1,6 @@
 //! Posting work requests: the one place where local memory is handed to the NIC.
 
+use std::mem::MaybeUninit;
 use std::os::raw::c_int;
 use std::ptr;
 
@@ -50,33 +51,47 @@ pub(crate) struct Wr {
 /// writable and not otherwise accessed) until its work request completes — or, for a list
 /// that fails part-way, until the QP is flushed; inline segments only during this call.
 pub(crate) unsafe fn post_send(qp: *mut sys::ibv_qp, wrs: &[Wr]) -> Result<()> {
-    if wrs.is_empty() {
+    let n = wrs.len();
+    if n == 0 {
         return Ok(());
     }
-    // Small lists (the common case) are built on the stack: no allocation per doorbell.
+    // Small lists (the common case) are built on the stack, and nothing is zeroed that is
+    // written afterwards: no allocation and no memset per doorbell.
     const STACK: usize = 8;
-    let mut sge_arr = [sys::ibv_sge::default(); STACK];
-    let mut wr_arr = [sys::ibv_send_wr::default(); STACK];
+    let mut sge_arr = [const { MaybeUninit::<sys::ibv_sge>::uninit() }; STACK];
+    let mut wr_arr = [const { MaybeUninit::<sys::ibv_send_wr>::uninit() }; STACK];
     let (mut sge_vec, mut wr_vec) = (Vec::new(), Vec::new());
-    let (sges, list): (&mut [sys::ibv_sge], &mut [sys::ibv_send_wr]) = if wrs.len() <= STACK {
-        (&mut sge_arr[..wrs.len()], &mut wr_arr[..wrs.len()])
+    let (sges, list): (
+        &mut [MaybeUninit<sys::ibv_sge>],
+        &mut [MaybeUninit<sys::ibv_send_wr>],
+    ) = if n <= STACK {
+        (&mut sge_arr[..n], &mut wr_arr[..n])
     } else {
-        sge_vec.resize(wrs.len(), sys::ibv_sge::default());
-        wr_vec.resize(wrs.len(), sys::ibv_send_wr::default());
+        sge_vec.resize_with(n, MaybeUninit::uninit);
+        wr_vec.resize_with(n, MaybeUninit::uninit);
         (&mut sge_vec[..], &mut wr_vec[..])
     };
-    for (sge, w) in sges.iter_mut().zip(wrs) {
-        *sge = sys::ibv_sge {
+    let sge_base = sges.as_mut_ptr().cast::<sys::ibv_sge>();
+    let base = list.as_mut_ptr().cast::<sys::ibv_send_wr>();
+    for (i, w) in wrs.iter().enumerate() {
+        sges[i].write(sys::ibv_sge {
             addr: w.addr,
             length: w.len,
             lkey: w.lkey,
+        });
+        // SAFETY: `i < n`: inside the array of length `n`, which is not moved after this.
+        let sg_list = unsafe { sge_base.add(i) };
+        let next = if i + 1 < n {
+            // SAFETY: `i + 1 < n`: inside the array of length `n`, not moved after this.
+            unsafe { base.add(i + 1) }
+        } else {
+            ptr::null_mut()
         };
-    }
-    for (i, w) in wrs.iter().enumerate() {
         let mut s = sys::ibv_send_wr {
             wr_id: w.id,
-            sg_list: &mut sges[i],
+            sg_list,
             num_sge: c_int::from(w.len > 0),
+            next,
             ..Default::default()
         };
         let mut flags = 0;
@@ -124,16 +139,12 @@ pub(crate) unsafe fn post_send(qp: *mut sys::ibv_qp, wrs: &[Wr]) -> Result<()> {
                 };
             }
         }
-        list[i] = s;
-    }
-    let base = list.as_mut_ptr();
-    for i in 0..list.len() - 1 {
-        // SAFETY: `i + 1 < list.len()`; the list is not reallocated after this point.
-        list[i].next = unsafe { base.add(i + 1) };
+        list[i].write(s);
     }
     let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
-    // SAFETY: the list and its segments live until the call returns (the NIC copies WQEs);
-    // the caller keeps the local buffers valid until completion.
+    // SAFETY: all `n` entries of both arrays were written above, and every `next` and
+    // `sg_list` points into them; they live until the call returns (the NIC copies WQEs).
+    // The caller keeps the local buffers valid until completion.
     let rc = unsafe { sys::ibv_post_send(qp, base, &mut bad) };
     if rc != 0 {
         return Err(Error::Io(std::io::Error::other(format!(
