@@ -52,6 +52,51 @@ pub struct Sample {
     pub hist: Histogram<u64>,
 }
 
+impl Sample {
+    /// One sample of several runs of the same single-operation measurement (one operation
+    /// per recorded value): the histograms add up, the rate is total operations over total
+    /// time.
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    pub fn merge(name: &str, parts: Vec<Sample>) -> Sample {
+        let mut hist = Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds");
+        let (mut ops, mut secs, mut rtts) = (0.0, 0.0, 0.0);
+        for p in &parts {
+            let n = p.hist.len() as f64;
+            let _ = hist.add(&p.hist);
+            ops += n;
+            if p.measurement.ops_per_sec > 0.0 {
+                secs += n / p.measurement.ops_per_sec;
+            }
+            rtts += p.measurement.rtts_per_op * n;
+        }
+        let measurement = Measurement {
+            name: name.to_string(),
+            ops_per_sec: if secs > 0.0 { ops / secs } else { 0.0 },
+            p50_us: hist.value_at_quantile(0.5) as f64 / 1000.0,
+            p99_us: hist.value_at_quantile(0.99) as f64 / 1000.0,
+            rtts_per_op: if ops > 0.0 { rtts / ops } else { 0.0 },
+            modeled: false,
+            extra: Map::new(),
+        };
+        Sample { measurement, hist }
+    }
+}
+
+/// The median of `v` (NaN when empty).
+#[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+pub fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    }
+}
+
 impl Report {
     pub fn new(bench: &str) -> Self {
         Self {

@@ -65,6 +65,7 @@ fn data_row(report: &str, size: usize) -> Option<Vec<f64>> {
 }
 
 /// `ib_read_lat`: the typical (median) latency in microseconds.
+#[cfg_attr(not(feature = "rdma"), allow(dead_code))]
 pub fn typical_latency_us(report: &str, size: usize) -> Option<f64> {
     // #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%
     data_row(report, size).and_then(|r| r.get(4).copied())

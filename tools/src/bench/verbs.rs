@@ -14,6 +14,8 @@ use dmkit_verbs::sim::{SimCluster, SimConfig};
 use dmkit_verbs::tcp::{TcpConnector, TcpServer, TcpServerConfig};
 use dmkit_verbs::{Access, DramBacking, Endpoint, MemoryNode, NodeId, RegionDesc};
 
+#[cfg(feature = "rdma")]
+use super::Sample;
 use super::{Recorder, Report, progress};
 use crate::{Backend, CliError};
 
@@ -214,16 +216,30 @@ pub fn run(args: VerbsArgs) -> Result<(), CliError> {
 
     let total = Op::ALL.len() as u64 * 4;
     let pb = progress(total, "bench verbs");
+    // On rdma, READ latency is measured in rounds interleaved with perftest's.
+    #[cfg_attr(not(feature = "rdma"), allow(unused_mut))]
+    let mut read_rounds: Option<ReadRounds> = None;
     #[cfg(feature = "rdma")]
-    if let Some(c) = &raw_conn {
-        pb.set_message("raw read64");
-        report.push(raw_read64(c, &region, plan.lat_ops)?);
+    if let (Some(c), Some(t)) = (&raw_conn, &perftest_target) {
+        let rounds = if args.quick { 3 } else { 5 };
+        read_rounds = Some(read_latency_rounds(
+            &mut report,
+            c,
+            &ep,
+            &region,
+            t,
+            plan.lat_ops,
+            rounds,
+            &pb,
+        )?);
     }
 
     for op in Op::ALL {
         pb.set_message(format!("ours {}", op.name()));
-        let m = ours_latency(&ep, &region, op, plan.lat_ops);
-        report.push(m);
+        if !(op == Op::Read64 && read_rounds.is_some()) {
+            let m = ours_latency(&ep, &region, op, plan.lat_ops);
+            report.push(m);
+        }
         pb.inc(1);
         let window = if args.backend == Backend::Rdma { 4 } else { 1 };
         let m = ours_batched(&ep, &region, op, plan.batches, window);
@@ -236,10 +252,21 @@ pub fn run(args: VerbsArgs) -> Result<(), CliError> {
         pb.finish_and_clear();
         let p50 = |r: &Report, n: &str| r.result(n).map(|m| m.p50_us).unwrap_or(f64::NAN);
         let tput = |r: &Report, n: &str| r.result(n).map(|m| m.ops_per_sec).unwrap_or(f64::NAN);
-        let lat = p50(&report, "read64") / p50(&report, "perftest_ib_read_lat_64");
-        report.ratio("rdma_read64_latency_vs_perftest", lat, Some("<= 1.25"));
-        let raw = p50(&report, "raw_read64") / p50(&report, "perftest_ib_read_lat_64");
-        report.ratio("rdma_raw_read64_latency_vs_perftest", raw, None);
+        // The READ ratios are medians over the interleaved rounds (each round's ours over
+        // the same round's perftest).
+        let rounds = read_rounds.unwrap_or_default();
+        report.config("read64_rounds_vs_perftest", rounds.ours.clone());
+        report.config("raw_read64_rounds_vs_perftest", rounds.raw.clone());
+        report.ratio(
+            "rdma_read64_latency_vs_perftest",
+            super::median(rounds.ours),
+            Some("<= 1.25"),
+        );
+        report.ratio(
+            "rdma_raw_read64_latency_vs_perftest",
+            super::median(rounds.raw),
+            None,
+        );
         let path = p50(&report, "read64") / p50(&report, "raw_read64");
         report.ratio("rdma_read64_latency_vs_raw", path, None);
         let thr = tput(&report, "write64_batch16") / tput(&report, "perftest_ib_write_bw_64");
@@ -327,6 +354,74 @@ fn plot(report: &Report, args: &VerbsArgs) -> Result<(), CliError> {
     Ok(())
 }
 
+/// The READ latency ratios of each interleaved round.
+#[derive(Debug, Default)]
+struct ReadRounds {
+    /// read64 over perftest's ib_read_lat, per round.
+    ours: Vec<f64>,
+    /// raw_read64 over perftest's ib_read_lat, per round.
+    raw: Vec<f64>,
+}
+
+/// READ latency on rdma in `rounds` rounds, each of `raw_read64`, `read64` and perftest's
+/// `ib_read_lat` (`n / rounds` READs each), so that a drift in the machine's speed — an
+/// emulated guest is slower in its first seconds, a shared host comes and goes — falls on
+/// both sides alike. Pushes the three lines (over all rounds; perftest's is the median of
+/// its rounds' typical latencies) and returns each round's ratios.
+#[cfg(feature = "rdma")]
+#[allow(clippy::too_many_arguments)]
+fn read_latency_rounds(
+    report: &mut Report,
+    c: &dmkit_verbs::rdma::RdmaConnection,
+    ep: &Endpoint,
+    r: &RegionDesc,
+    t: &super::perftest::Target,
+    n: u64,
+    rounds: u64,
+    pb: &indicatif::ProgressBar,
+) -> Result<ReadRounds, CliError> {
+    use super::perftest::{run_pair, typical_latency_us};
+    let per = (n / rounds).max(10);
+    let (mut raws, mut ours, mut perf) = (Vec::new(), Vec::new(), Vec::new());
+    let mut out = ReadRounds::default();
+    for round in 1..=rounds {
+        pb.set_message(format!("read64 round {round}/{rounds}"));
+        let raw = raw_read64(c, r, per)?;
+        let mine = ours_latency(ep, r, Op::Read64, per);
+        let lat_out = run_pair(
+            "ib_read_lat",
+            t,
+            &[
+                "-s".into(),
+                "64".into(),
+                "-n".into(),
+                per.max(5).to_string(),
+            ],
+            18515,
+        )
+        .map_err(|e| CliError::runtime(format!("perftest baseline: {e}")))?;
+        let p = typical_latency_us(&lat_out, 64).ok_or_else(|| {
+            CliError::runtime(format!(
+                "perftest baseline: unreadable ib_read_lat report: {lat_out}"
+            ))
+        })?;
+        out.ours.push(mine.measurement.p50_us / p);
+        out.raw.push(raw.measurement.p50_us / p);
+        raws.push(raw);
+        ours.push(mine);
+        perf.push(p);
+    }
+    report.push(Sample::merge("raw_read64", raws));
+    report.push(Sample::merge("read64", ours));
+    let lat = super::median(perf);
+    let mut m = Recorder::new().measurement("perftest_ib_read_lat_64", 1.0);
+    m.p50_us = lat;
+    m.p99_us = lat;
+    m.ops_per_sec = 1e6 / lat;
+    report.results.push(m);
+    Ok(out)
+}
+
 /// READs posted straight on a queue pair of this process and polled for, with nothing of
 /// the verbs path around them (`raw_read64`): what this process reaches on the device,
 /// between perftest (another program) and the full path (`read64`).
@@ -353,35 +448,17 @@ fn raw_read64(
     Ok(rec.sample("raw_read64", 1.0))
 }
 
-/// perftest on the same device: READ latency, WRITE and CAS message rates with 64 work
-/// requests in flight (ours keeps 4 batches of 16 in flight).
+/// perftest on the same device: WRITE and CAS message rates with 64 work requests in flight
+/// (ours keeps 4 batches of 16 in flight). READ latency is measured by
+/// [`read_latency_rounds`], interleaved with ours.
 fn perftest_baselines(
     report: &mut Report,
     t: &super::perftest::Target,
     plan: &Plan,
 ) -> Result<(), CliError> {
-    use super::perftest::{msg_rate_per_sec, run_pair, typical_latency_us};
+    use super::perftest::{msg_rate_per_sec, run_pair};
     let rt = |e: String| CliError::runtime(format!("perftest baseline: {e}"));
     let n = |x: u64| x.to_string();
-    let lat_out = run_pair(
-        "ib_read_lat",
-        t,
-        &[
-            "-s".into(),
-            "64".into(),
-            "-n".into(),
-            n(plan.lat_ops.max(5)),
-        ],
-        18515,
-    )
-    .map_err(rt)?;
-    let lat = typical_latency_us(&lat_out, 64)
-        .ok_or_else(|| rt(format!("unreadable ib_read_lat report: {lat_out}")))?;
-    let mut m = Recorder::new().measurement("perftest_ib_read_lat_64", 1.0);
-    m.p50_us = lat;
-    m.p99_us = lat;
-    m.ops_per_sec = 1e6 / lat;
-    report.results.push(m);
     let iters = n((plan.batches * BATCH as u64).max(64));
     let bw_out = run_pair(
         "ib_write_bw",
