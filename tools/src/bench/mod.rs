@@ -53,15 +53,14 @@ pub struct Sample {
 }
 
 impl Sample {
-    /// One sample of several runs of the same single-operation measurement (one operation
-    /// per recorded value): the histograms add up, the rate is total operations over total
-    /// time.
+    /// One sample of several runs of the same measurement (`ops_each` operations per
+    /// recorded value): the histograms add up, the rate is total operations over total time.
     #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
-    pub fn merge(name: &str, parts: Vec<Sample>) -> Sample {
+    pub fn merge(name: &str, parts: Vec<Sample>, ops_each: u64) -> Sample {
         let mut hist = Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds");
         let (mut ops, mut secs, mut rtts) = (0.0, 0.0, 0.0);
         for p in &parts {
-            let n = p.hist.len() as f64;
+            let n = (p.hist.len() * ops_each) as f64;
             let _ = hist.add(&p.hist);
             ops += n;
             if p.measurement.ops_per_sec > 0.0 {

@@ -14,8 +14,17 @@ pub struct Target {
 }
 
 /// Runs `tool ARGS` as a server in the background and again as the client of `ip`; returns
-/// the client's stdout.
+/// the client's stdout. A failed pair is run once more (perftest's connection set-up, `-R`
+/// above all, fails now and then on an emulated device) before the error is returned.
 pub fn run_pair(tool: &str, t: &Target, args: &[String], tcp_port: u16) -> Result<String, String> {
+    run_pair_once(tool, t, args, tcp_port).or_else(|first| {
+        std::thread::sleep(Duration::from_secs(1));
+        run_pair_once(tool, t, args, tcp_port)
+            .map_err(|second| format!("{second} (and before that: {first})"))
+    })
+}
+
+fn run_pair_once(tool: &str, t: &Target, args: &[String], tcp_port: u16) -> Result<String, String> {
     let mut common = vec![
         "-d".to_string(),
         t.device.clone(),

@@ -216,34 +216,28 @@ pub fn run(args: VerbsArgs) -> Result<(), CliError> {
 
     let total = Op::ALL.len() as u64 * 4;
     let pb = progress(total, "bench verbs");
-    // On rdma, READ latency is measured in rounds interleaved with perftest's.
+    // On rdma, READ latency and WRITE throughput are measured in rounds interleaved with
+    // perftest's.
     #[cfg_attr(not(feature = "rdma"), allow(unused_mut))]
-    let mut read_rounds: Option<ReadRounds> = None;
+    let mut rounds: Option<Rounds> = None;
     #[cfg(feature = "rdma")]
     if let (Some(c), Some(t)) = (&raw_conn, &perftest_target) {
-        let rounds = if args.quick { 3 } else { 5 };
-        read_rounds = Some(read_latency_rounds(
-            &mut report,
-            c,
-            &ep,
-            &region,
-            t,
-            plan.lat_ops,
-            rounds,
-            &pb,
-        )?);
+        let n = if args.quick { 3 } else { 5 };
+        rounds = Some(rdma_rounds(&mut report, c, &ep, &region, t, &plan, n, &pb)?);
     }
 
     for op in Op::ALL {
         pb.set_message(format!("ours {}", op.name()));
-        if !(op == Op::Read64 && read_rounds.is_some()) {
+        if !(op == Op::Read64 && rounds.is_some()) {
             let m = ours_latency(&ep, &region, op, plan.lat_ops);
             report.push(m);
         }
         pb.inc(1);
-        let window = if args.backend == Backend::Rdma { 4 } else { 1 };
-        let m = ours_batched(&ep, &region, op, plan.batches, window);
-        report.push(m);
+        if !(op == Op::Write64 && rounds.is_some()) {
+            let window = if args.backend == Backend::Rdma { 4 } else { 1 };
+            let m = ours_batched(&ep, &region, op, plan.batches, window);
+            report.push(m);
+        }
         pb.inc(1);
     }
     if let Some(t) = &perftest_target {
@@ -252,14 +246,15 @@ pub fn run(args: VerbsArgs) -> Result<(), CliError> {
         pb.finish_and_clear();
         let p50 = |r: &Report, n: &str| r.result(n).map(|m| m.p50_us).unwrap_or(f64::NAN);
         let tput = |r: &Report, n: &str| r.result(n).map(|m| m.ops_per_sec).unwrap_or(f64::NAN);
-        // The READ ratios are medians over the interleaved rounds (each round's ours over
-        // the same round's perftest).
-        let rounds = read_rounds.unwrap_or_default();
-        report.config("read64_rounds_vs_perftest", rounds.ours.clone());
+        // The READ and WRITE ratios are medians over the interleaved rounds (each round's
+        // ours over the same round's perftest).
+        let rounds = rounds.unwrap_or_default();
+        report.config("read64_rounds_vs_perftest", rounds.read.clone());
         report.config("raw_read64_rounds_vs_perftest", rounds.raw.clone());
+        report.config("write64_rounds_vs_perftest", rounds.write.clone());
         report.ratio(
             "rdma_read64_latency_vs_perftest",
-            super::median(rounds.ours),
+            super::median(rounds.read),
             Some("<= 1.25"),
         );
         report.ratio(
@@ -267,10 +262,25 @@ pub fn run(args: VerbsArgs) -> Result<(), CliError> {
             super::median(rounds.raw),
             None,
         );
+        // Against perftest with an rdma-cm queue pair, like ours (informative: the target is
+        // against plain perftest).
+        report.ratio(
+            "rdma_read64_latency_vs_perftest_cm",
+            super::median(rounds.read_cm),
+            None,
+        );
+        report.ratio(
+            "rdma_raw_read64_latency_vs_perftest_cm",
+            super::median(rounds.raw_cm),
+            None,
+        );
         let path = p50(&report, "read64") / p50(&report, "raw_read64");
         report.ratio("rdma_read64_latency_vs_raw", path, None);
-        let thr = tput(&report, "write64_batch16") / tput(&report, "perftest_ib_write_bw_64");
-        report.ratio("rdma_write64_throughput_vs_perftest", thr, Some(">= 0.8"));
+        report.ratio(
+            "rdma_write64_throughput_vs_perftest",
+            super::median(rounds.write),
+            Some(">= 0.8"),
+        );
         let cas = tput(&report, "cas_batch16") / tput(&report, "perftest_ib_atomic_bw_cas");
         report.ratio("rdma_cas_throughput_vs_perftest", cas, None);
         report
@@ -354,70 +364,110 @@ fn plot(report: &Report, args: &VerbsArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// The READ latency ratios of each interleaved round.
+/// The ratios of each interleaved round (ours over the same round's perftest).
 #[derive(Debug, Default)]
-struct ReadRounds {
-    /// read64 over perftest's ib_read_lat, per round.
-    ours: Vec<f64>,
-    /// raw_read64 over perftest's ib_read_lat, per round.
+struct Rounds {
+    /// `read64` p50 over `ib_read_lat`'s typical latency.
+    read: Vec<f64>,
+    /// `raw_read64` p50 over `ib_read_lat`'s.
     raw: Vec<f64>,
+    /// The same two over `ib_read_lat -R` (queue pair connected through rdma-cm, as ours).
+    read_cm: Vec<f64>,
+    raw_cm: Vec<f64>,
+    /// `write64_batch16` throughput over `ib_write_bw`'s message rate.
+    write: Vec<f64>,
 }
 
-/// READ latency on rdma in `rounds` rounds, each of `raw_read64`, `read64` and perftest's
-/// `ib_read_lat` (`n / rounds` READs each), so that a drift in the machine's speed — an
-/// emulated guest is slower in its first seconds, a shared host comes and goes — falls on
-/// both sides alike. Pushes the three lines (over all rounds; perftest's is the median of
-/// its rounds' typical latencies) and returns each round's ratios.
+/// READ latency and WRITE throughput on rdma in `rounds` rounds. Each round runs
+/// `raw_read64`, `read64`, perftest's `ib_read_lat` and `ib_read_lat -R`, then
+/// `write64_batch16` and `ib_write_bw`, each on its share of the plan, so that a drift in the
+/// machine's speed — an emulated guest is slower in its first seconds, a shared host comes and
+/// goes — falls on both sides alike. Pushes each line over all rounds (perftest's: the median
+/// of its rounds) and returns the rounds' ratios.
 #[cfg(feature = "rdma")]
 #[allow(clippy::too_many_arguments)]
-fn read_latency_rounds(
+fn rdma_rounds(
     report: &mut Report,
     c: &dmkit_verbs::rdma::RdmaConnection,
     ep: &Endpoint,
     r: &RegionDesc,
     t: &super::perftest::Target,
-    n: u64,
+    plan: &Plan,
     rounds: u64,
     pb: &indicatif::ProgressBar,
-) -> Result<ReadRounds, CliError> {
-    use super::perftest::{run_pair, typical_latency_us};
-    let per = (n / rounds).max(10);
-    let (mut raws, mut ours, mut perf) = (Vec::new(), Vec::new(), Vec::new());
-    let mut out = ReadRounds::default();
+) -> Result<Rounds, CliError> {
+    use super::perftest::{msg_rate_per_sec, run_pair, typical_latency_us};
+    let rt = |e: String| CliError::runtime(format!("perftest baseline: {e}"));
+    let per = (plan.lat_ops / rounds).max(10);
+    let batches = (plan.batches / rounds).max(10);
+    let read_lat = |extra: &[&str], port: u16| -> Result<f64, CliError> {
+        let mut a: Vec<String> = vec!["-s".into(), "64".into(), "-n".into(), per.to_string()];
+        a.extend(extra.iter().map(|x| x.to_string()));
+        let out = run_pair("ib_read_lat", t, &a, port).map_err(rt)?;
+        typical_latency_us(&out, 64)
+            .ok_or_else(|| rt(format!("unreadable ib_read_lat {extra:?} report: {out}")))
+    };
+    let (mut raws, mut reads, mut writes) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut lat, mut lat_cm, mut bw) = (Vec::new(), Vec::new(), Vec::new());
+    let mut out = Rounds::default();
     for round in 1..=rounds {
-        pb.set_message(format!("read64 round {round}/{rounds}"));
+        pb.set_message(format!("round {round}/{rounds}: READ latency"));
         let raw = raw_read64(c, r, per)?;
-        let mine = ours_latency(ep, r, Op::Read64, per);
-        let lat_out = run_pair(
-            "ib_read_lat",
+        let read = ours_latency(ep, r, Op::Read64, per);
+        let p = read_lat(&[], 18515)?;
+        // Informative only: a round where `-R` cannot connect just has no such ratio.
+        let pc = read_lat(&["-R"], 18518).unwrap_or_else(|e| {
+            tracing::warn!(error = %e.msg, "ib_read_lat -R failed: this round has no rdma-cm baseline");
+            f64::NAN
+        });
+        pb.set_message(format!("round {round}/{rounds}: WRITE throughput"));
+        let write = ours_batched(ep, r, Op::Write64, batches, 4);
+        let bw_out = run_pair(
+            "ib_write_bw",
             t,
             &[
                 "-s".into(),
                 "64".into(),
                 "-n".into(),
-                per.max(5).to_string(),
+                (batches * BATCH as u64).max(64).to_string(),
+                "-t".into(),
+                "64".into(),
             ],
-            18515,
+            18516,
         )
-        .map_err(|e| CliError::runtime(format!("perftest baseline: {e}")))?;
-        let p = typical_latency_us(&lat_out, 64).ok_or_else(|| {
-            CliError::runtime(format!(
-                "perftest baseline: unreadable ib_read_lat report: {lat_out}"
-            ))
-        })?;
-        out.ours.push(mine.measurement.p50_us / p);
+        .map_err(rt)?;
+        let rate = msg_rate_per_sec(&bw_out, 64)
+            .ok_or_else(|| rt(format!("unreadable ib_write_bw report: {bw_out}")))?;
+        out.read.push(read.measurement.p50_us / p);
         out.raw.push(raw.measurement.p50_us / p);
+        if pc.is_finite() {
+            out.read_cm.push(read.measurement.p50_us / pc);
+            out.raw_cm.push(raw.measurement.p50_us / pc);
+            lat_cm.push(pc);
+        }
+        out.write.push(write.measurement.ops_per_sec / rate);
         raws.push(raw);
-        ours.push(mine);
-        perf.push(p);
+        reads.push(read);
+        writes.push(write);
+        lat.push(p);
+        bw.push(rate);
     }
-    report.push(Sample::merge("raw_read64", raws));
-    report.push(Sample::merge("read64", ours));
-    let lat = super::median(perf);
-    let mut m = Recorder::new().measurement("perftest_ib_read_lat_64", 1.0);
-    m.p50_us = lat;
-    m.p99_us = lat;
-    m.ops_per_sec = 1e6 / lat;
+    report.push(Sample::merge("raw_read64", raws, 1));
+    report.push(Sample::merge("read64", reads, 1));
+    report.push(Sample::merge("write64_batch16", writes, BATCH as u64));
+    for (name, v) in [
+        ("perftest_ib_read_lat_64", lat),
+        ("perftest_ib_read_lat_cm_64", lat_cm),
+    ] {
+        let us = super::median(v);
+        let mut m = Recorder::new().measurement(name, 1.0);
+        m.p50_us = us;
+        m.p99_us = us;
+        m.ops_per_sec = 1e6 / us;
+        report.results.push(m);
+    }
+    let mut m = Recorder::new().measurement("perftest_ib_write_bw_64", 1.0 / 64.0);
+    m.ops_per_sec = super::median(bw);
     report.results.push(m);
     Ok(out)
 }
@@ -448,9 +498,9 @@ fn raw_read64(
     Ok(rec.sample("raw_read64", 1.0))
 }
 
-/// perftest on the same device: WRITE and CAS message rates with 64 work requests in flight
-/// (ours keeps 4 batches of 16 in flight). READ latency is measured by
-/// [`read_latency_rounds`], interleaved with ours.
+/// perftest on the same device: the CAS message rate with 64 work requests in flight (ours
+/// keeps 4 batches of 16 in flight). READ latency and WRITE throughput are measured by
+/// [`rdma_rounds`], interleaved with ours.
 fn perftest_baselines(
     report: &mut Report,
     t: &super::perftest::Target,
@@ -458,27 +508,7 @@ fn perftest_baselines(
 ) -> Result<(), CliError> {
     use super::perftest::{msg_rate_per_sec, run_pair};
     let rt = |e: String| CliError::runtime(format!("perftest baseline: {e}"));
-    let n = |x: u64| x.to_string();
-    let iters = n((plan.batches * BATCH as u64).max(64));
-    let bw_out = run_pair(
-        "ib_write_bw",
-        t,
-        &[
-            "-s".into(),
-            "64".into(),
-            "-n".into(),
-            iters.clone(),
-            "-t".into(),
-            "64".into(),
-        ],
-        18516,
-    )
-    .map_err(rt)?;
-    let rate = msg_rate_per_sec(&bw_out, 64)
-        .ok_or_else(|| rt(format!("unreadable ib_write_bw report: {bw_out}")))?;
-    let mut m = Recorder::new().measurement("perftest_ib_write_bw_64", 1.0 / 64.0);
-    m.ops_per_sec = rate;
-    report.results.push(m);
+    let iters = (plan.batches * BATCH as u64).max(64).to_string();
     let at_out = run_pair(
         "ib_atomic_bw",
         t,
