@@ -302,3 +302,50 @@ pub fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
     pb.set_message(what.to_string());
     pb
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_even_and_empty() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert!(median(Vec::new()).is_nan());
+    }
+
+    fn sample(values_us: &[u64], ops_each: u64, secs: f64) -> Sample {
+        let mut r = Recorder::new();
+        for v in values_us {
+            r.record(v * 1000, ops_each);
+        }
+        let mut s = r.sample("x", 1.0);
+        s.measurement.ops_per_sec = (values_us.len() as u64 * ops_each) as f64 / secs;
+        s
+    }
+
+    #[test]
+    fn merged_samples_pool_histograms_and_time() {
+        // 3 single ops in 1 s and 1 in 1 s: 4 ops in 2 s.
+        let m = Sample::merge(
+            "m",
+            vec![sample(&[10, 20, 30], 1, 1.0), sample(&[40], 1, 1.0)],
+            1,
+        );
+        assert_eq!(m.measurement.name, "m");
+        assert_eq!(m.hist.len(), 4);
+        assert!((m.measurement.ops_per_sec - 2.0).abs() < 1e-9);
+        assert!(
+            (m.measurement.p50_us - 20.0).abs() < 0.1,
+            "{}",
+            m.measurement.p50_us
+        );
+        // Batches of 16: 2 batches (32 ops) in 1 s and 2 (32 ops) in 3 s: 64 ops in 4 s.
+        let m = Sample::merge(
+            "b",
+            vec![sample(&[5, 5], 16, 1.0), sample(&[7, 7], 16, 3.0)],
+            16,
+        );
+        assert!((m.measurement.ops_per_sec - 16.0).abs() < 1e-9);
+    }
+}
