@@ -4,6 +4,7 @@ use std::ffi::{CStr, CString};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 
+use super::region::region_access;
 use super::{Medium, MediumKind, Region};
 use crate::error::{Error, Result};
 
@@ -97,15 +98,6 @@ impl LibpmemFile {
     pub fn is_pmem(&self) -> bool {
         self.is_pmem
     }
-
-    fn check(&self, offset: usize, len: usize) {
-        assert!(
-            offset
-                .checked_add(len)
-                .is_some_and(|e| e <= self.region.len()),
-            "persist {offset:#x}+{len:#x} outside the mapping"
-        );
-    }
 }
 
 impl Drop for LibpmemFile {
@@ -126,29 +118,12 @@ impl Medium for LibpmemFile {
     fn path(&self) -> Option<&Path> {
         Some(&self.path)
     }
-    fn as_ptr(&self) -> *mut u8 {
-        self.region.as_ptr()
-    }
-    fn len(&self) -> usize {
-        self.region.len()
-    }
     fn is_persistent(&self) -> bool {
         true
     }
-    fn load_u64(&self, offset: usize) -> u64 {
-        self.region.load_u64(offset)
-    }
-    fn store_u64(&self, offset: usize, value: u64) {
-        self.region.store_u64(offset, value)
-    }
-    fn read(&self, offset: usize, buf: &mut [u8]) {
-        self.region.read(offset, buf)
-    }
-    fn write(&self, offset: usize, data: &[u8]) {
-        self.region.write(offset, data)
-    }
+    region_access!();
     fn persist(&self, offset: usize, len: usize) -> Result<()> {
-        self.check(offset, len);
+        self.region.check(offset, len);
         if len == 0 {
             return Ok(());
         }
@@ -168,7 +143,7 @@ impl Medium for LibpmemFile {
         Ok(())
     }
     fn write_persist(&self, offset: usize, data: &[u8]) -> Result<()> {
-        self.check(offset, data.len());
+        self.region.check(offset, data.len());
         if !self.is_pmem {
             self.write(offset, data);
             return self.persist(offset, data.len());

@@ -6,6 +6,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 
+use super::region::region_access;
 use super::{Medium, MediumKind, Region};
 use crate::error::{Error, Result};
 
@@ -148,32 +149,13 @@ impl Medium for MmapFile {
     fn path(&self) -> Option<&Path> {
         Some(&self.path)
     }
-    fn as_ptr(&self) -> *mut u8 {
-        self.region.as_ptr()
-    }
-    fn len(&self) -> usize {
-        self.region.len()
-    }
     fn is_persistent(&self) -> bool {
         true
     }
-    fn load_u64(&self, offset: usize) -> u64 {
-        self.region.load_u64(offset)
-    }
-    fn store_u64(&self, offset: usize, value: u64) {
-        self.region.store_u64(offset, value)
-    }
-    fn read(&self, offset: usize, buf: &mut [u8]) {
-        self.region.read(offset, buf)
-    }
-    fn write(&self, offset: usize, data: &[u8]) {
-        self.region.write(offset, data)
-    }
+    region_access!();
     fn persist(&self, offset: usize, len: usize) -> Result<()> {
-        let end = offset.checked_add(len).filter(|e| *e <= self.region.len());
-        let Some(end) = end else {
-            panic!("persist {offset:#x}+{len:#x} outside the mapping");
-        };
+        self.region.check(offset, len);
+        let end = offset + len;
         if len == 0 {
             return Ok(());
         }
@@ -228,34 +210,12 @@ impl Medium for DramMedium {
     fn path(&self) -> Option<&Path> {
         None
     }
-    fn as_ptr(&self) -> *mut u8 {
-        self.region.as_ptr()
-    }
-    fn len(&self) -> usize {
-        self.region.len()
-    }
     fn is_persistent(&self) -> bool {
         false
     }
-    fn load_u64(&self, offset: usize) -> u64 {
-        self.region.load_u64(offset)
-    }
-    fn store_u64(&self, offset: usize, value: u64) {
-        self.region.store_u64(offset, value)
-    }
-    fn read(&self, offset: usize, buf: &mut [u8]) {
-        self.region.read(offset, buf)
-    }
-    fn write(&self, offset: usize, data: &[u8]) {
-        self.region.write(offset, data)
-    }
+    region_access!();
     fn persist(&self, offset: usize, len: usize) -> Result<()> {
-        assert!(
-            offset
-                .checked_add(len)
-                .is_some_and(|e| e <= self.region.len()),
-            "persist {offset:#x}+{len:#x} outside the mapping"
-        );
+        self.region.check(offset, len);
         Ok(())
     }
 }

@@ -46,7 +46,8 @@ impl Region {
         self.len
     }
 
-    fn check(&self, offset: usize, len: usize) {
+    /// Panics unless `[offset, offset + len)` lies inside the region.
+    pub(crate) fn check(&self, offset: usize, len: usize) {
         let end = offset.checked_add(len);
         assert!(
             end.is_some_and(|end| end <= self.len),
@@ -102,6 +103,32 @@ impl Region {
         }
     }
 }
+
+/// The [`super::Medium`] methods a medium of this crate answers from its region (a field named
+/// `region`): pointer, length, words and byte copies.
+macro_rules! region_access {
+    () => {
+        fn as_ptr(&self) -> *mut u8 {
+            self.region.as_ptr()
+        }
+        fn len(&self) -> usize {
+            self.region.len()
+        }
+        fn load_u64(&self, offset: usize) -> u64 {
+            self.region.load_u64(offset)
+        }
+        fn store_u64(&self, offset: usize, value: u64) {
+            self.region.store_u64(offset, value)
+        }
+        fn read(&self, offset: usize, buf: &mut [u8]) {
+            self.region.read(offset, buf)
+        }
+        fn write(&self, offset: usize, data: &[u8]) {
+            self.region.write(offset, data)
+        }
+    };
+}
+pub(crate) use region_access;
 
 #[cfg(test)]
 mod tests {
