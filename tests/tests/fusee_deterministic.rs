@@ -22,6 +22,11 @@
 //!   `ClientConfig::inline_jobs`). `DMKIT_DET_NO_NODE_FAILURE=1` leaves them out. Those seeds
 //!   take the same steps every run, but their membership records carry the cluster's random
 //!   uuid and first rkeys, so the exact-replay test uses seeds without them.
+//! - `DMKIT_DET_STRAGGLERS=1` makes deferrals rare and long instead (probability 0.5–3 %,
+//!   100–600 steps): one work request — one backup CAS of a SNAPSHOT round, say — can then
+//!   stay behind while another client runs several whole operations on the same key, the
+//!   shape of the open A-B-A stall in RELIABILITY.md. Off by default (CI's seeds keep their
+//!   plans); a seed replays with the same variable set.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -51,7 +56,19 @@ fn seeds(default_count: u64) -> Vec<u64> {
 }
 
 fn replay(seed: u64) -> String {
-    format!("DMKIT_DET_SEED={seed} cargo test -p dmkit-tests --test fusee_deterministic")
+    let stragglers = if stragglers() {
+        "DMKIT_DET_STRAGGLERS=1 "
+    } else {
+        ""
+    };
+    format!(
+        "{stragglers}DMKIT_DET_SEED={seed} cargo test -p dmkit-tests --test fusee_deterministic"
+    )
+}
+
+/// Whether deferrals are rare and long (`DMKIT_DET_STRAGGLERS`).
+fn stragglers() -> bool {
+    std::env::var("DMKIT_DET_STRAGGLERS").is_ok()
 }
 
 /// What a seed fixes besides the interleaving.
@@ -82,6 +99,17 @@ impl Plan {
             node_failure: None,
         }
         .with_node_failure(&mut rng)
+        .with_stragglers(seed)
+    }
+
+    /// `DMKIT_DET_STRAGGLERS`: every seed defers, rarely and long (drawn from a stream of
+    /// its own, so the rest of the plan is the seed's usual one).
+    fn with_stragglers(mut self, seed: u64) -> Plan {
+        if stragglers() {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x57A6);
+            self.defer = Some((rng.random_range(0.005..0.03), rng.random_range(100..600)));
+        }
+        self
     }
 
     fn with_node_failure(mut self, rng: &mut ChaCha8Rng) -> Plan {
