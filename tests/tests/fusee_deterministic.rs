@@ -22,11 +22,11 @@
 //!   `ClientConfig::inline_jobs`). `DMKIT_DET_NO_NODE_FAILURE=1` leaves them out. Those seeds
 //!   take the same steps every run, but their membership records carry the cluster's random
 //!   uuid and first rkeys, so the exact-replay test uses seeds without them.
-//! - `DMKIT_DET_STRAGGLERS=1` makes deferrals rare and long instead (probability 0.5–3 %,
-//!   100–600 steps): one work request — one backup CAS of a SNAPSHOT round, say — can then
-//!   stay behind while another client runs several whole operations on the same key, the
-//!   shape of the open A-B-A stall in RELIABILITY.md. Off by default (CI's seeds keep their
-//!   plans); a seed replays with the same variable set.
+//! - Stragglers: a quarter of the seeds make deferrals rare and long instead (probability
+//!   0.5–3 %, 100–600 steps): one work request — one backup CAS of a SNAPSHOT round, say —
+//!   then stays behind while another client runs several whole operations on the same key,
+//!   the shape of the SNAPSHOT A-B-A stall in RELIABILITY.md. `DMKIT_DET_STRAGGLERS=1` gives
+//!   every seed stragglers (a seed then replays with the variable set).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -102,12 +102,14 @@ impl Plan {
         .with_stragglers(seed)
     }
 
-    /// `DMKIT_DET_STRAGGLERS`: every seed defers, rarely and long (drawn from a stream of
-    /// its own, so the rest of the plan is the seed's usual one).
+    /// A quarter of the seeds (every seed with `DMKIT_DET_STRAGGLERS`) defer rarely and long
+    /// instead: drawn from a stream of their own, so the rest of the plan is the seed's usual
+    /// one.
     fn with_stragglers(mut self, seed: u64) -> Plan {
-        if stragglers() {
-            let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x57A6);
-            self.defer = Some((rng.random_range(0.005..0.03), rng.random_range(100..600)));
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x57A6);
+        let defer = (rng.random_range(0.005..0.03), rng.random_range(100..600));
+        if stragglers() || rng.random_bool(0.25) {
+            self.defer = Some(defer);
         }
         self
     }

@@ -692,8 +692,9 @@ impl Client {
             && at.replicas >= 2
             && (index.replicas() >= 2 || index.primary() != at.primary);
         let took = if at.delete {
-            // A DELETE the master completed has no commit record (its value, 0, points to no
-            // log entry): the membership lists the DELETE rounds the master completed. When a
+            // A DELETE the master completed has no commit record (its value, a tombstone,
+            // points to no log entry): the membership lists the DELETE rounds the master
+            // completed. When a
             // repair could not see the backups (blind), a committed DELETE that had found the
             // key took effect if the key is gone now — a concurrent DELETE could also explain
             // that; an uncommitted one never swapped the primary (the record comes first).

@@ -31,8 +31,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dmkit_kv_index::Slot;
 use dmkit_kv_index::repair::{self, SlotConflict};
+use dmkit_kv_index::{Slot, is_empty_word};
 use dmkit_verbs::wire::{Reader, Writer};
 use dmkit_verbs::{Endpoint, NodeId, RKey};
 use parking_lot::Mutex;
@@ -407,7 +407,9 @@ impl Master {
             })?;
             on_behalf += u64::from(committed);
             let replaced = c.primary.unwrap_or(0);
-            if v == 0 && (replaced != 0 || c.backups.iter().any(|b| *b != 0)) {
+            if is_empty_word(v)
+                && (!is_empty_word(replaced) || c.backups.iter().any(|b| !is_empty_word(*b)))
+            {
                 // A DELETE completed here: its writer learns it from the membership.
                 deletes.push((c.offset, replaced));
             }
@@ -446,7 +448,7 @@ impl Master {
     /// on its writer's behalf.
     fn decide(&self, view: &ClusterView, c: &SlotConflict) -> Result<(u64, bool)> {
         let valid = |v: u64| -> Result<bool> {
-            if v == 0 {
+            if is_empty_word(v) {
                 return Ok(true);
             }
             Ok(self.object_of(view, v)?.is_some())
@@ -486,7 +488,7 @@ impl Master {
                 }
             }
         };
-        let committed = if chosen != 0 {
+        let committed = if !is_empty_word(chosen) {
             self.commit_on_behalf(view, chosen, c.primary.unwrap_or(0))?
         } else {
             false

@@ -9,7 +9,7 @@ use dmkit_verbs::{Batch, RemoteAddr};
 use crate::error::Result;
 use crate::index::{Backoff, RaceIndex};
 use crate::layout::SlotPos;
-use crate::slot::{Slot, is_frozen, thaw};
+use crate::slot::{Slot, is_frozen, thaw, tombstone};
 use crate::snapshot::decide;
 use crate::verifier::KeyVerifier;
 
@@ -158,7 +158,8 @@ impl RaceIndex {
         self.slot_addr(0, pos)
     }
 
-    /// Recovery of a crashed writer of `key` whose new slot value was `new` (0 for a DELETE):
+    /// Recovery of a crashed writer of `key` whose new slot value was `new` (0 for a DELETE,
+    /// whose round proposed the tombstone of the key's slot word):
     /// finds where the round stands on the primary and the backups and finishes it — as the
     /// winner if the SNAPSHOT rules say so (calling `hooks.before_primary` before the swap),
     /// otherwise by waiting for the winner.
@@ -213,6 +214,11 @@ impl RaceIndex {
             if self.spaces.len() == 1 {
                 return Ok(ResumeOutcome::NotStarted);
             }
+            // A DELETE proposed the tombstone of the word it found.
+            let new = match target {
+                Some((_, raw)) if new == 0 => tombstone(raw),
+                _ => new,
+            };
             // The backups' words at every candidate position (one round trip).
             let look: Vec<(SlotPos, u64)> = match target {
                 Some(t) => vec![t],

@@ -12,7 +12,7 @@ use crate::layout::{
     HEADER_WORD, IndexReplicaSpace, KeyHash, Layout, MAGIC, SLOTS_PER_BUCKET, SlotPos, VERSION,
     check_spaces, combined_first_bucket,
 };
-use crate::slot::{Header, Slot, is_frozen, thaw};
+use crate::slot::{Header, Slot, is_empty_word, is_frozen, thaw, tombstone};
 use crate::snapshot::{RawOutcome, Rule};
 use crate::verifier::KeyVerifier;
 
@@ -183,14 +183,15 @@ impl View {
     pub fn has_free_slot(&self) -> bool {
         self.words
             .iter()
-            .any(|c| (0..16).any(|w| w % 8 != HEADER_WORD && c[w] == 0))
+            .any(|c| (0..16).any(|w| w % 8 != HEADER_WORD && is_empty_word(c[w])))
     }
 
-    /// The first empty slot of the combined bucket with more empty slots (main bucket first).
-    fn free_slot(&self, kh: &KeyHash) -> Option<SlotPos> {
+    /// The first empty slot of the combined bucket with more empty slots (main bucket first),
+    /// with the word it holds (0 or a tombstone: what an INSERT's round expects).
+    fn free_slot(&self, kh: &KeyHash) -> Option<(SlotPos, u64)> {
         let free = |c: usize| {
             (0..16)
-                .filter(|w| w % 8 != HEADER_WORD && self.words[c][*w] == 0)
+                .filter(|w| w % 8 != HEADER_WORD && is_empty_word(self.words[c][*w]))
                 .collect::<Vec<_>>()
         };
         let (f0, f1) = (free(0), free(1));
@@ -204,7 +205,7 @@ impl View {
         // fill it before the shared overflow bucket.
         f.into_iter()
             .min_by_key(|&w| (w / 8 != usize::from(side), w))
-            .map(|w| self.pos(kh, c, w))
+            .map(|w| (self.pos(kh, c, w), self.words[c][w]))
     }
 }
 
@@ -670,13 +671,18 @@ impl RaceIndex {
                 }
                 Err(e) => return Err(e),
             }
-            let Some(pos) = view.free_slot(&kh) else {
+            let Some((pos, empty)) = view.free_slot(&kh) else {
                 self.split(verifier, &kh)?;
                 continue;
             };
+            if is_frozen(empty) {
+                // (A split froze the slot after our read: its header said otherwise.)
+                self.wait_split(&mut backoff, start)?;
+                continue;
+            }
             let post = self.post_reads(view.subtable, &kh);
-            hooks.round(pos, 0);
-            let (out, bytes) = self.snapshot(tags::INSERT, pos, 0, slot.raw(), &post, hooks)?;
+            hooks.round(pos, empty);
+            let (out, bytes) = self.snapshot(tags::INSERT, pos, empty, slot.raw(), &post, hooks)?;
             let RawOutcome::Won(rule) = out else {
                 // The slot went to another writer (maybe of the same key): look again.
                 metrics::counter!("dmkit_kv_index_retries_total", "op" => "insert").increment(1);
@@ -713,9 +719,10 @@ impl RaceIndex {
         }
     }
 
-    /// Takes our own value out of a slot again (SNAPSHOT `value → 0`).
+    /// Takes our own value out of a slot again (SNAPSHOT `value → its tombstone`).
     fn retract(&self, tag: Tag, kh: &KeyHash, pos: SlotPos, value: u64) -> Result<()> {
-        if let RawOutcome::Won(_) = self.snapshot(tag, pos, value, 0, &[], &NoHooks)?.0 {
+        let gone = tombstone(value);
+        if let RawOutcome::Won(_) = self.snapshot(tag, pos, value, gone, &[], &NoHooks)?.0 {
             return Ok(());
         }
         // A split froze or moved it: find it again where the key lives now.
@@ -732,7 +739,7 @@ impl RaceIndex {
                 self.wait_split(&mut backoff, start)?;
                 continue;
             }
-            if let RawOutcome::Won(_) = self.snapshot(tag, at, raw, 0, &[], &NoHooks)?.0 {
+            if let RawOutcome::Won(_) = self.snapshot(tag, at, raw, gone, &[], &NoHooks)?.0 {
                 return Ok(());
             }
         }
@@ -828,6 +835,8 @@ impl RaceIndex {
                 continue;
             }
             hooks.round(pos, raw);
+            // A DELETE (`new` 0) leaves the tombstone of the word it replaces.
+            let new = if new == 0 { tombstone(raw) } else { new };
             match self.snapshot(tag, pos, raw, new, &[], hooks)?.0 {
                 RawOutcome::Won(rule) => {
                     return Ok(Some(Modified {

@@ -22,12 +22,16 @@
 //! |-------|--------------|-|
 //! | 63    | frozen       | set only while a split moves the subtable (never in a [`Slot`]) |
 //! | 55-62 | fingerprint  | 8 bits of the key's hash |
-//! | 47-54 | length class | the object's length in 64-byte units, 1..=255 |
+//! | 47-54 | length class | the object's length in 64-byte units, 1..=255; 0: empty |
 //! | 39-46 | memory node  | where the object lives: objects can be on any node |
 //! | 0-38  | pointer      | offset in the node's object area, in 64-byte units (32 TiB) |
 //!
-//! The empty slot is 0. The bucket header is the *last* word of its bucket (tag `0xA5`, a
-//! splitting flag, 32-bit prefix, 8-bit local depth). See [`slot`](crate::Slot) for the codec.
+//! An empty slot is a word of length class 0: 0 (never used) or the *tombstone* a DELETE
+//! leaves ([`tombstone`]: the deleted word with its length class cleared), so that a slot
+//! does not come back to a word it held before and a delayed CAS cannot mistake a later
+//! incarnation of the slot for the one it saw (A-B-A). The bucket header is the *last* word
+//! of its bucket (tag `0xA5`, a splitting flag, 32-bit prefix, 8-bit local depth). See
+//! [`slot`](crate::Slot) for the codec.
 //!
 //! # Replication: SNAPSHOT
 //!
@@ -121,6 +125,6 @@ pub use error::{Error, Result};
 pub use hooks::{NoHooks, ResumeOutcome, WriteHooks};
 pub use index::{IndexConfig, InsertOutcome, Modified, RaceIndex, SnapshotOutcome, tags};
 pub use layout::{IndexReplicaSpace, SlotPos};
-pub use slot::{OBJECT_ALIGN, ObjPtr, Slot};
+pub use slot::{OBJECT_ALIGN, ObjPtr, Slot, is_empty_word, tombstone};
 pub use snapshot::Rule;
 pub use verifier::KeyVerifier;

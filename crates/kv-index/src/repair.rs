@@ -15,7 +15,7 @@ use crate::layout::{
     BUCKET_BYTES, DIR_OFFSET, DirEntry, HDR_BUMP, HDR_CAPACITY, HDR_LOCK, HDR_PARAMS, HEADER_WORD,
     IndexReplicaSpace, MAGIC,
 };
-use crate::slot::{Header, is_frozen, thaw};
+use crate::slot::{Header, is_empty_word, is_frozen, thaw};
 
 /// Tag of the repair's verbs.
 pub const TAG: &str = "kv_index.repair";
@@ -158,7 +158,7 @@ pub fn repair_replicas(
     Ok(rep)
 }
 
-/// Every non-zero slot value of one replica (its whole image read in chunks), with the
+/// Every non-empty slot value of one replica (its whole image read in chunks), with the
 /// slot's offset in the space.
 pub fn slot_values(ep: &Endpoint, space: &IndexReplicaSpace) -> Result<Vec<(u64, u64)>> {
     let Geometry { area, total, .. } = geometry(ep, space)?;
@@ -169,7 +169,7 @@ pub fn slot_values(ep: &Endpoint, space: &IndexReplicaSpace) -> Result<Vec<(u64,
         let w = words(&ep.read(TAG, space.at(off), len as usize)?);
         for (i, v) in w.into_iter().enumerate() {
             let at = off + i as u64 * 8;
-            if (at - area) / 8 % (BUCKET_BYTES / 8) != HEADER_WORD as u64 && thaw(v) != 0 {
+            if (at - area) / 8 % (BUCKET_BYTES / 8) != HEADER_WORD as u64 && !is_empty_word(v) {
                 out.push((at, thaw(v)));
             }
         }

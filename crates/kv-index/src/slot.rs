@@ -1,15 +1,22 @@
 //! The 8-byte slot and the 8-byte bucket header: the only two words the index keeps in
 //! remote memory besides its directory. Both layouts are defined here and nowhere else.
 //!
-//! Slot (one `u64`, little-endian in memory; 0 is the empty slot):
+//! Slot (one `u64`, little-endian in memory):
 //!
 //! | bits  | field       | meaning |
 //! |-------|-------------|---------|
 //! | 63    | frozen      | set only while a split moves the slot's subtable; never in a [`Slot`] |
 //! | 55-62 | fingerprint | 8 bits of the key's hash (filters candidates before a key compare) |
-//! | 47-54 | length class| the object's length in 64-byte units (1..=255; 0 is not a valid slot) |
+//! | 47-54 | length class| the object's length in 64-byte units (1..=255); 0: the slot is empty |
 //! | 39-46 | memory node | the node the KV object lives on (0..=255) |
 //! | 0-38  | pointer     | the object's offset in its node's object area, in 64-byte units (32 TiB) |
+//!
+//! An empty slot is any word whose length class is 0: 0 itself (never used), or the
+//! **tombstone** a DELETE leaves — the deleted slot's word with its length class cleared
+//! ([`tombstone`]). A DELETE therefore never returns a slot to a word it held before, as long
+//! as the deleted object's address was not handed out again: a SNAPSHOT CAS delayed across a
+//! whole INSERT–DELETE cycle of the slot expects the word it saw, finds the tombstone, and
+//! fails, instead of landing on a slot that only looks like the one it knew (A-B-A).
 //!
 //! Bucket header (the *last* word of each 64-byte bucket, so that a READ, which observes words
 //! in address order, reads a bucket's slots before its header):
@@ -89,20 +96,14 @@ impl Slot {
         ))
     }
 
-    /// Decodes a remote word: `None` for an empty slot; an error for a word no valid slot
-    /// encodes. The frozen bit is ignored (a frozen slot still holds its value).
+    /// Decodes a remote word: `None` for an empty slot (0 or a tombstone). The frozen bit is
+    /// ignored (a frozen slot still holds its value).
     pub fn from_raw(raw: u64) -> Result<Option<Slot>> {
         let v = raw & !FROZEN;
-        if v == 0 {
+        if is_empty_word(v) {
             return Ok(None);
         }
-        let s = Slot(v);
-        if s.len_class() == 0 {
-            return Err(Error::InvalidSlot(format!(
-                "word {raw:#018x} has length class 0"
-            )));
-        }
-        Ok(Some(s))
+        Ok(Some(Slot(v)))
     }
 
     /// The word as stored in remote memory.
@@ -140,6 +141,19 @@ impl Slot {
     pub fn object_len(self) -> usize {
         usize::from(self.len_class()) * OBJECT_ALIGN as usize
     }
+}
+
+/// Whether a remote slot word is empty (0 or a tombstone: length class 0). The frozen bit
+/// is ignored.
+pub fn is_empty_word(raw: u64) -> bool {
+    (raw >> LEN_SHIFT) & 0xFF == 0
+}
+
+/// The word a DELETE of `replaced` leaves in the slot: `replaced` with its length class
+/// (and frozen bit) cleared — empty, and different from every word the slot held while the
+/// deleted object's address was in use.
+pub fn tombstone(replaced: u64) -> u64 {
+    replaced & !FROZEN & !(0xFF << LEN_SHIFT)
 }
 
 /// Raw slot word with its frozen bit cleared, or 0.
@@ -246,8 +260,28 @@ mod tests {
         assert!(Slot::new(1, p(0, 1 << 45, 1)).is_err());
         assert!(Slot::new(1, p(0, 65, 1)).is_err());
         assert!(Slot::new(1, p(0, 64, 0)).is_err());
-        // A remote word with a zero length class is corruption, not a slot.
-        assert!(Slot::from_raw(0x1234).is_err());
+    }
+
+    #[test]
+    fn tombstones_are_empty_and_differ_from_what_they_replace() {
+        let s = Slot::new(
+            0xAB,
+            ObjPtr {
+                node: NodeId(3),
+                offset: 64 * 77,
+                len_class: 2,
+            },
+        )
+        .unwrap();
+        let t = tombstone(s.raw());
+        assert!(is_empty_word(t) && is_empty_word(0) && !is_empty_word(s.raw()));
+        assert_ne!(t, 0);
+        assert_ne!(t, s.raw());
+        // Deterministic (recovery recomputes a crashed DELETE's proposal), frozen bit ignored.
+        assert_eq!(tombstone(s.raw() | FROZEN), t);
+        assert_eq!(Slot::from_raw(t).unwrap(), None);
+        assert_eq!(Slot::from_raw(t | FROZEN).unwrap(), None);
+        assert!(is_empty_word(t | FROZEN));
     }
 
     #[test]

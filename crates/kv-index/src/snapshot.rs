@@ -26,7 +26,7 @@ use crate::error::{Error, Result};
 use crate::hooks::{NoHooks, WriteHooks};
 use crate::index::{Backoff, RaceIndex};
 use crate::layout::SlotPos;
-use crate::slot::is_frozen;
+use crate::slot::{is_empty_word, is_frozen};
 
 /// Which SNAPSHOT rule made a writer the last writer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -52,7 +52,7 @@ impl Rule {
     }
 }
 
-/// How a SNAPSHOT round ended for this writer (raw slot words; 0 is empty).
+/// How a SNAPSHOT round ended for this writer (raw slot words).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RawOutcome {
     Won(Rule),
@@ -78,7 +78,7 @@ pub(crate) fn decide(expected: u64, new: u64, olds: &[u64]) -> Option<Rule> {
         .map(|&o| if o == expected { new } else { o })
         .collect();
     // Two writers can propose the same value (two DELETEs, or a DELETE and an INSERT's
-    // retraction: both 0). Backups holding it count for either: a majority for our own value
+    // retraction: the same tombstone). Backups holding it count for either: a majority for our own value
     // is ours too, and the primary CAS picks which of us reports the change.
     if 2 * view.iter().filter(|w| **w == new).count() > b {
         return Some(Rule::Majority);
@@ -197,7 +197,7 @@ impl RaceIndex {
         let reads: Vec<_> = post.iter().map(|(a, l)| b.read(*a, *l)).collect();
         let res = self.ep.execute(tag, b)?;
         let old = res.old(c);
-        let bytes = if old == expected || (old == new && new != 0) {
+        let bytes = if old == expected || (old == new && !is_empty_word(new)) {
             reads.into_iter().map(|i| res.read(i).to_vec()).collect()
         } else {
             Vec::new()
@@ -289,12 +289,13 @@ impl RaceIndex {
         }
         hooks.before_primary(expected)?;
         let (ok, now, bytes) = self.cas_primary(tag, pos, expected, new, post)?;
-        if ok || (now == new && new != 0) {
+        if ok || (now == new && !is_empty_word(new)) {
             // (`now == new` with a unique value: recovery already finished our round.)
             return Ok((RawOutcome::Won(rule), bytes));
         }
         if now == new {
-            // Another writer proposing the same value (0: a DELETE or a retraction) shared
+            // Another writer proposing the same value (the tombstone of the value both
+            // replace: a DELETE or a retraction) shared
             // our majority and swapped the primary first: the round is over and the backups
             // already agree with it. Rolling them back would undo it.
             return Ok((RawOutcome::Lost(now), Vec::new()));
