@@ -73,8 +73,13 @@ fn a_client_pointed_at_a_dead_address_gets_an_error_quickly() {
         &TcpConnector::default(),
         &[(NodeId(0), format!("127.0.0.1:{port}"))],
     );
+    // (Connect, normally. The port was free a moment ago; if another test's server has
+    // just taken it, the handshake fails instead: a Protocol error, as quick and as clear.)
     assert!(
-        matches!(r, Err(dmkit_verbs::Error::Connect { .. })),
+        matches!(
+            r,
+            Err(dmkit_verbs::Error::Connect { .. } | dmkit_verbs::Error::Protocol { .. })
+        ),
         "{r:?}"
     );
     assert!(t.elapsed() < Duration::from_secs(5));

@@ -576,7 +576,11 @@ impl RaceIndex {
             let view = self.read_view(tags::SEARCH, &kh)?;
             let cands = view.candidates(&kh)?;
             let slots: Vec<Slot> = cands.iter().map(|c| c.2).collect();
-            match self.find(verifier, key, &slots) {
+            let found = self.find(verifier, key, &slots).and_then(|f| match f {
+                None => self.confirm_absent(tags::SEARCH, &cands).map(|()| None),
+                f => Ok(f),
+            });
+            match found {
                 Ok(Some(i)) => return Ok(Some(slots[i])),
                 Ok(None) if !view.splitting => return Ok(None),
                 Ok(None) => {}
@@ -622,6 +626,31 @@ impl RaceIndex {
         }
     }
 
+    /// The verifier found the key in none of `cands`: check that the slots still hold what
+    /// the buckets showed. An object read after its slot moved on — freed, and handed out to
+    /// another key — says nothing about this key; while a slot still points to an object,
+    /// FUSEE does not free it. One READ batch on the primary, only when there were
+    /// candidates; [`Error::StaleCandidate`] if a word moved (the caller reads again).
+    fn confirm_absent(&self, tag: Tag, cands: &[(SlotPos, u64, Slot)]) -> Result<()> {
+        if cands.is_empty() {
+            return Ok(());
+        }
+        let mut b = self.ep.batch(self.primary_node());
+        let idx: Vec<_> = cands
+            .iter()
+            .map(|(pos, _, _)| b.read(self.slot_addr(0, *pos), 8))
+            .collect();
+        let res = self.ep.execute(tag, b)?;
+        for ((_, raw, _), i) in cands.iter().zip(idx) {
+            let now = words(res.read(i)).first().copied().unwrap_or(0);
+            if thaw(now) != thaw(*raw) {
+                metrics::counter!("dmkit_kv_index_moved_candidates_total").increment(1);
+                return Err(Error::StaleCandidate);
+            }
+        }
+        Ok(())
+    }
+
     /// INSERT: files `key → slot` unless the key is present. No duplicates: concurrent
     /// inserts of one key yield exactly one `Inserted`. Three round trips with r ≥ 2 and no
     /// conflict (bucket read, backup CAS, primary CAS), two with r = 1; a full subtable is
@@ -662,7 +691,11 @@ impl RaceIndex {
             }
             let cands = view.candidates(&kh)?;
             let slots: Vec<Slot> = cands.iter().map(|c| c.2).collect();
-            match self.find(verifier, key, &slots) {
+            let found = self.find(verifier, key, &slots).and_then(|f| match f {
+                None => self.confirm_absent(tags::INSERT, &cands).map(|()| None),
+                f => Ok(f),
+            });
+            match found {
                 Ok(Some(i)) => return Ok(InsertOutcome::AlreadyExists { slot: slots[i] }),
                 Ok(None) => {}
                 Err(Error::StaleCandidate) => {
@@ -697,15 +730,20 @@ impl RaceIndex {
             };
             // Duplicate check on the buckets as they were right after our CAS: another
             // insert of this key that got in first makes us yield.
-            let others: Vec<Slot> = after
+            let other_cands: Vec<(SlotPos, u64, Slot)> = after
                 .candidates(&kh)?
                 .into_iter()
                 .filter(|c| c.0 != pos)
-                .map(|c| c.2)
                 .collect();
+            let others: Vec<Slot> = other_cands.iter().map(|c| c.2).collect();
             // (A candidate whose object moved on since: that slot held the key a moment ago;
             // yield too, and the next look decides.)
-            let dup = match self.find(verifier, key, &others) {
+            let dup = match self.find(verifier, key, &others).and_then(|f| match f {
+                None => self
+                    .confirm_absent(tags::INSERT, &other_cands)
+                    .map(|()| None),
+                f => Ok(f),
+            }) {
                 Ok(found) => found.is_some(),
                 Err(Error::StaleCandidate) => true,
                 Err(e) => return Err(e),
@@ -815,7 +853,11 @@ impl RaceIndex {
             let view = self.read_view_with(tag, kh, std::mem::take(&mut first))?;
             let cands = view.candidates(kh)?;
             let slots: Vec<Slot> = cands.iter().map(|c| c.2).collect();
-            let found = match self.find(verifier, key, &slots) {
+            let found = self.find(verifier, key, &slots).and_then(|f| match f {
+                None => self.confirm_absent(tag, &cands).map(|()| None),
+                f => Ok(f),
+            });
+            let found = match found {
                 Err(Error::StaleCandidate) => {
                     self.stale(&mut backoff, start)?;
                     continue;
