@@ -213,8 +213,13 @@ impl Client {
                 let generation = object::decode_header(bytes)
                     .map(|h| h.generation)
                     .unwrap_or(0);
-                match object::decode(bytes, addr) {
-                    Some(obj) if !freed_bit => {
+                // The block is read from its first serving replica, but its objects may carry
+                // another replica's node in their slot words and commit records (the node
+                // that served when they were allocated): take the address under which the
+                // commit record checks out.
+                let replicas = view.all_block_replicas(addr.offset / bs);
+                match decode_as_written(bytes, addr, &replicas) {
+                    Some((obj, addr)) if !freed_bit => {
                         let len = object::object_len(obj.key.len(), obj.value.len());
                         found.push(Found {
                             addr,
@@ -344,6 +349,26 @@ fn chain_order(items: &[&Found]) -> HashMap<Addr, u64> {
         order.insert(f.addr, depth);
     }
     order
+}
+
+/// Decodes an object read at `addr`'s offset under the node its writer used: the replica of
+/// `replicas` under which its commit record checks out (the CRC covers the address), else
+/// `addr` as it is. `None` if the bytes are not a whole object.
+fn decode_as_written(bytes: &[u8], addr: Addr, replicas: &[NodeId]) -> Option<(KvObject, Addr)> {
+    let first = object::decode(bytes, addr)?;
+    if first.log.commit.is_some() {
+        return Some((first, addr));
+    }
+    for node in replicas.iter().filter(|n| **n != addr.node) {
+        let at = Addr {
+            node: *node,
+            offset: addr.offset,
+        };
+        if let Some(o) = object::decode(bytes, at).filter(|o| o.log.commit.is_some()) {
+            return Some((o, at));
+        }
+    }
+    Some((first, addr))
 }
 
 pub(crate) enum Redone {
@@ -479,14 +504,20 @@ impl crate::client::Inner {
         Ok(())
     }
 
-    /// Whether the index's primary slot for `key` points at `addr`.
+    /// Whether the index's primary slot for `key` points at the object at `addr`: the same
+    /// offset, under any data replica of its block (every copy of a block sits at the same
+    /// offset; a slot names the replica that served when the object was allocated).
     pub(crate) fn is_referenced(&self, key: &[u8], addr: Addr) -> Result<bool> {
         let view = self.view();
         let v = Verifier::new(&view);
-        Ok(self
-            .index()
-            .search(&v, key)?
-            .is_some_and(|s| slot_addr(s) == addr))
+        let Some(s) = self.index().search(&v, key)? else {
+            return Ok(false);
+        };
+        let at = slot_addr(s);
+        Ok(at.offset == addr.offset
+            && view
+                .all_block_replicas(addr.offset / view.block_size.max(1))
+                .contains(&at.node))
     }
 
     fn release_block(&self, block: u64, primary: NodeId) -> Result<()> {
