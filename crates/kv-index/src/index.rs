@@ -576,10 +576,7 @@ impl RaceIndex {
             let view = self.read_view(tags::SEARCH, &kh)?;
             let cands = view.candidates(&kh)?;
             let slots: Vec<Slot> = cands.iter().map(|c| c.2).collect();
-            let found = self.find(verifier, key, &slots).and_then(|f| match f {
-                None => self.confirm_absent(tags::SEARCH, &cands).map(|()| None),
-                f => Ok(f),
-            });
+            let found = self.find_confirmed(tags::SEARCH, verifier, key, &cands, &slots);
             match found {
                 Ok(Some(i)) => return Ok(Some(slots[i])),
                 Ok(None) if !view.splitting => return Ok(None),
@@ -623,6 +620,22 @@ impl RaceIndex {
                 slots.len()
             ))),
             r => Ok(r),
+        }
+    }
+
+    /// [`Self::find`] over `slots` (the slots of `cands`), where "absent" also needs
+    /// [`Self::confirm_absent`].
+    fn find_confirmed<V: KeyVerifier + ?Sized>(
+        &self,
+        tag: Tag,
+        verifier: &V,
+        key: &[u8],
+        cands: &[(SlotPos, u64, Slot)],
+        slots: &[Slot],
+    ) -> Result<Option<usize>> {
+        match self.find(verifier, key, slots)? {
+            None => self.confirm_absent(tag, cands).map(|()| None),
+            found => Ok(found),
         }
     }
 
@@ -691,10 +704,7 @@ impl RaceIndex {
             }
             let cands = view.candidates(&kh)?;
             let slots: Vec<Slot> = cands.iter().map(|c| c.2).collect();
-            let found = self.find(verifier, key, &slots).and_then(|f| match f {
-                None => self.confirm_absent(tags::INSERT, &cands).map(|()| None),
-                f => Ok(f),
-            });
+            let found = self.find_confirmed(tags::INSERT, verifier, key, &cands, &slots);
             match found {
                 Ok(Some(i)) => return Ok(InsertOutcome::AlreadyExists { slot: slots[i] }),
                 Ok(None) => {}
@@ -738,12 +748,8 @@ impl RaceIndex {
             let others: Vec<Slot> = other_cands.iter().map(|c| c.2).collect();
             // (A candidate whose object moved on since: that slot held the key a moment ago;
             // yield too, and the next look decides.)
-            let dup = match self.find(verifier, key, &others).and_then(|f| match f {
-                None => self
-                    .confirm_absent(tags::INSERT, &other_cands)
-                    .map(|()| None),
-                f => Ok(f),
-            }) {
+            let dup = match self.find_confirmed(tags::INSERT, verifier, key, &other_cands, &others)
+            {
                 Ok(found) => found.is_some(),
                 Err(Error::StaleCandidate) => true,
                 Err(e) => return Err(e),
@@ -853,10 +859,7 @@ impl RaceIndex {
             let view = self.read_view_with(tag, kh, std::mem::take(&mut first))?;
             let cands = view.candidates(kh)?;
             let slots: Vec<Slot> = cands.iter().map(|c| c.2).collect();
-            let found = self.find(verifier, key, &slots).and_then(|f| match f {
-                None => self.confirm_absent(tag, &cands).map(|()| None),
-                f => Ok(f),
-            });
+            let found = self.find_confirmed(tag, verifier, key, &cands, &slots);
             let found = match found {
                 Err(Error::StaleCandidate) => {
                     self.stale(&mut backoff, start)?;

@@ -364,6 +364,23 @@ fn plot(report: &Report, args: &VerbsArgs) -> Result<(), CliError> {
     Ok(())
 }
 
+/// Runs a perftest bandwidth pair with 64 work requests in flight (`-t 64` after `args`)
+/// and reads its message rate for messages of `size` bytes (operations per second).
+fn perftest_rate(
+    tool: &str,
+    t: &super::perftest::Target,
+    args: &[&str],
+    port: u16,
+    size: usize,
+) -> Result<f64, CliError> {
+    use super::perftest::{msg_rate_per_sec, run_pair};
+    let rt = |e: String| CliError::runtime(format!("perftest baseline: {e}"));
+    let mut a: Vec<String> = args.iter().map(|x| x.to_string()).collect();
+    a.extend(["-t".to_string(), "64".to_string()]);
+    let out = run_pair(tool, t, &a, port).map_err(rt)?;
+    msg_rate_per_sec(&out, size).ok_or_else(|| rt(format!("unreadable {tool} report: {out}")))
+}
+
 /// The ratios of each interleaved round (ours over the same round's perftest).
 #[derive(Debug, Default)]
 struct Rounds {
@@ -396,7 +413,7 @@ fn rdma_rounds(
     rounds: u64,
     pb: &indicatif::ProgressBar,
 ) -> Result<Rounds, CliError> {
-    use super::perftest::{msg_rate_per_sec, run_pair, typical_latency_us};
+    use super::perftest::{run_pair, typical_latency_us};
     let rt = |e: String| CliError::runtime(format!("perftest baseline: {e}"));
     let per = (plan.lat_ops / rounds).max(10);
     let batches = (plan.batches / rounds).max(10);
@@ -422,22 +439,8 @@ fn rdma_rounds(
         });
         pb.set_message(format!("round {round}/{rounds}: WRITE throughput"));
         let write = ours_batched(ep, r, Op::Write64, batches, 4);
-        let bw_out = run_pair(
-            "ib_write_bw",
-            t,
-            &[
-                "-s".into(),
-                "64".into(),
-                "-n".into(),
-                (batches * BATCH as u64).max(64).to_string(),
-                "-t".into(),
-                "64".into(),
-            ],
-            18516,
-        )
-        .map_err(rt)?;
-        let rate = msg_rate_per_sec(&bw_out, 64)
-            .ok_or_else(|| rt(format!("unreadable ib_write_bw report: {bw_out}")))?;
+        let n = (batches * BATCH as u64).max(64).to_string();
+        let rate = perftest_rate("ib_write_bw", t, &["-s", "64", "-n", &n], 18516, 64)?;
         out.read.push(read.measurement.p50_us / p);
         out.raw.push(raw.measurement.p50_us / p);
         if pc.is_finite() {
@@ -506,25 +509,9 @@ fn perftest_baselines(
     t: &super::perftest::Target,
     plan: &Plan,
 ) -> Result<(), CliError> {
-    use super::perftest::{msg_rate_per_sec, run_pair};
-    let rt = |e: String| CliError::runtime(format!("perftest baseline: {e}"));
     let iters = (plan.batches * BATCH as u64).max(64).to_string();
-    let at_out = run_pair(
-        "ib_atomic_bw",
-        t,
-        &[
-            "-A".into(),
-            "CMP_AND_SWAP".into(),
-            "-n".into(),
-            iters,
-            "-t".into(),
-            "64".into(),
-        ],
-        18517,
-    )
-    .map_err(rt)?;
-    let rate = msg_rate_per_sec(&at_out, 8)
-        .ok_or_else(|| rt(format!("unreadable ib_atomic_bw report: {at_out}")))?;
+    let args = ["-A", "CMP_AND_SWAP", "-n", &iters];
+    let rate = perftest_rate("ib_atomic_bw", t, &args, 18517, 8)?;
     let mut m = Recorder::new().measurement("perftest_ib_atomic_bw_cas", 1.0 / 64.0);
     m.ops_per_sec = rate;
     report.results.push(m);
