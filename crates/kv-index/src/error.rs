@@ -34,6 +34,10 @@ pub enum Error {
     /// Waited this long for another client's split (or for the split lock) to finish.
     #[error("split did not finish within {waited:?} (its owner may have crashed)")]
     SplitStalled { waited: Duration },
+    /// This client's split lock was taken over by another client (this one stopped renewing
+    /// it for the split timeout); the other client finishes the split.
+    #[error("the split lock was taken over by another client (this split stood still too long)")]
+    SplitTakenOver,
     /// The verifier found a candidate's object gone (freed, reclaimed, reused) since the
     /// buckets were read: the slot moved on. The index reads the buckets again; a verifier
     /// returns this from [`crate::KeyVerifier::find`] rather than "no match".

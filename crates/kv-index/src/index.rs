@@ -552,14 +552,30 @@ impl RaceIndex {
         }
     }
 
-    fn wait_split(&self, backoff: &mut Backoff, start: Instant) -> Result<()> {
-        if backoff.pause() {
-            Ok(())
-        } else {
-            Err(Error::SplitStalled {
-                waited: start.elapsed(),
-            })
+    /// A writer (or search) met a splitting subtable: waits a little. When the split stood
+    /// still for the split timeout, finishes it (taking the lock over if its holder stopped
+    /// renewing it) instead of failing; fails only if the split still does not end.
+    fn wait_split<V: KeyVerifier + ?Sized>(
+        &self,
+        verifier: &V,
+        backoff: &mut Backoff,
+        start: Instant,
+    ) -> Result<()> {
+        if crate::split::stranded_here() {
+            // This process left a split holding the lock: finish it now, not after a wait.
+            return self.help_split(verifier);
         }
+        if backoff.pause() {
+            return Ok(());
+        }
+        if start.elapsed() < self.wait_timeout.saturating_mul(3) {
+            self.help_split(verifier)?;
+            *backoff = Backoff::new(self.wait_timeout);
+            return Ok(());
+        }
+        Err(Error::SplitStalled {
+            waited: start.elapsed(),
+        })
     }
 
     /// SEARCH: the slot `key` maps to. One round trip for the buckets on a fresh directory
@@ -588,7 +604,7 @@ impl RaceIndex {
                 Err(e) => return Err(e),
             }
             // A split may have moved the key between our slot reads and header reads.
-            self.wait_split(&mut backoff, start)?;
+            self.wait_split(verifier, &mut backoff, start)?;
         }
     }
 
@@ -699,7 +715,7 @@ impl RaceIndex {
         loop {
             let view = self.read_view_with(tags::INSERT, &kh, std::mem::take(&mut first))?;
             if view.splitting {
-                self.wait_split(&mut backoff, start)?;
+                self.wait_split(verifier, &mut backoff, start)?;
                 continue;
             }
             let cands = view.candidates(&kh)?;
@@ -720,7 +736,7 @@ impl RaceIndex {
             };
             if is_frozen(empty) {
                 // (A split froze the slot after our read: its header said otherwise.)
-                self.wait_split(&mut backoff, start)?;
+                self.wait_split(verifier, &mut backoff, start)?;
                 continue;
             }
             let post = self.post_reads(view.subtable, &kh);
@@ -735,7 +751,7 @@ impl RaceIndex {
             let Some(after) = after else {
                 // A whole split ran between our read and our CAS, and the key now belongs to
                 // the new subtable: take the stranded entry back and start over.
-                self.retract(tags::INSERT, &kh, pos, slot.raw())?;
+                self.retract(verifier, tags::INSERT, &kh, pos, slot.raw())?;
                 continue;
             };
             // Duplicate check on the buckets as they were right after our CAS: another
@@ -756,7 +772,7 @@ impl RaceIndex {
             };
             if dup {
                 metrics::counter!("dmkit_kv_index_duplicates_resolved_total").increment(1);
-                self.retract(tags::INSERT, &kh, pos, slot.raw())?;
+                self.retract(verifier, tags::INSERT, &kh, pos, slot.raw())?;
                 continue;
             }
             return Ok(InsertOutcome::Inserted { pos, rule });
@@ -764,7 +780,14 @@ impl RaceIndex {
     }
 
     /// Takes our own value out of a slot again (SNAPSHOT `value → its tombstone`).
-    fn retract(&self, tag: Tag, kh: &KeyHash, pos: SlotPos, value: u64) -> Result<()> {
+    fn retract<V: KeyVerifier + ?Sized>(
+        &self,
+        verifier: &V,
+        tag: Tag,
+        kh: &KeyHash,
+        pos: SlotPos,
+        value: u64,
+    ) -> Result<()> {
         let gone = tombstone(value);
         if let RawOutcome::Won(_) = self.snapshot(tag, pos, value, gone, &[], &NoHooks)?.0 {
             return Ok(());
@@ -780,7 +803,7 @@ impl RaceIndex {
                 return Ok(());
             };
             if view.splitting || is_frozen(raw) {
-                self.wait_split(&mut backoff, start)?;
+                self.wait_split(verifier, &mut backoff, start)?;
                 continue;
             }
             if let RawOutcome::Won(_) = self.snapshot(tag, at, raw, gone, &[], &NoHooks)?.0 {
@@ -869,14 +892,14 @@ impl RaceIndex {
             };
             let Some(i) = found else {
                 if view.splitting {
-                    self.wait_split(&mut backoff, start)?;
+                    self.wait_split(verifier, &mut backoff, start)?;
                     continue;
                 }
                 return Ok(None);
             };
             let (pos, raw, old) = cands[i];
             if view.splitting || is_frozen(raw) {
-                self.wait_split(&mut backoff, start)?;
+                self.wait_split(verifier, &mut backoff, start)?;
                 continue;
             }
             hooks.round(pos, raw);
@@ -893,7 +916,7 @@ impl RaceIndex {
                 RawOutcome::Lost(now) if is_frozen(now) => {
                     // Lost to a split freezing the subtable, not to a writer: redo after it.
                     metrics::counter!("dmkit_kv_index_retries_total", "op" => tag).increment(1);
-                    self.wait_split(&mut backoff, start)?;
+                    self.wait_split(verifier, &mut backoff, start)?;
                 }
                 RawOutcome::Lost(now) if now == raw => {
                     // The round was abandoned (its winner lost the primary to a split).

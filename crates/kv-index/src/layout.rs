@@ -8,7 +8,7 @@
 //!          2 hash seed          3 global depth
 //!          4 bump: next free subtable index (FAA on the primary only)
 //!          5 split lock (CAS on the primary only; 0 = free)
-//!          6 subtable capacity  7 reserved
+//!          6 subtable capacity  7 split record (the lock holder's split, for a next holder)
 //! +64    directory: 2^max_depth entries of 8 bytes (subtable index | local depth << 32 | valid << 63)
 //! +A     subtable area (64-aligned): subtable i at A + i * subtable_bytes
 //! ```
@@ -31,6 +31,7 @@ pub(crate) const HDR_GLOBAL_DEPTH: u64 = 24;
 pub(crate) const HDR_BUMP: u64 = 32;
 pub(crate) const HDR_LOCK: u64 = 40;
 pub(crate) const HDR_CAPACITY: u64 = 48;
+pub(crate) const HDR_SPLIT: u64 = 56;
 pub(crate) const DIR_OFFSET: u64 = 64;
 
 pub(crate) const BUCKET_BYTES: u64 = 64;

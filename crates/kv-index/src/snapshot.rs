@@ -428,7 +428,10 @@ impl RaceIndex {
                 let olds = self.cas_backups(tag, &items)?;
                 let mut rule1 = Vec::new();
                 for (it, o) in items.iter().zip(&olds) {
-                    if o.iter().all(|&v| v == it.1) {
+                    // A backup may hold our value already: the same proposal from a split
+                    // holder that stopped midway (freezes propose `v | FROZEN`, whoever runs
+                    // them). Every backup holds it now either way.
+                    if o.iter().all(|&v| v == it.1 || v == it.2) {
                         rule1.push(*it);
                     } else {
                         match self

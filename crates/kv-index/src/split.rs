@@ -33,39 +33,219 @@ use rand::RngCore;
 use crate::error::{Error, Result};
 use crate::index::{Backoff, RaceIndex, subtable_image, tags, words};
 use crate::layout::{
-    DirEntry, HDR_BUMP, HDR_GLOBAL_DEPTH, HDR_LOCK, HEADER_WORD, KeyHash, SlotPos,
+    DirEntry, HDR_BUMP, HDR_GLOBAL_DEPTH, HDR_LOCK, HDR_SPLIT, HEADER_WORD, KeyHash, SlotPos,
 };
-use crate::slot::{FROZEN, Header, Slot, low_bits, thaw};
+use crate::slot::{FROZEN, Header, Slot, is_frozen, low_bits, thaw};
 use crate::verifier::KeyVerifier;
+
+/// The split record (space header word 7 of the primary): the split the lock holder runs,
+/// so that whoever holds the lock next finishes it. `valid | l << 56 | n << 28 | s`.
+const RECORD_VALID: u64 = 1 << 63;
+const RECORD_FIELD: u64 = (1 << 28) - 1;
+
+fn encode_record(st: u32, n: u32, l: u8) -> u64 {
+    RECORD_VALID | u64::from(l) << 56 | u64::from(n) << 28 | u64::from(st)
+}
+
+fn decode_record(w: u64) -> Option<(u32, u32, u8)> {
+    (w & RECORD_VALID != 0).then(|| {
+        (
+            (w & RECORD_FIELD) as u32,
+            (w >> 28 & RECORD_FIELD) as u32,
+            (w >> 56 & 0x7f) as u8,
+        )
+    })
+}
+
+/// Lock words of this process whose release failed (the connection broke under it): the
+/// next split attempt of any handle here takes such a word as its own instead of waiting
+/// for itself. Lock words are random 64-bit values, so no other client holds one of them.
+static STRANDED: parking_lot::Mutex<Vec<u64>> = parking_lot::Mutex::new(Vec::new());
+
+/// The split lock as its holder sees it: the word it last wrote. The holder *renews* it
+/// between steps (a CAS to the next word), so waiters can tell a live holder from a dead
+/// one; a word that stands still for the split timeout may be taken over.
+#[derive(Debug)]
+pub(crate) struct SplitLock {
+    word: u64,
+}
+
+/// A holder's CAS did not find its own word: another client took the split over.
+fn taken_over() -> Error {
+    Error::SplitTakenOver
+}
 
 impl RaceIndex {
     /// Splits the subtable that `kh` maps to, unless another client is splitting (then waits
-    /// for it) or it has room again. The caller retries its operation afterwards.
+    /// for it) or it has room again. The caller retries its operation afterwards. A split
+    /// left unfinished by a crashed or disconnected holder is finished first, by whoever
+    /// holds the lock next (a holder that stood still for the split timeout is taken over).
     pub(crate) fn split<V: KeyVerifier + ?Sized>(&self, verifier: &V, kh: &KeyHash) -> Result<()> {
-        let lock = self.spaces[0].at(HDR_LOCK);
-        let token = rand::rng().next_u64() | 1;
-        let held = self.ep.cas(tags::SPLIT, lock, 0, token)?;
-        if held != 0 {
-            let start = Instant::now();
-            let mut backoff = Backoff::new(self.wait_timeout);
-            while self.ep.read(tags::SPLIT, lock, 8)? != [0u8; 8] {
-                if !backoff.pause() {
-                    return Err(Error::SplitStalled {
-                        waited: start.elapsed(),
-                    });
-                }
-            }
+        let Some(mut lock) = self.acquire_split_lock()? else {
+            // Another client's split ended meanwhile: the caller looks again.
             return self.refresh_directory_tagged(tags::SPLIT);
-        }
-        let r = self.split_locked(verifier, kh);
-        let unlocked = self.ep.cas(tags::SPLIT, lock, token, 0);
+        };
+        let r = self
+            .finish_pending_split(verifier, &mut lock)
+            .and_then(|()| self.split_locked(verifier, kh, &mut lock));
+        let released = self.release_split_lock(&lock);
         r?;
-        unlocked?;
+        released
+    }
+
+    /// Helps a split that stands still: called by writers that waited the split timeout on a
+    /// splitting subtable. Takes the lock (over, if its holder stopped renewing it) and
+    /// finishes whatever split its record names.
+    pub(crate) fn help_split<V: KeyVerifier + ?Sized>(&self, verifier: &V) -> Result<()> {
+        let Some(mut lock) = self.acquire_split_lock()? else {
+            return self.refresh_directory_tagged(tags::SPLIT);
+        };
+        let r = self.finish_pending_split(verifier, &mut lock);
+        let released = self.release_split_lock(&lock);
+        r?;
+        released?;
+        self.refresh_directory_tagged(tags::SPLIT)
+    }
+
+    /// The split lock: `Some` once held (fresh, stranded by this process, or taken over),
+    /// `None` when another holder released it while we waited.
+    fn acquire_split_lock(&self) -> Result<Option<SplitLock>> {
+        let addr = self.spaces[0].at(HDR_LOCK);
+        let token = rand::rng().next_u64() | 1;
+        let held = self.ep.cas(tags::SPLIT, addr, 0, token)?;
+        if held == 0 {
+            return Ok(Some(SplitLock { word: token }));
+        }
+        if take_stranded(held) {
+            tracing::info!(
+                "resuming a split this process left holding the lock (its release failed)"
+            );
+            return Ok(Some(SplitLock { word: held }));
+        }
+        // Wait for the holder; a word that stands still for the split timeout is taken over.
+        // (The overall bound only stops a holder that renews forever without finishing.)
+        let start = Instant::now();
+        let mut backoff = Backoff::new(self.wait_timeout.saturating_mul(10));
+        let (mut seen, mut since) = (held, Instant::now());
+        loop {
+            if !backoff.pause() {
+                return Err(Error::SplitStalled {
+                    waited: start.elapsed(),
+                });
+            }
+            let now = self.read_word(addr)?;
+            if now == 0 {
+                return Ok(None);
+            }
+            if now != seen {
+                (seen, since) = (now, Instant::now());
+                continue;
+            }
+            if since.elapsed() < self.wait_timeout {
+                continue;
+            }
+            let token = rand::rng().next_u64() | 1;
+            let prev = self.ep.cas(tags::SPLIT, addr, seen, token)?;
+            if prev == seen {
+                tracing::warn!(
+                    stood_still = ?since.elapsed(),
+                    "taking over a split whose holder stopped renewing its lock"
+                );
+                metrics::counter!("dmkit_kv_index_split_takeovers_total").increment(1);
+                return Ok(Some(SplitLock { word: token }));
+            }
+            if prev == 0 {
+                return Ok(None);
+            }
+            (seen, since) = (prev, Instant::now());
+        }
+    }
+
+    /// Renews the lock (between the steps of a split): fails if another client took it.
+    fn renew_split_lock(&self, lock: &mut SplitLock) -> Result<()> {
+        let next = lock.word.wrapping_add(2) | 1;
+        let prev = self
+            .ep
+            .cas(tags::SPLIT, self.spaces[0].at(HDR_LOCK), lock.word, next)?;
+        if prev != lock.word {
+            return Err(taken_over());
+        }
+        lock.word = next;
         Ok(())
     }
 
-    fn split_locked<V: KeyVerifier + ?Sized>(&self, verifier: &V, kh: &KeyHash) -> Result<()> {
-        let t0 = Instant::now();
+    /// Releases the lock. If the release cannot be sent (the connection broke), the word is
+    /// remembered, so this process's next split takes it back at once instead of waiting for
+    /// itself; other clients take it over after the split timeout.
+    fn release_split_lock(&self, lock: &SplitLock) -> Result<()> {
+        match self
+            .ep
+            .cas(tags::SPLIT, self.spaces[0].at(HDR_LOCK), lock.word, 0)
+        {
+            Ok(prev) if prev == lock.word || prev == 0 => Ok(()),
+            Ok(_) => Err(taken_over()),
+            Err(e) => {
+                STRANDED.lock().push(lock.word);
+                Err(e.into())
+            }
+        }
+    }
+
+    fn read_word(&self, at: dmkit_verbs::RemoteAddr) -> Result<u64> {
+        let b = self.ep.read(tags::SPLIT, at, 8)?;
+        Ok(words(&b).first().copied().unwrap_or(0))
+    }
+
+    /// Finishes the split the record names, if any (its holder crashed, lost its connection
+    /// or was taken over). Every step is redone from the frozen primary, which no writer can
+    /// change, so a redo writes what the first attempt would have written.
+    fn finish_pending_split<V: KeyVerifier + ?Sized>(
+        &self,
+        verifier: &V,
+        lock: &mut SplitLock,
+    ) -> Result<()> {
+        let rec = self.read_word(self.spaces[0].at(HDR_SPLIT))?;
+        let Some((st, n, l)) = decode_record(rec) else {
+            return Ok(());
+        };
+        if u64::from(st) >= self.layout.capacity || u64::from(n) >= self.layout.capacity {
+            return Err(self.corrupt(format!("split record {rec:#x}")));
+        }
+        let h = self
+            .read_word(self.spaces[0].at(self.layout.bucket_off(st, 0) + 8 * HEADER_WORD as u64))?;
+        let h = Header::decode(h)
+            .ok_or_else(|| self.corrupt(format!("subtable {st}: bucket header {h:#018x}")))?;
+        metrics::counter!("dmkit_kv_index_split_resumes_total").increment(1);
+        if h.local_depth > l && !h.splitting {
+            // The primary got its final image: only the record is left.
+            tracing::info!(
+                subtable = st,
+                "an interrupted split had finished; clearing its record"
+            );
+            return self.write_record(0);
+        }
+        tracing::warn!(
+            subtable = st,
+            new = n,
+            depth = l,
+            "finishing an interrupted split"
+        );
+        let p = low_bits(u64::from(h.prefix), l) as u32;
+        self.run_split(verifier, lock, st, n, l, p, true)
+    }
+
+    fn write_record(&self, w: u64) -> Result<()> {
+        self.ep
+            .write(tags::SPLIT, self.spaces[0].at(HDR_SPLIT), &w.to_le_bytes())?;
+        Ok(())
+    }
+
+    fn split_locked<V: KeyVerifier + ?Sized>(
+        &self,
+        verifier: &V,
+        kh: &KeyHash,
+        lock: &mut SplitLock,
+    ) -> Result<()> {
         self.refresh_directory_tagged(tags::SPLIT)?;
         let dir = self.dir.read().clone();
         let e = dir.entries[kh.dir_index(dir.global_depth) as usize];
@@ -87,7 +267,7 @@ impl RaceIndex {
             )));
         }
         let n = self.ep.faa(tags::SPLIT, self.spaces[0].at(HDR_BUMP), 1)?;
-        if n >= self.layout.capacity {
+        if n >= self.layout.capacity || n > RECORD_FIELD {
             return Err(Error::Full(format!(
                 "all {} subtables of the replica spaces are in use",
                 self.layout.capacity
@@ -95,9 +275,29 @@ impl RaceIndex {
         }
         let n = n as u32;
         let p = low_bits(kh.dir, l) as u32;
+        // 1. The record, so that a next holder can finish this split if we stop.
+        self.write_record(encode_record(st, n, l))?;
+        self.run_split(verifier, lock, st, n, l, p, false)
+    }
+
+    /// Steps 2-6 of splitting subtable `st` (depth `l`, prefix `p`) into `st` and `n`, then
+    /// the record cleared. `resumed`: another holder may have done any prefix of the steps.
+    #[allow(clippy::too_many_arguments)]
+    fn run_split<V: KeyVerifier + ?Sized>(
+        &self,
+        verifier: &V,
+        lock: &mut SplitLock,
+        st: u32,
+        n: u32,
+        l: u8,
+        p: u32,
+        resumed: bool,
+    ) -> Result<()> {
+        let t0 = Instant::now();
         let buckets = self.layout.buckets();
 
         // 2. Mark S splitting everywhere.
+        self.renew_split_lock(lock)?;
         let splitting = Header {
             local_depth: l,
             prefix: p,
@@ -124,14 +324,22 @@ impl RaceIndex {
         }
 
         // 3. Freeze every slot.
+        self.renew_split_lock(lock)?;
         let img = self.read_subtable(st)?;
         let items: Vec<(SlotPos, u64, u64)> = slot_words(&img)
+            .filter(|(_, raw)| !is_frozen(*raw))
             .map(|(i, raw)| (self.pos_of(st, i), raw, raw | FROZEN))
             .collect();
         self.snapshot_many(tags::SPLIT, items, |v| v | FROZEN)?;
 
         // 4. Rehash the frozen entries and build both images.
+        self.renew_split_lock(lock)?;
         let img = self.read_subtable(st)?;
+        if let Some((i, raw)) = slot_words(&img).find(|(_, raw)| !is_frozen(*raw)) {
+            return Err(self.corrupt(format!(
+                "subtable {st} word {i} ({raw:#x}) is not frozen after the freeze"
+            )));
+        }
         let live: Vec<(usize, Slot)> = slot_words(&img)
             .filter_map(|(i, raw)| match Slot::from_raw(thaw(raw)) {
                 Ok(Some(s)) => Some(Ok((i, s))),
@@ -169,21 +377,39 @@ impl RaceIndex {
         }
         let n_img = subtable_image(&self.layout, Header::normal(l + 1, p | 1 << l), &moved);
         let s_img = subtable_image(&self.layout, Header::normal(l + 1, p), &stay);
-        self.write_all(&n_img, self.layout.subtable_off(n), 0..self.spaces.len())?;
 
-        // 5. The directory.
+        // Where a resumed split stands: once the directory points at N, writers may have
+        // written into N, so its image is not written again.
+        self.refresh_directory_tagged(tags::SPLIT)?;
+        let dir = self.dir.read().clone();
+        let sibling = u64::from(p | 1 << l);
+        let published = resumed
+            && dir.global_depth > l
+            && dir.entries[sibling as usize]
+                == (DirEntry {
+                    subtable: n,
+                    local_depth: l + 1,
+                });
+        if !published {
+            self.write_all(&n_img, self.layout.subtable_off(n), 0..self.spaces.len())?;
+        }
+
+        // 5. The directory (again on every replica when resumed: the primary's is the truth).
+        self.renew_split_lock(lock)?;
         let mut g = dir.global_depth;
         let mut entries = dir.entries.clone();
-        if l + 1 > g {
-            entries.extend_from_within(..);
-            g += 1;
-        }
-        for (i, ent) in entries.iter_mut().enumerate() {
-            if low_bits(i as u64, l) == u64::from(p) {
-                *ent = DirEntry {
-                    subtable: if i >> l & 1 == 1 { n } else { st },
-                    local_depth: l + 1,
-                };
+        if !published {
+            if l + 1 > g {
+                entries.extend_from_within(..);
+                g += 1;
+            }
+            for (i, ent) in entries.iter_mut().enumerate() {
+                if low_bits(i as u64, l) == u64::from(p) {
+                    *ent = DirEntry {
+                        subtable: if i >> l & 1 == 1 { n } else { st },
+                        local_depth: l + 1,
+                    };
+                }
             }
         }
         let mut dir_bytes = Vec::with_capacity(entries.len() * 8);
@@ -198,9 +424,7 @@ impl RaceIndex {
                 b.write(s.at(self.layout.dir_off(0)), &dir_bytes);
                 // Entries before depth (in order on the connection): a reader that sees the
                 // new depth finds the doubled entries.
-                if g != dir.global_depth {
-                    b.write(s.at(HDR_GLOBAL_DEPTH), &u64::from(g).to_le_bytes());
-                }
+                b.write(s.at(HDR_GLOBAL_DEPTH), &u64::from(g).to_le_bytes());
                 b
             })
             .collect();
@@ -208,10 +432,12 @@ impl RaceIndex {
             r?;
         }
 
-        // 6. Unfreeze: backups first, then the primary.
+        // 6. Unfreeze: backups first, then the primary; then the record is done.
+        self.renew_split_lock(lock)?;
         let off = self.layout.subtable_off(st);
         self.write_all(&s_img, off, 1..self.spaces.len())?;
         self.write_all(&s_img, off, 0..1)?;
+        self.write_record(0)?;
 
         *self.dir.write() = crate::index::DirCache {
             global_depth: g,
@@ -259,6 +485,23 @@ impl RaceIndex {
             bucket: (word / 8) as u64,
             slot: (word % 8) as u8,
         }
+    }
+}
+
+/// Whether this process has a split lock whose release failed.
+pub(crate) fn stranded_here() -> bool {
+    !STRANDED.lock().is_empty()
+}
+
+/// Takes `word` off this process's stranded lock words, if it is one.
+fn take_stranded(word: u64) -> bool {
+    let mut s = STRANDED.lock();
+    match s.iter().position(|&w| w == word) {
+        Some(i) => {
+            s.swap_remove(i);
+            true
+        }
+        None => false,
     }
 }
 

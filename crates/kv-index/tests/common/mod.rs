@@ -55,6 +55,15 @@ impl TestCluster {
         RaceIndex::format(&self.endpoint(), config, &self.spaces).unwrap()
     }
 
+    /// A client with its own endpoint, and that endpoint's client id (for the sim's faults).
+    pub fn open_client(&self) -> (u64, RaceIndex) {
+        let id = self
+            .next_client
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let ep = self.cluster.endpoint(id).unwrap();
+        (id, RaceIndex::open(&ep, &self.spaces).unwrap())
+    }
+
     /// A client with its own endpoint.
     pub fn open(&self) -> RaceIndex {
         RaceIndex::open(&self.endpoint(), &self.spaces).unwrap()

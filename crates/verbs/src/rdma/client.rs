@@ -85,6 +85,11 @@ struct InFlight {
     ops: Vec<Op>,
     bufs: Vec<MemBuf>,
     signaled_left: usize,
+    /// Signalled chunks in all (each returns its work requests' send-queue slots when it
+    /// completes, so a batch larger than the send queue flows through it).
+    chunks: usize,
+    /// Work requests per chunk (the last one may have fewer).
+    chunk: u32,
     wrs: u32,
     /// What only some batches need (plain verbs on registered buffers need none of it):
     /// boxed, so the common entry stays small — it is moved in and out of the map per verb.
@@ -384,6 +389,43 @@ impl Shared {
         })
     }
 
+    /// Takes `n` send-queue slots (at most the queue's depth), waiting up to the operation
+    /// timeout for completions to return some; false if the connection died or the time ran
+    /// out. While it waits it polls the completion queue itself when nobody else does, so a
+    /// batch larger than the queue needs no other thread to make progress.
+    fn take_send_slots(self: &Arc<Self>, n: u32) -> bool {
+        debug_assert!(n <= self.sq_depth);
+        let mut deadline = None;
+        loop {
+            {
+                let mut free = self.sq_free.lock();
+                if *free >= n {
+                    *free -= n;
+                    return true;
+                }
+                if !self.alive.load(Ordering::SeqCst) {
+                    return false;
+                }
+                // (The clock is read only when the queue is full.)
+                let d = *deadline.get_or_insert_with(|| Instant::now() + self.op_timeout);
+                if Instant::now() >= d {
+                    return false;
+                }
+            }
+            let polled = !IN_POLL.with(std::cell::Cell::get)
+                && self
+                    .poll_lock
+                    .try_lock()
+                    .is_some_and(|mut wcs| poll_once(self, &self.cq, &mut wcs[..], false) > 0);
+            if !polled {
+                let mut free = self.sq_free.lock();
+                if *free < n && self.alive.load(Ordering::SeqCst) {
+                    self.sq_cv.wait_for(&mut free, Duration::from_micros(200));
+                }
+            }
+        }
+    }
+
     fn dead(&self) -> Error {
         Error::Disconnected {
             node: self.node,
@@ -512,18 +554,27 @@ impl Shared {
             }
             return;
         }
-        let done = {
+        let (done, credit) = {
             let mut m = self.inflight.lock();
             let Some(f) = m.get_mut(&id) else { return };
+            // RC completes in order: this is the next chunk's signalled (last) WR.
+            let k = f.chunks - f.signaled_left;
+            let credit = if k + 1 == f.chunks {
+                f.wrs - f.chunk * (f.chunks as u32 - 1)
+            } else {
+                f.chunk
+            };
             f.signaled_left -= 1;
-            if f.signaled_left > 0 {
-                return;
-            }
-            m.remove(&id)
+            let done = if f.signaled_left > 0 {
+                None
+            } else {
+                m.remove(&id)
+            };
+            (done, credit)
         };
-        let Some(f) = done else { return };
-        *self.sq_free.lock() += f.wrs;
+        *self.sq_free.lock() += credit;
         self.sq_cv.notify_all();
+        let Some(f) = done else { return };
         if f.persist().is_empty() || f.fault().is_some() {
             self.finish(f);
             return;
@@ -1041,20 +1092,12 @@ impl Connection for RdmaConnection {
         for c in wrs.chunks_mut(chunk) {
             c.last_mut().expect("non-empty").signaled = true;
         }
-        {
-            let mut free = s.sq_free.lock();
-            if *free < total {
-                // (The clock is read only when the queue is full.)
-                let deadline = Instant::now() + s.op_timeout;
-                while *free < total {
-                    if !s.alive.load(Ordering::SeqCst)
-                        || s.sq_cv.wait_until(&mut free, deadline).timed_out()
-                    {
-                        return Pending::ready(node, Err(s.dead()));
-                    }
-                }
-            }
-            *free -= total;
+        // The first chunk's send-queue slots before anything is in flight: failing to get them
+        // fails this batch alone.
+        let mut parts = wrs.chunks(chunk);
+        let first = parts.next().expect("a batch has work requests");
+        if !s.take_send_slots(first.len() as u32) {
+            return Pending::ready(node, Err(s.dead()));
         }
         let plain = bounce_reads.is_empty()
             && keep.is_empty()
@@ -1079,11 +1122,24 @@ impl Connection for RdmaConnection {
                 ops,
                 bufs,
                 signaled_left: chunks,
+                chunks,
+                chunk: chunk as u32,
                 wrs: total,
                 extra,
             },
         );
-        for c in wrs.chunks(chunk) {
+        for (k, c) in std::iter::once(first).chain(parts).enumerate() {
+            // A batch larger than the send queue (a split marks and freezes thousands of
+            // slots) waits for earlier chunks to complete. Half of it is already posted, so
+            // no slots in time breaks the connection (its verbs cannot be taken back).
+            if k > 0 && !s.take_send_slots(c.len() as u32) {
+                s.kill(format!(
+                    "no send-queue slots for {} more work requests within {:?}",
+                    c.len(),
+                    s.op_timeout
+                ));
+                break;
+            }
             // SAFETY: every local segment is a registered buffer now owned by the InFlight
             // entry (or an inline source read during this call); the entry is removed only
             // on the batch's last completion or a flush, and the QP is destroyed before the
