@@ -2,7 +2,8 @@
 # Tier: the rdma backend on SoftRoCE (a QEMU guest with rdma_rxe; see
 # ../shared/softroce/README.md): dmkit-verbs' conformance suite; `dmkit memnode --backend
 # rdma`, `dmkit bench verbs --backend rdma` (with perftest) and a FUSEE cluster as an operator
-# runs them (.ci/softroce-cli.sh); the FUSEE failover process tests over rdma. Fails
+# runs them (.ci/softroce-cli.sh); FUSEE's index grown past many splits by one and by two
+# clients (.ci/softroce-growth.sh); the FUSEE failover process tests over rdma. Fails
 # (non-zero) if the packages cannot be installed or the guest cannot boot: never passes
 # silently.
 set -euo pipefail
@@ -38,6 +39,10 @@ SOFTROCE_TIMEOUT=900 CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="bash $RUNNER"
 # The dmkit binary over rdma, as operators run it.
 cargo build --release -p dmkit-tools --features rdma
 SOFTROCE_TIMEOUT=600 DMKIT="$PWD/target/release/dmkit" bash "$RUNNER" bash .ci/softroce-cli.sh
+
+# FUSEE's index grows past many splits over rdma: 50 000 keys from one client (r = 1), and
+# 2 x 25 000 from two clients at once (r = 3), every key read back.
+SOFTROCE_TIMEOUT=900 DMKIT="$PWD/target/release/dmkit" bash "$RUNNER" bash .ci/softroce-growth.sh
 
 # FUSEE's failover process tests (SIGKILLed memnodes under YCSB clients, refills, a dead
 # master) with every memory node, client and master on rdma.

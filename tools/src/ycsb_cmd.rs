@@ -56,6 +56,10 @@ pub struct YcsbArgs {
     /// Random seed of the operation stream (default: derived from the client id).
     #[arg(long)]
     pub seed: Option<u64>,
+    /// After the load, read every record this client loaded back and fail (exit 3) if one
+    /// is missing or holds another value.
+    #[arg(long, requires = "load")]
+    pub verify: bool,
     /// Append every acknowledged write here as `key\ttag\tvalue-hash\tunix-ms`.
     #[arg(long)]
     pub ack_log: Option<PathBuf>,
@@ -243,18 +247,62 @@ fn run_phases(
     let id = args.client_id;
     if args.load {
         let t = Instant::now();
-        let keys: Vec<String> = workload.load_keys().collect();
-        let mut loaded = 0u64;
-        for key in keys {
+        // With a partition, only this client's share (so that several clients can load one
+        // key space at once, each its own keys).
+        let keys: Vec<String> = workload
+            .load_keys()
+            .enumerate()
+            .filter(|(n, _)| part.is_none_or(|p| *n as u64 % p.of == p.share))
+            .map(|(_, k)| k)
+            .collect();
+        let mut loaded = Vec::with_capacity(if args.verify { keys.len() } else { 0 });
+        let every = (keys.len() / 10).max(1);
+        for (i, key) in keys.iter().enumerate() {
             let (tag, value) = writes.value(&[], args.value_bytes);
             put(c, key.as_bytes(), &value)?;
-            writes.ack(&key, &tag, &value)?;
-            loaded += 1;
+            writes.ack(key, &tag, &value)?;
+            if args.verify {
+                loaded.push(fnv1a_64(&value));
+            }
+            if (i + 1) % every == 0 {
+                eprintln!(
+                    "ycsb: client {id} loaded {} of {} records ({:.1} s)",
+                    i + 1,
+                    keys.len(),
+                    t.elapsed().as_secs_f64()
+                );
+            }
         }
         eprintln!(
-            "ycsb: client {id} loaded {loaded} records in {:.2} s",
+            "ycsb: client {id} loaded {} records in {:.2} s",
+            keys.len(),
             t.elapsed().as_secs_f64()
         );
+        if args.verify {
+            let t = Instant::now();
+            for (key, want) in keys.iter().zip(&loaded) {
+                match c.search(key.as_bytes()).map_err(fail)? {
+                    Some(v) if fnv1a_64(&v) == *want => {}
+                    Some(_) => {
+                        return Err(CliError::with_code(
+                            format!("verify: {key} holds another value than this client loaded"),
+                            3,
+                        ));
+                    }
+                    None => {
+                        return Err(CliError::with_code(
+                            format!("verify: {key} is missing after the load"),
+                            3,
+                        ));
+                    }
+                }
+            }
+            eprintln!(
+                "ycsb: client {id} verified {} records in {:.2} s",
+                keys.len(),
+                t.elapsed().as_secs_f64()
+            );
+        }
     }
     eprintln!(
         "ycsb: client {id} running workload {} for {} s",

@@ -234,11 +234,27 @@ pub(crate) struct Hooks<'a> {
     round: Mutex<Option<(SlotPos, u64)>>,
     /// The last round reached its primary swap: every backup held this writer's value.
     swapping: std::sync::atomic::AtomicBool,
+    /// The cached object read in the first round: (its cache entry, batch, op index).
+    prefetch: Option<(CachedAddr, usize, dmkit_verbs::OpIdx)>,
+    key: &'a [u8],
 }
 
 impl WriteHooks for Hooks<'_> {
     fn first_round(&self) -> Vec<Batch> {
         self.first.lock().take().unwrap_or_default()
+    }
+
+    fn first_round_done(&self, results: &[dmkit_verbs::BatchResult]) {
+        let Some((c, b, i)) = self.prefetch else {
+            return;
+        };
+        let Some(r) = results.get(b) else { return };
+        let found = object::decode(r.read(i), slot_addr(c.slot))
+            .filter(|o| o.key == self.key && o.generation == c.generation)
+            .filter(|o| o.flags & (object::FLAG_OUTDATED | object::FLAG_RECLAIMED) == 0);
+        if let Some(o) = found {
+            *self.verifier.prefetched.lock() = Some((c.slot, o));
+        }
     }
 
     fn round(&self, pos: SlotPos, expected: u64) {
@@ -502,7 +518,7 @@ impl Client {
             let slot = inner.slot_of(key, &a, bytes.len())?;
             let (view, index) = inner.state();
             let v = Verifier::new(&view);
-            let hooks = inner.hooks(&a, &bytes, Op::Insert, &v);
+            let hooks = inner.hooks(key, &a, &bytes, Op::Insert, &v);
             Ok((
                 index.insert_hooked(&v, key, slot, &hooks)?,
                 slot,
@@ -553,7 +569,7 @@ impl Client {
         let slot = inner.slot_of(key, &a, bytes.len())?;
         let (view, index) = inner.state();
         let v = Verifier::new(&view);
-        let hooks = inner.hooks(&a, &bytes, Op::Update, &v);
+        let hooks = inner.hooks(key, &a, &bytes, Op::Update, &v);
         let m = index.update_hooked(&v, key, slot, &hooks)?;
         let found = v.take();
         match m {
@@ -613,7 +629,7 @@ impl Client {
             let bytes = object::encode(key, &[], a.next, a.prev, a.generation, Op::Delete)?;
             let (view, index) = inner.state();
             let v = Verifier::new(&view);
-            let hooks = inner.hooks(&a, &bytes, Op::Delete, &v);
+            let hooks = inner.hooks(key, &a, &bytes, Op::Delete, &v);
             let m = match index.delete_hooked(&v, key, &hooks) {
                 Ok(m) => m,
                 Err(e) => {
@@ -1183,6 +1199,7 @@ impl Inner {
 
     fn hooks<'a>(
         &'a self,
+        key: &'a [u8],
         a: &'a Allocation,
         bytes: &[u8],
         op: Op,
@@ -1191,7 +1208,7 @@ impl Inner {
         // The operation's epoch: its serving replicas (not the ones of the epoch the object
         // was allocated in — a node may have failed or rejoined since).
         let view = v.view;
-        let batches = alloc::replicas_of(view, a.addr)
+        let mut batches: Vec<Batch> = alloc::replicas_of(view, a.addr)
             .iter()
             .filter_map(|r| {
                 let region = view.region(r.node)?;
@@ -1200,6 +1217,25 @@ impl Inner {
                 Some(b)
             })
             .collect();
+        // UPDATE and DELETE with the key's address cached: read the object it names in the
+        // same round trip (FUSEE, Fig. 9: "read the KV pair according to the index cache").
+        let mut prefetch = None;
+        if matches!(op, Op::Update | Op::Delete) && !self.cache.should_bypass() {
+            if let Some(c) = self.cache.get(&key.to_vec()) {
+                let o = slot_addr(c.slot);
+                if let Some(at) = view.acting(o.node, o.offset) {
+                    let k = match batches.iter().position(|b| b.node() == at.node) {
+                        Some(k) => k,
+                        None => {
+                            batches.push(self.ep.batch(at.node));
+                            batches.len() - 1
+                        }
+                    };
+                    let i = batches[k].read(at, c.slot.object_len());
+                    prefetch = Some((c, k, i));
+                }
+            }
+        }
         Hooks {
             inner: self,
             first: Mutex::new(Some(batches)),
@@ -1208,6 +1244,8 @@ impl Inner {
             verifier: v,
             round: Mutex::new(None),
             swapping: std::sync::atomic::AtomicBool::new(false),
+            prefetch,
+            key,
         }
     }
 
@@ -1226,6 +1264,8 @@ impl Inner {
             verifier: v,
             round: Mutex::new(None),
             swapping: std::sync::atomic::AtomicBool::new(false),
+            prefetch: None,
+            key: &[],
         }
     }
 

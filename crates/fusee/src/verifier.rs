@@ -66,6 +66,10 @@ pub(crate) fn read_objects(
 pub(crate) struct Verifier<'a> {
     pub view: &'a ClusterView,
     pub found: Mutex<Option<(Slot, KvObject)>>,
+    /// The object the address cache named, read in the operation's first round trip beside
+    /// the buckets and found whole, live and of the cached generation: when the buckets still
+    /// point to it, it is the key's and needs no second read (the paper's cached write).
+    pub prefetched: Mutex<Option<(Slot, KvObject)>>,
 }
 
 impl<'a> Verifier<'a> {
@@ -73,6 +77,7 @@ impl<'a> Verifier<'a> {
         Self {
             view,
             found: Mutex::new(None),
+            prefetched: Mutex::new(None),
         }
     }
 
@@ -97,6 +102,15 @@ impl KeyVerifier for Verifier<'_> {
     ) -> dmkit_kv_index::Result<Option<usize>> {
         if candidates.is_empty() {
             return Ok(None);
+        }
+        // (Taken: a retry after a stale candidate reads for itself.)
+        if let Some((s, o)) = self.prefetched.lock().take() {
+            if let Some(i) = candidates.iter().position(|c| *c == s) {
+                if o.key == key {
+                    *self.found.lock() = Some((s, o));
+                    return Ok(Some(i));
+                }
+            }
         }
         let objs = read_objects(ep, self.view, candidates)?;
         let mut gone = false;

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use dmkit_verbs::{Batch, RemoteAddr};
+use dmkit_verbs::{Batch, BatchResult, RemoteAddr};
 
 use crate::error::Result;
 use crate::index::{Backoff, RaceIndex};
@@ -19,6 +19,13 @@ pub trait WriteHooks: Sync {
     /// FUSEE writes the KV object to its data replicas here. Called once per operation.
     fn first_round(&self) -> Vec<Batch> {
         Vec::new()
+    }
+
+    /// The results of the [`Self::first_round`] batches, in their order, once the round
+    /// completed (before any candidate is verified): FUSEE reads the object its address cache
+    /// names there, so a cached UPDATE or DELETE needs no separate object read.
+    fn first_round_done(&self, results: &[BatchResult]) {
+        let _ = results;
     }
 
     /// This writer is the last writer and is about to swap the primary, whose value it

@@ -511,7 +511,7 @@ impl RaceIndex {
     /// Reads the key's two combined buckets from the primary (one round trip on a fresh
     /// cache), refreshing the directory when the bucket headers say it is stale.
     pub(crate) fn read_view(&self, tag: Tag, kh: &KeyHash) -> Result<View> {
-        self.read_view_with(tag, kh, Vec::new())
+        self.read_view_with(tag, kh, Vec::new(), &NoHooks)
     }
 
     /// [`Self::read_view`] with the caller's batches (to other nodes, or the same one)
@@ -521,6 +521,7 @@ impl RaceIndex {
         tag: Tag,
         kh: &KeyHash,
         mut extra: Vec<Batch>,
+        hooks: &dyn WriteHooks,
     ) -> Result<View> {
         let mut backoff = Backoff::new(self.wait_timeout);
         loop {
@@ -534,9 +535,8 @@ impl RaceIndex {
                 all.append(&mut extra);
                 let mut results = self.ep.execute_many(tag, all).into_iter();
                 let res = results.next().expect("the bucket batch")?;
-                for r in results {
-                    r?;
-                }
+                let done = results.collect::<std::result::Result<Vec<_>, _>>()?;
+                hooks.first_round_done(&done);
                 res
             };
             if let Some(v) = self.parse_view(e.subtable, kh, [res.read(r0), res.read(r1)])? {
@@ -713,7 +713,7 @@ impl RaceIndex {
         let mut backoff = Backoff::new(self.wait_timeout);
         let mut first = hooks.first_round();
         loop {
-            let view = self.read_view_with(tags::INSERT, &kh, std::mem::take(&mut first))?;
+            let view = self.read_view_with(tags::INSERT, &kh, std::mem::take(&mut first), hooks)?;
             if view.splitting {
                 self.wait_split(verifier, &mut backoff, start)?;
                 continue;
@@ -879,7 +879,7 @@ impl RaceIndex {
         let mut backoff = Backoff::new(self.wait_timeout);
         let mut first = hooks.first_round();
         loop {
-            let view = self.read_view_with(tag, kh, std::mem::take(&mut first))?;
+            let view = self.read_view_with(tag, kh, std::mem::take(&mut first), hooks)?;
             let cands = view.candidates(kh)?;
             let slots: Vec<Slot> = cands.iter().map(|c| c.2).collect();
             let found = self.find_confirmed(tag, verifier, key, &cands, &slots);
