@@ -5,7 +5,9 @@
 //! A write (INSERT, UPDATE, DELETE) runs the paper's four phases, each one round trip:
 //!
 //! 1. write the KV object (with its log entry, commit record empty) to its r data replicas,
-//!    and read the key's buckets — together;
+//!    and read the key's buckets — together (an UPDATE or DELETE whose key's address is
+//!    cached also reads the cached object here, so it needs no round of its own to compare
+//!    keys);
 //! 2. CAS the index backups (SNAPSHOT);
 //! 3. if this writer is the last writer: write the commit record (the primary's old value
 //!    and the old object's generation, with a crc32c) to the log entry;

@@ -13,11 +13,28 @@
 //! - **Recovery**: a client restarted with its id walks its log and finishes or rolls back
 //!   every unfinished operation of every task ([`Client::recover`]).
 //!
-//! Round trips per operation (r ≥ 2, no conflict): SEARCH 1 on an address-cache hit, 2
-//! otherwise (buckets, then the object); INSERT 4 (object write + bucket read, backup CAS,
-//! commit record, primary CAS); UPDATE and DELETE 5 (the same, plus reading the object whose
-//! fingerprint matched to compare keys). A won write's cleanup — freeing the replaced object
-//! and marking the log entry finished — takes 2 more, on the client's background thread.
+//! # Round trips
+//!
+//! Per operation, no conflicting writer, a warm client (its blocks fetched); *critical* is what
+//! the caller waits for, *background* what the client's background thread does afterwards
+//! (the replaced object's free, one FAA, and the log entry marked finished). Pinned by
+//! `tests/rtt.rs` on sim and tcp, and printed by `dmkit bench fusee --workload micro` on every
+//! backend (rdma included):
+//!
+//! | operation | r = 1 | r ≥ 2 | background | critical path |
+//! |---|---|---|---|---|
+//! | SEARCH, address cached | 1 | 1 | 0 | slot word and object, read together |
+//! | SEARCH, not cached | 2 | 2 | 0 | buckets; the candidate object |
+//! | INSERT | 3 | 4 | 1 | object write + bucket read; backup CAS (r ≥ 2); commit record; primary CAS |
+//! | UPDATE / DELETE, cached | 3 | 4 | 2 | object write + bucket read + cached object read; backup CAS; commit record; primary CAS |
+//! | UPDATE / DELETE, not cached | 4 | 5 | 2 | as cached, with the candidate object read in a round of its own |
+//!
+//! This is the FUSEE paper's write path (FAST 2023, extended version, Fig. 9 and §4.6: "four
+//! RTTs are required in general cases" for INSERT, UPDATE and DELETE; the cached KV address
+//! is read "in parallel with searching the hash index"). One deliberate difference: with
+//! r = 1 the paper skips the log commit (§6.1), we do not — our recovery frees the object a
+//! crashed write replaced using the old value in the commit record, so r = 1 costs 3, not 2.
+//! Rule-2/3 SNAPSHOT rounds add one or two, a directory refresh one, a split its own.
 //!
 //! ```
 //! use dmkit_fusee::{InsertResult, LocalCluster, LocalConfig};

@@ -1,0 +1,174 @@
+//! The round-trip contract of FUSEE's operations, on every backend this crate can start in
+//! process (sim, and tcp on loopback; the SoftRoCE tier checks rdma through `dmkit bench
+//! fusee --workload micro --backend rdma`): the critical path of each operation — what the
+//! caller waits for — and the background work it leaves (cleanup: the replaced object's
+//! free and the log entry's finish), with r = 1 and r = 3, the key's address cached or not.
+//! See the table in the crate docs.
+
+use dmkit_fusee::{Client, LocalCluster, LocalConfig, tags};
+use dmkit_verbs::TagStats;
+
+/// Tags of work the caller does not wait for.
+const BACKGROUND: [&str; 3] = [tags::CLEANUP, tags::RECLAIM, tags::BLOCKS];
+
+fn snapshot(c: &Client) -> Vec<(String, TagStats)> {
+    c.endpoint()
+        .stats()
+        .snapshot()
+        .into_iter()
+        .map(|(t, s)| (t.to_string(), s))
+        .collect()
+}
+
+/// (critical, background) round trips between two snapshots.
+fn split(before: &[(String, TagStats)], after: &[(String, TagStats)]) -> (u64, u64) {
+    let (mut crit, mut bg) = (0, 0);
+    for (t, s) in after {
+        let rt = match before.iter().find(|(b, _)| b == t) {
+            Some((_, b)) => s.since(b).round_trips,
+            None => s.round_trips,
+        };
+        if BACKGROUND.contains(&t.as_str()) {
+            bg += rt;
+        } else {
+            crit += rt;
+        }
+    }
+    (crit, bg)
+}
+
+/// Runs `op` alone (earlier background work finished), then waits for its own background
+/// work: (critical, background) round trips.
+fn count(c: &Client, op: impl FnOnce()) -> (u64, u64) {
+    c.flush().unwrap();
+    let s0 = snapshot(c);
+    op();
+    let s1 = snapshot(c);
+    c.flush().unwrap();
+    let s2 = snapshot(c);
+    let (crit, _) = split(&s0, &s1);
+    let (_, bg) = split(&s0, &s2);
+    (crit, bg)
+}
+
+fn median(mut v: Vec<(u64, u64)>) -> (u64, u64) {
+    v.sort_unstable();
+    v[v.len() / 2]
+}
+
+/// Median (critical, background) round trips of each operation over `n` keys.
+#[derive(Debug, PartialEq, Eq)]
+struct Rounds {
+    insert: (u64, u64),
+    search_cached: (u64, u64),
+    update_cached: (u64, u64),
+    delete_cached: (u64, u64),
+    search_uncached: (u64, u64),
+    update_uncached: (u64, u64),
+    delete_uncached: (u64, u64),
+}
+
+/// A client whose blocks of the operations' size classes are fetched (its first allocation
+/// fetches one on the critical path, as the paper's clients do at start).
+fn warm(c: Client) -> Client {
+    let k = format!("warm-up-{}", c.id()).into_bytes();
+    c.insert(&k, b"v").unwrap();
+    c.update(&k, b"first").unwrap();
+    c.delete(&k).unwrap();
+    c.flush().unwrap();
+    c
+}
+
+fn measure(cluster: &LocalCluster) -> Rounds {
+    const N: usize = 40;
+    let a = cluster.client(1).unwrap();
+    let b = cluster.client(2).unwrap();
+    let key = |i: usize| format!("rtt-key-{i:04}").into_bytes();
+    let (a, b) = (warm(a), warm(b));
+    let mut r: [Vec<(u64, u64)>; 7] = Default::default();
+    for i in 0..N {
+        let k = key(i);
+        r[0].push(count(&a, || {
+            a.insert(&k, b"first").unwrap();
+        }));
+        r[1].push(count(&a, || {
+            a.search(&k).unwrap().unwrap();
+        }));
+        r[2].push(count(&a, || {
+            a.update(&k, b"second").unwrap();
+        }));
+        // Client b has never seen the key.
+        r[4].push(count(&b, || {
+            b.search(&k).unwrap().unwrap();
+        }));
+    }
+    for i in 0..N {
+        let k = key(i);
+        if i % 2 == 0 {
+            r[3].push(count(&a, || {
+                a.delete(&k).unwrap();
+            }));
+        } else {
+            let c = warm(cluster.client(3 + i as u64).unwrap());
+            r[5].push(count(&c, || {
+                c.update(&k, b"third").unwrap();
+            }));
+            let d = warm(cluster.client(100 + i as u64).unwrap());
+            r[6].push(count(&d, || {
+                d.delete(&k).unwrap();
+            }));
+        }
+    }
+    let [i, s, u, d, su, uu, du] = r.map(median);
+    Rounds {
+        insert: i,
+        search_cached: s,
+        update_cached: u,
+        delete_cached: d,
+        search_uncached: su,
+        update_uncached: uu,
+        delete_uncached: du,
+    }
+}
+
+/// The contract: (critical, background) per operation for r = 1 and r ≥ 2.
+fn expected(r: usize) -> Rounds {
+    // Critical: object write + bucket read [+ cached object read] | backup CAS (r ≥ 2) |
+    // commit record | primary CAS; an uncached UPDATE/DELETE reads the candidate object in a
+    // round of its own. Background: the cleanup's free FAA and the log entry's finish.
+    let b = u64::from(r >= 2);
+    Rounds {
+        insert: (3 + b, 1),
+        search_cached: (1, 0),
+        update_cached: (3 + b, 2),
+        delete_cached: (3 + b, 2),
+        search_uncached: (2, 0),
+        update_uncached: (4 + b, 2),
+        delete_uncached: (4 + b, 2),
+    }
+}
+
+fn check(cluster: LocalCluster, r: usize, backend: &str) {
+    let got = measure(&cluster);
+    assert_eq!(got, expected(r), "{backend}, r = {r}");
+}
+
+#[test]
+fn round_trips_per_operation_sim_r1() {
+    check(LocalCluster::start(LocalConfig::new(1, 1)).unwrap(), 1, "sim");
+}
+
+#[test]
+fn round_trips_per_operation_sim_r3() {
+    check(LocalCluster::start(LocalConfig::new(3, 3)).unwrap(), 3, "sim");
+}
+
+#[test]
+fn round_trips_per_operation_tcp_r1() {
+    check(LocalCluster::start_tcp(LocalConfig::new(1, 1)).unwrap(), 1, "tcp");
+}
+
+#[test]
+fn round_trips_per_operation_tcp_r3() {
+    check(LocalCluster::start_tcp(LocalConfig::new(3, 3)).unwrap(), 3, "tcp");
+}
