@@ -27,6 +27,7 @@ use dmkit_cache::{AddressCache, AddressCacheConfig};
 use dmkit_kv_index::{
     InsertOutcome, Modified, ObjPtr, RaceIndex, Slot, SlotPos, SnapshotOutcome, WriteHooks,
 };
+use dmkit_verbs::record::timed;
 use dmkit_verbs::{Batch, Endpoint, NodeId};
 use parking_lot::Mutex;
 
@@ -514,15 +515,19 @@ impl Client {
         last: &Mutex<Option<Attempt>>,
     ) -> Result<InsertResult> {
         let inner = &self.inner;
-        let a = inner.allocate_attempt(object::object_len(key.len(), value.len()), false, last)?;
+        let a = timed("fusee.alloc", || {
+            inner.allocate_attempt(object::object_len(key.len(), value.len()), false, last)
+        })?;
         let res = (|| {
-            let bytes = object::encode(key, value, a.next, a.prev, a.generation, Op::Insert)?;
+            let bytes = timed("fusee.encode", || {
+                object::encode(key, value, a.next, a.prev, a.generation, Op::Insert)
+            })?;
             let slot = inner.slot_of(key, &a, bytes.len())?;
             let (view, index) = inner.state();
             let v = Verifier::new(&view);
             let hooks = inner.hooks(key, &a, &bytes, Op::Insert, &v);
             Ok((
-                index.insert_hooked(&v, key, slot, &hooks)?,
+                timed("index", || index.insert_hooked(&v, key, slot, &hooks))?,
                 slot,
                 bytes.len(),
             ))
@@ -566,13 +571,17 @@ impl Client {
         last: &Mutex<Option<Attempt>>,
     ) -> Result<UpdateResult> {
         let inner = &self.inner;
-        let a = inner.allocate_attempt(object::object_len(key.len(), value.len()), false, last)?;
-        let bytes = object::encode(key, value, a.next, a.prev, a.generation, Op::Update)?;
+        let a = timed("fusee.alloc", || {
+            inner.allocate_attempt(object::object_len(key.len(), value.len()), false, last)
+        })?;
+        let bytes = timed("fusee.encode", || {
+            object::encode(key, value, a.next, a.prev, a.generation, Op::Update)
+        })?;
         let slot = inner.slot_of(key, &a, bytes.len())?;
         let (view, index) = inner.state();
         let v = Verifier::new(&view);
         let hooks = inner.hooks(key, &a, &bytes, Op::Update, &v);
-        let m = index.update_hooked(&v, key, slot, &hooks)?;
+        let m = timed("index", || index.update_hooked(&v, key, slot, &hooks))?;
         let found = v.take();
         match m {
             None => {
@@ -627,12 +636,16 @@ impl Client {
         let inner = &self.inner;
         loop {
             // The log entry of a DELETE lives in a temporary object holding the key.
-            let a = inner.allocate_attempt(object::object_len(key.len(), 0), true, last)?;
-            let bytes = object::encode(key, &[], a.next, a.prev, a.generation, Op::Delete)?;
+            let a = timed("fusee.alloc", || {
+                inner.allocate_attempt(object::object_len(key.len(), 0), true, last)
+            })?;
+            let bytes = timed("fusee.encode", || {
+                object::encode(key, &[], a.next, a.prev, a.generation, Op::Delete)
+            })?;
             let (view, index) = inner.state();
             let v = Verifier::new(&view);
             let hooks = inner.hooks(key, &a, &bytes, Op::Delete, &v);
-            let m = match index.delete_hooked(&v, key, &hooks) {
+            let m = match timed("index", || index.delete_hooked(&v, key, &hooks)) {
                 Ok(m) => m,
                 Err(e) => {
                     // Whether the attempt had found the key (a cut-short DELETE that did not

@@ -155,20 +155,36 @@ fn check(cluster: LocalCluster, r: usize, backend: &str) {
 
 #[test]
 fn round_trips_per_operation_sim_r1() {
-    check(LocalCluster::start(LocalConfig::new(1, 1)).unwrap(), 1, "sim");
+    check(
+        LocalCluster::start(LocalConfig::new(1, 1)).unwrap(),
+        1,
+        "sim",
+    );
 }
 
 #[test]
 fn round_trips_per_operation_sim_r3() {
-    check(LocalCluster::start(LocalConfig::new(3, 3)).unwrap(), 3, "sim");
+    check(
+        LocalCluster::start(LocalConfig::new(3, 3)).unwrap(),
+        3,
+        "sim",
+    );
 }
 
 #[test]
 fn round_trips_per_operation_tcp_r1() {
-    check(LocalCluster::start_tcp(LocalConfig::new(1, 1)).unwrap(), 1, "tcp");
+    check(
+        LocalCluster::start_tcp(LocalConfig::new(1, 1)).unwrap(),
+        1,
+        "tcp",
+    );
 }
 
 #[test]
 fn round_trips_per_operation_tcp_r3() {
-    check(LocalCluster::start_tcp(LocalConfig::new(3, 3)).unwrap(), 3, "tcp");
+    check(
+        LocalCluster::start_tcp(LocalConfig::new(3, 3)).unwrap(),
+        3,
+        "tcp",
+    );
 }

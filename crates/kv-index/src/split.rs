@@ -48,13 +48,11 @@ fn encode_record(st: u32, n: u32, l: u8) -> u64 {
 }
 
 fn decode_record(w: u64) -> Option<(u32, u32, u8)> {
-    (w & RECORD_VALID != 0).then(|| {
-        (
-            (w & RECORD_FIELD) as u32,
-            (w >> 28 & RECORD_FIELD) as u32,
-            (w >> 56 & 0x7f) as u8,
-        )
-    })
+    (w & RECORD_VALID != 0).then_some((
+        (w & RECORD_FIELD) as u32,
+        (w >> 28 & RECORD_FIELD) as u32,
+        (w >> 56 & 0x7f) as u8,
+    ))
 }
 
 /// Lock words of this process whose release failed (the connection broke under it): the

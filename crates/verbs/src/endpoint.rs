@@ -196,19 +196,22 @@ impl Endpoint {
             Err(e) => return fail(e),
         };
         self.inner.stats.ops(tag, &batch.ops, round_trips);
-        conn.post(batch, self.ctx())
+        crate::record::timed("verbs.post", || conn.post(batch, self.ctx()))
     }
 
     /// Posts a batch (one doorbell) and counts one round trip for `tag`. Wait on the result
     /// with [`Endpoint::wait`] so the modeled clock advances.
     pub fn post(&self, tag: Tag, batch: Batch) -> Pending<BatchResult> {
+        if crate::record::enabled() {
+            crate::record::round(tag, [&batch]);
+        }
         self.post_counting(tag, batch, 1)
     }
 
     /// Waits for a completion, advancing this handle's modeled clock.
     pub fn wait<T: Send + 'static>(&self, p: Pending<T>) -> Result<T> {
         let at = p.modeled_done;
-        let r = p.wait();
+        let r = crate::record::timed("verbs.wait", || p.wait());
         self.advance(at);
         r
     }
@@ -223,6 +226,9 @@ impl Endpoint {
     /// Results come back in the order of `batches`.
     pub fn execute_many(&self, tag: Tag, batches: Vec<Batch>) -> Vec<Result<BatchResult>> {
         self.inner.stats.round_trip(tag);
+        if crate::record::enabled() {
+            crate::record::round(tag, &batches);
+        }
         let pending: Vec<_> = batches
             .into_iter()
             .map(|b| self.post_uncounted(tag, b))

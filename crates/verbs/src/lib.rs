@@ -54,6 +54,7 @@ mod types;
 
 #[cfg(feature = "rdma")]
 pub mod rdma;
+pub mod record;
 pub mod sim;
 pub mod tcp;
 pub mod wire;

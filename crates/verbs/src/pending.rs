@@ -23,6 +23,9 @@ pub(crate) struct Slot<T> {
     cv: Condvar,
     /// Set once a result has been delivered: a spinning waiter checks it without the lock.
     delivered: AtomicBool,
+    /// When the completion was delivered ([`crate::record`]'s wake-up figures; 0 unless
+    /// some thread records).
+    done_at: std::sync::atomic::AtomicU64,
 }
 
 impl<T> Slot<T> {
@@ -34,6 +37,7 @@ impl<T> Slot<T> {
             }),
             cv: Condvar::new(),
             delivered: AtomicBool::new(false),
+            done_at: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -47,6 +51,8 @@ impl<T> Slot<T> {
             cb(&r);
         }
         s.result = Some(r);
+        self.done_at
+            .store(crate::record::stamp(), Ordering::Relaxed);
         self.delivered.store(true, Ordering::Release);
         self.cv.notify_all();
     }
@@ -179,6 +185,8 @@ impl<T: Send + 'static> Pending<T> {
             State::Ready(r) => r,
             State::Done => Err(Error::InvalidArgument("completion already taken".into())),
             State::Waiting(slot) => {
+                // (Only a completion that arrived while we waited is a wake-up.)
+                let arrived_before = slot.delivered.load(Ordering::Acquire);
                 let far = |t: Instant| {
                     t.checked_add(timeout)
                         .unwrap_or_else(|| t + Duration::from_secs(86400 * 365))
@@ -225,7 +233,12 @@ impl<T: Send + 'static> Pending<T> {
                     }
                 };
                 match got {
-                    Some(r) => r,
+                    Some(r) => {
+                        if !arrived_before {
+                            crate::record::woke(slot.done_at.load(Ordering::Relaxed));
+                        }
+                        r
+                    }
                     None => {
                         // Deliver the timeout through the slot: callbacks (staging release)
                         // run, and a late completion is ignored. Then let the backend give

@@ -59,6 +59,7 @@ pub fn run(args: AllArgs) -> Result<(), CliError> {
         value_bytes: None,
         seconds: None,
         records: None,
+        breakdown: false,
     })?;
     eprintln!("dmkit bench all: fusee modeled latencies (sim latency model)");
     super::fusee::run(super::fusee::FuseeArgs {
@@ -71,6 +72,20 @@ pub fn run(args: AllArgs) -> Result<(), CliError> {
         value_bytes: None,
         seconds: None,
         records: None,
+        breakdown: false,
+    })?;
+    eprintln!("dmkit bench all: fusee measured latencies on tcp, beside their rounds replayed");
+    super::fusee::run(super::fusee::FuseeArgs {
+        backend: Backend::Tcp,
+        quick: true,
+        json: Some(out("fusee-micro-tcp-quick.json")),
+        plot: None,
+        clients: vec![1],
+        workload: super::fusee::BenchWorkload::Micro,
+        value_bytes: None,
+        seconds: None,
+        records: None,
+        breakdown: true,
     })?;
     if !args.skip_resp {
         eprintln!("dmkit bench all: resp gateway vs redis-server");

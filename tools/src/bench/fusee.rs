@@ -14,7 +14,7 @@
 //!   the same at n. When the workload is not c, YCSB-C also runs at the first client count
 //!   for `fusee_ycsb_c_vs_dashmap` (the headline ratio: read-only, where FUSEE pays its
 //!   round trips and the map pays a hash lookup).
-//! - `--workload micro`: the **modeled** one-client latency of each operation in the sim
+//! - `--workload micro` on sim: the **modeled** one-client latency of each operation in the sim
 //!   backend's latency model (virtual time: 2 µs round trip, 56 Gbit/s, DRAM media), beside
 //!   the FUSEE paper's figures (SEARCH ≈ 5 µs, INSERT ≈ 10 µs, UPDATE ≈ 11 µs, DELETE ≈ 11 µs).
 //!   Rows `modeled_<op>` have `"modeled": true` and `paper_us`. The client's background
@@ -23,6 +23,9 @@
 //!   one (`Client::flush`), reads the clock and the round-trip counter, runs the operation and
 //!   reads them again. A block prefetch the operation itself triggers can still overlap it and
 //!   push the clock (rare; visible in p99, not p50).
+//!
+//! - `--workload micro` on tcp or rdma: the **measured** one-client latency of each operation
+//!   beside a replay of its own rounds of verbs (see [`super::fusee_micro`]).
 //!
 //! On `sim` without a latency model the YCSB figures are wall-clock time of the in-process
 //! code path (measured, not modeled).
@@ -72,6 +75,10 @@ pub struct FuseeArgs {
     /// Records loaded before the runs (default: 10000 with --quick, 50000 otherwise).
     #[arg(long)]
     pub records: Option<u64>,
+    /// With `--workload micro` on tcp or rdma: print where each operation's time goes
+    /// (posting verbs, waiting, wake-ups, allocator, encoding, index).
+    #[arg(long)]
+    pub breakdown: bool,
 }
 
 /// What `--workload` runs.
@@ -111,9 +118,9 @@ const PAPER_US: [(&str, f64); 4] = [
 ];
 
 pub fn run(args: FuseeArgs) -> Result<(), CliError> {
-    if args.backend == Backend::Rdma {
+    if args.backend == Backend::Rdma && args.workload != BenchWorkload::Micro {
         return Err(CliError::usage(
-            "bench fusee runs its cluster in one process on sim or tcp",
+            "bench fusee runs YCSB on sim or tcp; on rdma it runs --workload micro",
         ));
     }
     if args.clients.is_empty() || args.clients.contains(&0) || args.clients.iter().any(|&c| c > 64)
@@ -614,9 +621,14 @@ fn round3(x: f64) -> f64 {
 /// time.
 fn micro(args: &FuseeArgs, records: u64, value_bytes: usize) -> Result<(), CliError> {
     if args.backend != Backend::Sim {
-        return Err(CliError::usage(
-            "--workload micro models latency in virtual time: it needs --backend sim",
-        ));
+        return super::fusee_micro::run(
+            args.backend,
+            args.quick,
+            args.breakdown,
+            args.json.as_deref(),
+            records,
+            value_bytes,
+        );
     }
     let keys = records.min(if args.quick { 2_000 } else { 10_000 });
     let model = LatencyModel::default();

@@ -5,6 +5,7 @@
 
 pub mod all;
 pub mod fusee;
+pub mod fusee_micro;
 pub mod gengar;
 pub mod perftest;
 pub mod resp;

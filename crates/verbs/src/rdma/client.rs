@@ -824,6 +824,261 @@ impl RdmaConnection {
     }
 }
 
+/// One verb of [`RdmaConnection::raw_round`] (diagnostics): what, where, how long. CAS and FAA
+/// compare with and add 0; WRITEs write whatever the scratch buffer holds.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy)]
+pub struct RawVerb {
+    pub kind: crate::record::VerbKind,
+    pub at: crate::RemoteAddr,
+    pub len: u32,
+}
+
+/// A part of a raw round posted on one connection, waiting for its signalled completion.
+struct RawPart<'a> {
+    s: Arc<Shared>,
+    _poll: parking_lot::MutexGuard<'a, Box<[sys::ibv_wc; POLL_BATCH]>>,
+    buf: Option<MemBuf>,
+    wrs: u32,
+    done: bool,
+}
+
+impl RdmaConnection {
+    /// Diagnostics (`dmkit bench fusee --workload micro` on rdma): one round trip made of
+    /// `parts` — each connection's verbs posted straight on its queue pair with one doorbell
+    /// (the last work request signalled, as the verbs path does) into one registered scratch
+    /// buffer — then every queue's completion polled for by this thread, with nothing of the
+    /// verbs path around them: the floor of the same round the full path runs. A durable
+    /// WRITE gets the read-after-write READ the full path adds. Other completions that turn
+    /// up meanwhile are delivered as usual. Meant for scratch memory: WRITEs overwrite it.
+    #[doc(hidden)]
+    pub fn raw_round(parts: &[(&RdmaConnection, &[RawVerb])]) -> Result<()> {
+        // Parts on one connection are posted under one poll lock, a doorbell each.
+        let mut shared: Vec<Arc<Shared>> = Vec::new();
+        let mut lists: Vec<Vec<&[RawVerb]>> = Vec::new();
+        for (c, verbs) in parts {
+            let s = c.shared();
+            match shared.iter().position(|x| Arc::ptr_eq(x, &s)) {
+                Some(i) => lists[i].push(verbs),
+                None => {
+                    shared.push(s);
+                    lists.push(vec![verbs]);
+                }
+            }
+        }
+        let mut posted: Vec<RawPart<'_>> = Vec::with_capacity(shared.len());
+        let mut result = Ok(());
+        for (s, verbs) in shared.iter().zip(&lists) {
+            if let Err(e) = raw_post(s, verbs).map(|(g, buf, wrs)| {
+                posted.push(RawPart {
+                    s: s.clone(),
+                    _poll: g,
+                    buf,
+                    wrs,
+                    done: false,
+                })
+            }) {
+                result = Err(e);
+                break;
+            }
+        }
+        let mut wcs = [sys::ibv_wc::default(); POLL_BATCH];
+        let deadline = Instant::now() + shared.first().map_or(Duration::ZERO, |s| s.op_timeout);
+        let mut empty = 0u32;
+        while posted.iter().any(|p| !p.done) {
+            let mut got = 0;
+            for p in posted.iter_mut().filter(|p| !p.done) {
+                let n = match p.s.cq.poll(&mut wcs) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        p.s.kill(e.to_string());
+                        p.done = true;
+                        result = Err(e);
+                        continue;
+                    }
+                };
+                got += n;
+                for wc in &wcs[..n] {
+                    if wc.wr_id != RAW_WR_ID {
+                        deliver(&p.s, wc);
+                        continue;
+                    }
+                    p.done = true;
+                    if wc.status != sys::IBV_WC_SUCCESS {
+                        let why = format!("raw round failed: {}", status_reason(wc.status));
+                        p.s.kill(why.clone());
+                        result = Err(Error::Disconnected {
+                            node: p.s.node,
+                            reason: why,
+                        });
+                    }
+                }
+            }
+            if got == 0 {
+                empty += 1;
+                if empty % 4096 == 0 && Instant::now() > deadline {
+                    for p in posted.iter_mut().filter(|p| !p.done) {
+                        p.s.kill("raw round timed out".into());
+                        // The NIC may still write into the buffer: it is never reused.
+                        std::mem::forget(p.buf.take());
+                        p.done = true;
+                    }
+                    result = Err(Error::Timeout {
+                        node: shared[0].node,
+                        after: shared[0].op_timeout,
+                    });
+                }
+                std::hint::spin_loop();
+            }
+        }
+        for p in &posted {
+            *p.s.sq_free.lock() += p.wrs;
+            p.s.sq_cv.notify_all();
+        }
+        result
+    }
+}
+
+/// Posts one connection's part of a raw round (holding its poll lock, so no other thread
+/// takes the completion off its queue): the lock, the scratch buffer and the WR count.
+#[allow(clippy::type_complexity)]
+fn raw_post<'a>(
+    s: &'a Arc<Shared>,
+    lists: &[&[RawVerb]],
+) -> Result<(
+    parking_lot::MutexGuard<'a, Box<[sys::ibv_wc; POLL_BATCH]>>,
+    Option<MemBuf>,
+    u32,
+)> {
+    use crate::record::VerbKind;
+    if !s.alive.load(Ordering::SeqCst) {
+        return Err(s.dead());
+    }
+    let table = s.regions.lock().clone();
+    let verbs = lists.iter().flat_map(|l| l.iter());
+    let total: usize = verbs.clone().map(|v| (v.len as usize).max(8)).sum();
+    let mut buf = s.alloc.alloc(total.max(8))?;
+    let base = buf.as_mut_ptr() as u64;
+    let mut off = 0u64;
+    // One doorbell per list: where each list's work requests end.
+    let mut wrs: Vec<Wr> = Vec::new();
+    let mut ends = Vec::with_capacity(lists.len());
+    let mut left = lists.iter().map(|l| l.len());
+    let mut in_list = left.next().unwrap_or(0);
+    for (i, v) in verbs.enumerate() {
+        while in_list == 0 {
+            ends.push(wrs.len());
+            in_list = left.next().unwrap_or(usize::MAX);
+        }
+        in_list -= 1;
+        let kind = match v.kind {
+            VerbKind::Read => OpKind::Read,
+            VerbKind::Write { durable } => OpKind::Write { durable },
+            VerbKind::Cas => OpKind::Cas { expect: 0, new: 0 },
+            VerbKind::Faa => OpKind::Faa { add: 0 },
+        };
+        let op = Op {
+            kind,
+            rkey: v.at.rkey,
+            addr: v.at.addr,
+            len: v.len,
+            buf: None,
+        };
+        let r = check(&table, &op).map_err(|fault| Error::RemoteAccess {
+            node: s.node,
+            index: i,
+            rkey: v.at.rkey,
+            addr: v.at.addr,
+            len: v.len,
+            fault,
+        })?;
+        let raddr = r.va + (v.at.addr - r.desc.base);
+        let rkey = r.nic_rkey;
+        let mut wr = Wr {
+            id: RAW_WR_ID,
+            kind: WrKind::Send,
+            addr: base + off,
+            len: v.len,
+            lkey: buf.lkey(),
+            signaled: false,
+            inline: false,
+        };
+        match kind {
+            OpKind::Read => wr.kind = WrKind::Read { raddr, rkey },
+            OpKind::Write { durable } => {
+                wr.kind = WrKind::Write { raddr, rkey };
+                wr.inline = v.len <= s.max_inline;
+                if durable && v.len > 0 {
+                    wrs.push(wr);
+                    let tail = v.len.min(8);
+                    wr = Wr {
+                        id: RAW_WR_ID,
+                        kind: WrKind::Read {
+                            raddr: raddr + u64::from(v.len - tail),
+                            rkey,
+                        },
+                        addr: base + off,
+                        len: tail,
+                        lkey: buf.lkey(),
+                        signaled: false,
+                        inline: false,
+                    };
+                }
+            }
+            OpKind::Cas { .. } => {
+                wr.kind = WrKind::Cas {
+                    raddr,
+                    rkey,
+                    expect: 0,
+                    swap: 0,
+                };
+                wr.len = 8;
+            }
+            OpKind::Faa { .. } => {
+                wr.kind = WrKind::Faa {
+                    raddr,
+                    rkey,
+                    add: 0,
+                };
+                wr.len = 8;
+            }
+        }
+        wrs.push(wr);
+        off += u64::from(v.len).max(8);
+    }
+    ends.push(wrs.len());
+    let n = wrs.len() as u32;
+    if wrs.is_empty() || n > s.sq_depth / 2 {
+        return Err(Error::InvalidArgument(format!(
+            "a raw round part takes 1..={} work requests, not {n}",
+            s.sq_depth / 2
+        )));
+    }
+    wrs.last_mut().expect("non-empty").signaled = true;
+    let g = s.poll_lock.lock();
+    if !s.take_send_slots(n) {
+        return Err(s.dead());
+    }
+    let mut start = 0;
+    for end in ends {
+        if end == start {
+            continue;
+        }
+        // SAFETY: every local segment lies in `buf`, a registered buffer the caller keeps until
+        // this part's signalled completion (RC completes in order, so it implies the others) or,
+        // on a timeout, leaks; the QP is alive (checked above) and its CQ is polled only by the
+        // caller while it holds the poll lock returned here.
+        if let Err(e) = unsafe { post::post_send(s.id.qp(), &wrs[start..end]) } {
+            // Earlier lists may be in flight: the connection goes, and the buffer with it.
+            s.kill(format!("raw post failed: {e}"));
+            std::mem::forget(buf);
+            return Err(e);
+        }
+        start = end;
+    }
+    Ok((g, Some(buf), n))
+}
+
 fn poll_loop(weak: &std::sync::Weak<Shared>, cq: &Cq) {
     let mut dead_since: Option<Instant> = None;
     // Waiter polls last seen, and for how many rounds of this loop the count stood still.

@@ -53,7 +53,7 @@ use parking_lot::Mutex;
 
 pub use crate::buf::ChunkOwner;
 pub use alloc::RdmaAllocator;
-pub use client::{RdmaConnection, RdmaConnector};
+pub use client::{RawVerb, RdmaConnection, RdmaConnector};
 pub use server::RdmaServer;
 
 use crate::error::{Error, Result};

@@ -1,0 +1,179 @@
+//! Diagnostics: records the rounds of verbs the calling thread posts through an
+//! [`Endpoint`](crate::Endpoint) (one entry per round trip: every batch of an
+//! `execute_many`, or one posted batch), so a benchmark can replay an operation's own rounds
+//! on scratch memory — through the verbs layer or straight on a queue pair — and set the
+//! operation's time beside the bare cost of its round trips.
+//!
+//! It also adds up where the thread's time went ([`timed`] spans: the verbs layer's own
+//! `verbs.post` and `verbs.wait`, and within the wait `verbs.wakeup` — from the moment
+//! another thread delivered a completion to the moment the waiter had it — plus whatever
+//! spans the layers above mark), for `dmkit bench fusee --breakdown`.
+//!
+//! Recording is per thread and off until [`start`]; while off it costs one thread-local read
+//! per round.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use dmkit_verbs::sim::{SimCluster, SimConfig};
+//! use dmkit_verbs::{Access, DramBacking, MemoryNode, NodeId, record};
+//!
+//! let cluster = SimCluster::new(SimConfig::default());
+//! let node = Arc::new(MemoryNode::new(NodeId(0)));
+//! let region = node.register(Arc::new(DramBacking::new(4096)), Access::ALL, None)?;
+//! cluster.add_node(node);
+//! let ep = cluster.endpoint(1)?;
+//! record::start();
+//! ep.write("demo", region.at(0), b"hello")?;
+//! ep.cas("demo", region.at(8), 0, 1)?;
+//! let rec = record::take();
+//! assert_eq!(rec.rounds.len(), 2);
+//! assert_eq!(rec.rounds[0].batches[0].1[0].kind, record::VerbKind::Write { durable: false });
+//! assert!(rec.time("verbs.wait") > std::time::Duration::ZERO);
+//! # Ok::<(), dmkit_verbs::Error>(())
+//! ```
+
+use std::cell::{Cell, RefCell};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::batch::Batch;
+use crate::node::OpKind;
+use crate::stats::Tag;
+use crate::types::NodeId;
+
+/// What a recorded verb was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VerbKind {
+    Read,
+    Write { durable: bool },
+    Cas,
+    Faa,
+}
+
+/// One recorded verb: its kind and length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordedVerb {
+    pub kind: VerbKind,
+    pub len: u32,
+}
+
+/// One round trip: its tag and, per batch, the node and the verbs in posting order.
+#[derive(Debug, Clone)]
+pub struct RecordedRound {
+    pub tag: Tag,
+    pub batches: Vec<(NodeId, Vec<RecordedVerb>)>,
+}
+
+/// What [`take`] returns: the rounds, and the time spent in each named span.
+#[derive(Debug, Clone, Default)]
+pub struct Recording {
+    pub rounds: Vec<RecordedRound>,
+    pub times: Vec<(&'static str, Duration)>,
+}
+
+impl Recording {
+    /// The time recorded under `name` (zero if none).
+    pub fn time(&self, name: &str) -> Duration {
+        self.times
+            .iter()
+            .filter(|(n, _)| *n == name)
+            .map(|(_, d)| *d)
+            .sum()
+    }
+}
+
+thread_local! {
+    static ON: Cell<bool> = const { Cell::new(false) };
+    static REC: RefCell<Recording> = RefCell::new(Recording::default());
+}
+
+/// Completions are time-stamped (for `verbs.wakeup`) once any thread has recorded.
+static STAMPS: AtomicBool = AtomicBool::new(false);
+static EPOCH: OnceLock<Instant> = OnceLock::new();
+
+/// Starts recording this thread's rounds and times (dropping any recorded before).
+pub fn start() {
+    STAMPS.store(true, Ordering::Relaxed);
+    let _ = EPOCH.get_or_init(Instant::now);
+    REC.with(|r| *r.borrow_mut() = Recording::default());
+    ON.with(|o| o.set(true));
+}
+
+/// Stops recording and returns what was recorded since [`start`].
+pub fn take() -> Recording {
+    ON.with(|o| o.set(false));
+    REC.with(|r| std::mem::take(&mut *r.borrow_mut()))
+}
+
+/// Whether this thread records.
+pub fn enabled() -> bool {
+    ON.with(Cell::get)
+}
+
+/// Adds `d` to the span `name` of this thread's recording (if it records).
+pub fn add_time(name: &'static str, d: Duration) {
+    if !enabled() {
+        return;
+    }
+    REC.with(|r| {
+        let mut r = r.borrow_mut();
+        match r.times.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, t)) => *t += d,
+            None => r.times.push((name, d)),
+        }
+    });
+}
+
+/// Runs `f`, adding its time to the span `name` when this thread records.
+pub fn timed<T>(name: &'static str, f: impl FnOnce() -> T) -> T {
+    if !enabled() {
+        return f();
+    }
+    let t = Instant::now();
+    let out = f();
+    add_time(name, t.elapsed());
+    out
+}
+
+/// A completion's time stamp (nanoseconds since the first recording; 0 when not stamping).
+pub(crate) fn stamp() -> u64 {
+    if !STAMPS.load(Ordering::Relaxed) {
+        return 0;
+    }
+    EPOCH
+        .get()
+        .map_or(0, |e| (e.elapsed().as_nanos() as u64).max(1))
+}
+
+/// The waiter took a completion stamped `at`: the hand-over counts as `verbs.wakeup`.
+pub(crate) fn woke(at: u64) {
+    if at == 0 || !enabled() {
+        return;
+    }
+    let now = stamp();
+    add_time("verbs.wakeup", Duration::from_nanos(now.saturating_sub(at)));
+}
+
+pub(crate) fn round<'a>(tag: Tag, batches: impl IntoIterator<Item = &'a Batch>) {
+    let batches = batches
+        .into_iter()
+        .map(|b| {
+            let verbs = b
+                .ops
+                .iter()
+                .map(|o| RecordedVerb {
+                    kind: match o.kind {
+                        OpKind::Read => VerbKind::Read,
+                        OpKind::Write { durable } => VerbKind::Write { durable },
+                        OpKind::Cas { .. } => VerbKind::Cas,
+                        OpKind::Faa { .. } => VerbKind::Faa,
+                    },
+                    len: o.len,
+                })
+                .collect();
+            (b.node, verbs)
+        })
+        .collect();
+    REC.with(|r| r.borrow_mut().rounds.push(RecordedRound { tag, batches }));
+}

@@ -1,0 +1,636 @@
+//! `dmkit bench fusee --workload micro --backend tcp|rdma`: the **measured** wall-clock latency
+//! of each FUSEE operation, one client, one operation at a time, with r = 1 (one memory node)
+//! and r = 3 (three), beside the bare cost of the operation's own round trips.
+//!
+//! The memory nodes run in this process behind real connections (tcp on loopback; rdma on
+//! the first active RDMA device's address), each with a scratch region. Every operation runs
+//! alone (the client's background work from before finished), recording the rounds of verbs
+//! its thread posts ([`dmkit_verbs::record`]); right after it, the same rounds — same nodes,
+//! same verbs, same lengths — are replayed on the scratch regions:
+//!
+//! - on rdma, **raw**: posted and polled straight on queue pairs of this process, one
+//!   doorbell per node and round, with nothing of the verbs layer around them (as `bench
+//!   verbs`' `raw_read64`), and also through the verbs layer;
+//! - on tcp, through the verbs layer (tcp has no queue pair to post on directly: its floor is
+//!   the verbs layer's own round trips).
+//!
+//! `fusee_<backend>_<op>_vs_raw_rounds_r<r>` is the operation's p50 over its replay's p50
+//! (`..._vs_raw_rounds` the larger of r = 1 and 3); the critical-path round trips are the
+//! rows' `rtts_per_op`, the background ones (cleanup) `background_rtts_per_op`; `p99_vs_p50`
+//! shows the tail. `--breakdown` prints where each operation's time went: posting verbs,
+//! waiting for completions (of which the hand-over from the thread that polled the
+//! completion to the waiting one, "wake-up"), the allocator, encoding, the index.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dmkit_fusee::{Client, ClientConfig, LocalCluster, LocalConfig, tags};
+use dmkit_verbs::record::{self, RecordedRound, Recording, VerbKind};
+use dmkit_verbs::tcp::{TcpConnector, TcpServer, TcpServerConfig};
+use dmkit_verbs::{Access, DramBacking, Endpoint, NodeId, RegionDesc, TagStats};
+use hdrhistogram::Histogram;
+use serde_json::Value;
+
+use super::{Measurement, Report, Sample, progress};
+use crate::{Backend, CliError};
+
+fn rt(e: impl std::fmt::Display) -> CliError {
+    CliError::runtime(e.to_string())
+}
+
+/// Scratch bytes per memory node for the replays.
+const SCRATCH: usize = 4 << 20;
+
+/// Tags of work the caller does not wait for.
+const BACKGROUND: [&str; 3] = [tags::CLEANUP, tags::RECLAIM, tags::BLOCKS];
+
+/// Spans of the breakdown, in print order.
+const SPANS: [&str; 6] = [
+    "verbs.post",
+    "verbs.wait",
+    "verbs.wakeup",
+    "fusee.alloc",
+    "fusee.encode",
+    "index",
+];
+
+/// In-process memory nodes behind real connections, with scratch regions.
+struct WallCluster {
+    local: LocalCluster,
+    addrs: Vec<(NodeId, String)>,
+    scratch: HashMap<NodeId, RegionDesc>,
+    _tcp: Vec<TcpServer>,
+    #[cfg(feature = "rdma")]
+    rdma: Option<(
+        dmkit_verbs::rdma::RdmaConfig,
+        Vec<dmkit_verbs::rdma::RdmaServer>,
+    )>,
+}
+
+impl WallCluster {
+    fn start(backend: Backend, r: usize, pool_bytes: usize) -> Result<Self, CliError> {
+        let mut cfg = LocalConfig::new(r as u16, r);
+        cfg.pool_bytes = pool_bytes;
+        let local = LocalCluster::start(cfg).map_err(rt)?;
+        let mut scratch = HashMap::new();
+        for m in &local.memnodes {
+            let d = m
+                .node()
+                .register(Arc::new(DramBacking::new(SCRATCH)), Access::ALL, None)
+                .map_err(rt)?;
+            scratch.insert(m.node().id(), d);
+        }
+        let mut addrs = Vec::new();
+        let mut tcp = Vec::new();
+        #[cfg(feature = "rdma")]
+        let mut rdma = None;
+        match backend {
+            Backend::Tcp => {
+                for m in &local.memnodes {
+                    let s = TcpServer::start(
+                        "127.0.0.1:0",
+                        m.node().clone(),
+                        TcpServerConfig::default(),
+                    )
+                    .map_err(rt)?;
+                    addrs.push((m.node().id(), s.local_addr().to_string()));
+                    tcp.push(s);
+                }
+            }
+            #[cfg(feature = "rdma")]
+            Backend::Rdma => {
+                use dmkit_verbs::rdma::{RdmaConfig, RdmaServer, first_active_device};
+                let cfg = RdmaConfig::from_env().map_err(|e| CliError::usage(e.to_string()))?;
+                let info = first_active_device().map_err(rt)?;
+                let mut servers = Vec::new();
+                for m in &local.memnodes {
+                    let s = RdmaServer::start(
+                        &format!("{}:0", info.ipv4),
+                        m.node().clone(),
+                        cfg.clone(),
+                    )
+                    .map_err(rt)?;
+                    addrs.push((m.node().id(), s.local_addr().to_string()));
+                    servers.push(s);
+                }
+                rdma = Some((cfg, servers));
+            }
+            #[cfg(not(feature = "rdma"))]
+            Backend::Rdma => {
+                return Err(CliError::usage(
+                    "this build has no rdma backend (build dmkit with --features rdma)",
+                ));
+            }
+            Backend::Sim => unreachable!("the modeled micro runs on sim"),
+        }
+        Ok(Self {
+            local,
+            addrs,
+            scratch,
+            _tcp: tcp,
+            #[cfg(feature = "rdma")]
+            rdma,
+        })
+    }
+
+    fn endpoint(&self) -> Result<Endpoint, CliError> {
+        #[cfg(feature = "rdma")]
+        if let Some((cfg, _)) = &self.rdma {
+            let c = dmkit_verbs::rdma::RdmaConnector::new(cfg.clone());
+            return Endpoint::connect(&c, &self.addrs).map_err(rt);
+        }
+        Endpoint::connect(&TcpConnector::default(), &self.addrs).map_err(rt)
+    }
+
+    fn client(&self, id: u64) -> Result<Client, CliError> {
+        let nodes: Vec<NodeId> = self.local.nodes().to_vec();
+        Client::connect(self.endpoint()?, &nodes, ClientConfig::new(id)).map_err(rt)
+    }
+
+    fn replayer(&self) -> Result<Replayer, CliError> {
+        #[cfg(feature = "rdma")]
+        let raw = match &self.rdma {
+            Some((cfg, _)) => {
+                let c = dmkit_verbs::rdma::RdmaConnector::new(cfg.clone());
+                let mut m = HashMap::new();
+                for (id, a) in &self.addrs {
+                    m.insert(*id, c.connect_rdma(a).map_err(rt)?);
+                }
+                Some(m)
+            }
+            None => None,
+        };
+        Ok(Replayer {
+            ep: self.endpoint()?,
+            scratch: self.scratch.clone(),
+            #[cfg(feature = "rdma")]
+            raw,
+        })
+    }
+}
+
+/// A replayed verb: its kind, scratch address and length.
+type Place = (VerbKind, u64, u32);
+
+/// Replays recorded rounds on the scratch regions.
+struct Replayer {
+    ep: Endpoint,
+    scratch: HashMap<NodeId, RegionDesc>,
+    #[cfg(feature = "rdma")]
+    raw: Option<HashMap<NodeId, dmkit_verbs::rdma::RdmaConnection>>,
+}
+
+impl Replayer {
+    /// Where each verb of a round lands: its own 64-aligned piece of the node's scratch.
+    fn places(&self, round: &RecordedRound) -> Result<Vec<Vec<Place>>, CliError> {
+        round
+            .batches
+            .iter()
+            .map(|(node, verbs)| {
+                let s = self
+                    .scratch
+                    .get(node)
+                    .ok_or_else(|| rt(format!("no scratch region on node {node}")))?;
+                let mut off = 0u64;
+                verbs
+                    .iter()
+                    .map(|v| {
+                        let len = u64::from(v.len).max(8);
+                        if off + len > s.len {
+                            off = 0;
+                        }
+                        let at = s.base + off;
+                        off += len.div_ceil(64) * 64;
+                        Ok((v.kind, at, v.len))
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// One round through the verbs layer (an `execute_many`, as the operation did).
+    fn through_verbs(&self, round: &RecordedRound) -> Result<(), CliError> {
+        let places = self.places(round)?;
+        let zeros = vec![0u8; 1 << 16];
+        let batches = round
+            .batches
+            .iter()
+            .zip(&places)
+            .map(|((node, _), verbs)| {
+                let s = self.scratch[node];
+                let mut b = self.ep.batch(*node);
+                for &(kind, addr, len) in verbs {
+                    let at = dmkit_verbs::RemoteAddr::new(*node, s.rkey, addr);
+                    let data = &zeros[..(len as usize).min(zeros.len())];
+                    match kind {
+                        VerbKind::Read => {
+                            b.read(at, len as usize);
+                        }
+                        VerbKind::Write { durable: false } => {
+                            b.write(at, data);
+                        }
+                        VerbKind::Write { durable: true } => {
+                            b.write_durable(at, data);
+                        }
+                        VerbKind::Cas => {
+                            b.cas(at, 0, 0);
+                        }
+                        VerbKind::Faa => {
+                            b.faa(at, 0);
+                        }
+                    }
+                }
+                b
+            })
+            .collect();
+        for r in self.ep.execute_many("bench_replay", batches) {
+            r.map_err(rt)?;
+        }
+        Ok(())
+    }
+
+    /// One round straight on queue pairs (rdma); `None` where the backend has none.
+    #[cfg_attr(not(feature = "rdma"), allow(unused_variables))]
+    fn raw(&self, round: &RecordedRound) -> Option<Result<(), CliError>> {
+        #[cfg(feature = "rdma")]
+        if let Some(conns) = &self.raw {
+            use dmkit_verbs::rdma::{RawVerb, RdmaConnection};
+            let places = match self.places(round) {
+                Ok(p) => p,
+                Err(e) => return Some(Err(e)),
+            };
+            let verbs: Vec<(NodeId, Vec<RawVerb>)> = round
+                .batches
+                .iter()
+                .zip(&places)
+                .map(|((node, _), vs)| {
+                    let s = self.scratch[node];
+                    let raw = vs
+                        .iter()
+                        .map(|&(kind, addr, len)| RawVerb {
+                            kind,
+                            at: dmkit_verbs::RemoteAddr::new(*node, s.rkey, addr),
+                            len,
+                        })
+                        .collect();
+                    (*node, raw)
+                })
+                .collect();
+            let parts: Vec<(&RdmaConnection, &[RawVerb])> = verbs
+                .iter()
+                .map(|(n, v)| (&conns[n], v.as_slice()))
+                .collect();
+            return Some(RdmaConnection::raw_round(&parts).map_err(rt));
+        }
+        None
+    }
+}
+
+fn snapshot(c: &Client) -> Vec<(String, TagStats)> {
+    c.endpoint()
+        .stats()
+        .snapshot()
+        .into_iter()
+        .map(|(t, s)| (t.to_string(), s))
+        .collect()
+}
+
+/// (critical, background) round trips between two snapshots.
+fn split(before: &[(String, TagStats)], after: &[(String, TagStats)]) -> (u64, u64) {
+    let (mut crit, mut bg) = (0, 0);
+    for (t, s) in after {
+        let n = match before.iter().find(|(b, _)| b == t) {
+            Some((_, b)) => s.since(b).round_trips,
+            None => s.round_trips,
+        };
+        if BACKGROUND.contains(&t.as_str()) {
+            bg += n;
+        } else {
+            crit += n;
+        }
+    }
+    (crit, bg)
+}
+
+fn hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds")
+}
+
+/// One operation kind's figures.
+struct OpStats {
+    wall: Histogram<u64>,
+    raw: Histogram<u64>,
+    verbs: Histogram<u64>,
+    critical: u64,
+    background: u64,
+    ops: u64,
+    spans: HashMap<&'static str, Duration>,
+    wall_sum: Duration,
+}
+
+impl OpStats {
+    fn new() -> Self {
+        Self {
+            wall: hist(),
+            raw: hist(),
+            verbs: hist(),
+            critical: 0,
+            background: 0,
+            ops: 0,
+            spans: HashMap::new(),
+            wall_sum: Duration::ZERO,
+        }
+    }
+
+    /// Runs `op` alone on `c`, records it, then replays its rounds.
+    fn measure<T>(
+        &mut self,
+        c: &Client,
+        rep: &Replayer,
+        op: impl FnOnce() -> dmkit_fusee::Result<T>,
+    ) -> Result<T, CliError> {
+        c.flush().map_err(rt)?;
+        let s0 = snapshot(c);
+        record::start();
+        let t0 = Instant::now();
+        let out = op();
+        let wall = t0.elapsed();
+        let rec: Recording = record::take();
+        let out = out.map_err(rt)?;
+        let s1 = snapshot(c);
+        c.flush().map_err(rt)?;
+        let s2 = snapshot(c);
+        self.critical += split(&s0, &s1).0;
+        self.background += split(&s0, &s2).1;
+        self.ops += 1;
+        self.wall_sum += wall;
+        let _ = self.wall.record((wall.as_nanos() as u64).max(1));
+        for (n, d) in &rec.times {
+            *self.spans.entry(n).or_default() += *d;
+        }
+        // The same rounds, bare: through the verbs layer, and (rdma) straight on the QPs.
+        let t = Instant::now();
+        for r in &rec.rounds {
+            rep.through_verbs(r)?;
+        }
+        let _ = self.verbs.record((t.elapsed().as_nanos() as u64).max(1));
+        let t = Instant::now();
+        let mut any_raw = false;
+        for r in &rec.rounds {
+            if let Some(res) = rep.raw(r) {
+                res?;
+                any_raw = true;
+            }
+        }
+        if any_raw {
+            let _ = self.raw.record((t.elapsed().as_nanos() as u64).max(1));
+        }
+        Ok(out)
+    }
+
+    /// The replay floor: raw where there is one, else through the verbs layer.
+    fn floor(&self) -> &Histogram<u64> {
+        if self.raw.is_empty() {
+            &self.verbs
+        } else {
+            &self.raw
+        }
+    }
+
+    fn sample(&self, name: &str, what: &str, raw_via: &str) -> Sample {
+        let us = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+        let mean_us = self.wall_sum.as_secs_f64() * 1e6 / self.ops.max(1) as f64;
+        let mut m = Measurement {
+            name: name.to_string(),
+            ops_per_sec: if mean_us > 0.0 { 1e6 / mean_us } else { 0.0 },
+            p50_us: us(&self.wall, 0.5),
+            p99_us: us(&self.wall, 0.99),
+            rtts_per_op: self.critical as f64 / self.ops.max(1) as f64,
+            modeled: false,
+            extra: serde_json::Map::new(),
+        };
+        let r3 = |x: f64| (x * 1000.0).round() / 1000.0;
+        let e = &mut m.extra;
+        e.insert("what".into(), Value::from(what));
+        e.insert("operations".into(), Value::from(self.ops));
+        e.insert(
+            "background_rtts_per_op".into(),
+            Value::from(r3(self.background as f64 / self.ops.max(1) as f64)),
+        );
+        e.insert("raw_via".into(), Value::from(raw_via));
+        e.insert(
+            "raw_rounds_p50_us".into(),
+            Value::from(r3(us(self.floor(), 0.5))),
+        );
+        e.insert(
+            "raw_rounds_p99_us".into(),
+            Value::from(r3(us(self.floor(), 0.99))),
+        );
+        e.insert(
+            "verbs_rounds_p50_us".into(),
+            Value::from(r3(us(&self.verbs, 0.5))),
+        );
+        e.insert(
+            "p99_vs_p50".into(),
+            Value::from(r3(us(&self.wall, 0.99) / us(&self.wall, 0.5).max(1e-9))),
+        );
+        let mut spans = serde_json::Map::new();
+        for s in SPANS {
+            let d = self.spans.get(s).copied().unwrap_or_default();
+            spans.insert(
+                s.into(),
+                Value::from(r3(d.as_secs_f64() * 1e6 / self.ops.max(1) as f64)),
+            );
+        }
+        e.insert("breakdown_mean_us".into(), Value::Object(spans));
+        e.insert("mean_us".into(), Value::from(r3(mean_us)));
+        Sample {
+            measurement: m,
+            hist: self.wall.clone(),
+        }
+    }
+
+    fn vs_raw(&self) -> f64 {
+        let f = self.floor().value_at_quantile(0.5) as f64;
+        self.wall.value_at_quantile(0.5) as f64 / f.max(1.0)
+    }
+
+    fn breakdown_line(&self, name: &str) -> String {
+        let n = self.ops.max(1) as f64;
+        let mean = |d: Duration| d.as_secs_f64() * 1e6 / n;
+        let span = |s: &str| mean(self.spans.get(s).copied().unwrap_or_default());
+        let wall = mean(self.wall_sum);
+        let (post, wait) = (span("verbs.post"), span("verbs.wait"));
+        format!(
+            "  {name:<22} {wall:>8.1} {post:>8.1} {wait:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>9.1} {:>8.1}",
+            span("verbs.wakeup"),
+            span("fusee.alloc"),
+            span("fusee.encode"),
+            span("index"),
+            (wall - post - wait).max(0.0),
+            self.floor().mean() / 1000.0,
+        )
+    }
+}
+
+/// The operations, in run order: (row name, what).
+const OPS: [(&str, &str); 6] = [
+    ("insert", "INSERT of a new key"),
+    ("search", "SEARCH, address-cache hit"),
+    ("update", "UPDATE of a present key, address cached"),
+    ("upsert", "upsert of a present key, address cached"),
+    (
+        "search_uncached",
+        "SEARCH from a client with an empty address cache",
+    ),
+    ("delete", "DELETE of a present key, address cached"),
+];
+
+pub fn run(
+    backend: Backend,
+    quick: bool,
+    breakdown: bool,
+    json: Option<&std::path::Path>,
+    records: u64,
+    value_bytes: usize,
+) -> Result<(), CliError> {
+    let keys = records.min(if quick { 300 } else { 4_000 });
+    let mut report = Report::new("fusee");
+    report.config("backend", backend.to_string());
+    report.config("quick", quick);
+    report.config("workload", "micro");
+    report.config("keys", keys);
+    report.config("value_bytes", value_bytes as u64);
+    report.config("media", "DRAM pools, memory nodes in this process");
+    report.config(
+        "replay",
+        "each operation's own rounds of verbs on scratch regions, right after it",
+    );
+    let raw_via = if backend == Backend::Rdma {
+        "queue pairs (raw post and poll)"
+    } else {
+        "verbs layer (tcp has no queue pair)"
+    };
+    let key = |i: u64| format!("micro-key-{i:012}");
+    let value = |i: u64, round: u8| {
+        let mut v = vec![b'a' + round; value_bytes];
+        let tag = i.to_le_bytes();
+        let n = tag.len().min(v.len());
+        v[..n].copy_from_slice(&tag[..n]);
+        v
+    };
+    let mut lines = Vec::new();
+    let mut worst: HashMap<&str, f64> = HashMap::new();
+    let mut tail_worst = 0f64;
+    for r in [1usize, 3] {
+        let pool = (keys as usize * 4 * (value_bytes + 256)).clamp(64 << 20, 1 << 30);
+        let cluster = WallCluster::start(backend, r, pool)?;
+        let rep = cluster.replayer()?;
+        let c = cluster.client(1)?;
+        let c2 = cluster.client(2)?;
+        // Warm both clients (blocks of the size classes fetched).
+        for cl in [&c, &c2] {
+            let k = format!("warm-up-{}", cl.id());
+            cl.insert(k.as_bytes(), &value(0, 0)).map_err(rt)?;
+            cl.update(k.as_bytes(), &value(0, 1)).map_err(rt)?;
+            cl.delete(k.as_bytes()).map_err(rt)?;
+        }
+        let mut st: Vec<OpStats> = OPS.iter().map(|_| OpStats::new()).collect();
+        let pb = progress(keys * OPS.len() as u64, &format!("FUSEE micro, r = {r}"));
+        let lost = |op: &str, i: u64| {
+            CliError::runtime(format!("micro: {op} of {} lost its value", key(i)))
+        };
+        for i in 0..keys {
+            st[0].measure(&c, &rep, || c.insert(key(i).as_bytes(), &value(i, 0)))?;
+            pb.inc(1);
+        }
+        for i in 0..keys {
+            let v = st[1].measure(&c, &rep, || c.search(key(i).as_bytes()))?;
+            if v.as_deref() != Some(&value(i, 0)[..]) {
+                return Err(lost("SEARCH", i));
+            }
+            pb.inc(1);
+        }
+        for i in 0..keys {
+            st[2].measure(&c, &rep, || c.update(key(i).as_bytes(), &value(i, 1)))?;
+            pb.inc(1);
+        }
+        for i in 0..keys {
+            st[3].measure(&c, &rep, || c.upsert(key(i).as_bytes(), &value(i, 2)))?;
+            pb.inc(1);
+        }
+        for i in 0..keys {
+            let v = st[4].measure(&c2, &rep, || c2.search(key(i).as_bytes()))?;
+            if v.as_deref() != Some(&value(i, 2)[..]) {
+                return Err(lost("SEARCH", i));
+            }
+            pb.inc(1);
+        }
+        for i in 0..keys {
+            st[5].measure(&c, &rep, || c.delete(key(i).as_bytes()))?;
+            pb.inc(1);
+        }
+        pb.finish_and_clear();
+        for ((op, what), s) in OPS.iter().zip(&st) {
+            let name = format!("{op}_r{r}");
+            report.push(s.sample(&name, what, raw_via));
+            let ratio = s.vs_raw();
+            if ["insert", "update", "delete", "search"].contains(op) {
+                report.ratio(
+                    &format!("fusee_{backend}_{op}_vs_raw_rounds_r{r}"),
+                    ratio,
+                    Some("<= 1.5"),
+                );
+                let w = worst.entry(op).or_insert(0.0);
+                *w = w.max(ratio);
+            }
+            let tail =
+                s.wall.value_at_quantile(0.99) as f64 / s.wall.value_at_quantile(0.5).max(1) as f64;
+            tail_worst = tail_worst.max(tail);
+            lines.push(s.breakdown_line(&name));
+        }
+    }
+    for op in ["insert", "update", "delete", "search"] {
+        report.ratio(
+            &format!("fusee_{backend}_{op}_vs_raw_rounds"),
+            worst.get(op).copied().unwrap_or(0.0),
+            Some("<= 1.5"),
+        );
+    }
+    report.ratio(
+        &format!("fusee_{backend}_p99_vs_p50_max"),
+        tail_worst,
+        Some("<= 3"),
+    );
+    report.finish(json).map_err(CliError::runtime)?;
+    println!(
+        "(measured: wall-clock time, one client, one operation at a time; replay floor: {raw_via})"
+    );
+    if breakdown {
+        println!("breakdown, mean us per operation:");
+        println!(
+            "  {:<22} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8}",
+            "operation",
+            "wall",
+            "post",
+            "wait",
+            "wakeup",
+            "alloc",
+            "encode",
+            "index",
+            "not-verbs",
+            "floor"
+        );
+        for l in &lines {
+            println!("{l}");
+        }
+        println!(
+            "  (post: building and posting verbs; wait: waiting for completions, of which wakeup is the \
+             hand-over from the thread that polled them; alloc, encode: FUSEE's allocator and object \
+             encoding; index: the index call, verbs included; not-verbs: wall - post - wait; \
+             floor: the replayed rounds)"
+        );
+    }
+    Ok(())
+}
