@@ -40,6 +40,12 @@ SOFTROCE_TIMEOUT=900 CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="bash $RUNNER"
 cargo build --release -p dmkit-tools --features rdma
 SOFTROCE_TIMEOUT=600 DMKIT="$PWD/target/release/dmkit" bash "$RUNNER" bash .ci/softroce-cli.sh
 
+# FUSEE's operations on rdma: measured latency beside their own rounds replayed on queue
+# pairs, and the round-trip contract checked.
+SOFTROCE_TIMEOUT=600 bash "$RUNNER" ./target/release/dmkit bench fusee --backend rdma \
+  --workload micro --quick --json "$PWD/target/fusee-micro-rdma.json"
+python3 .ci/check-fusee-rtts.py target/fusee-micro-rdma.json
+
 # FUSEE's index grows past many splits over rdma: 50 000 keys from one client (r = 1), and
 # 2 x 25 000 from two clients at once (r = 3), every key read back.
 SOFTROCE_TIMEOUT=900 DMKIT="$PWD/target/release/dmkit" bash "$RUNNER" bash .ci/softroce-growth.sh

@@ -144,6 +144,9 @@ pub(crate) struct Attempt {
     round: Option<(u64, u64)>,
     /// (DELETE) that round reached its primary swap: every backup held the DELETE's value.
     swapping: bool,
+    /// The index decided the attempt did not take effect (lost its round, found nothing to
+    /// do): whatever cuts the operation short afterwards, it is not settled as done.
+    lost: bool,
     /// The epoch the attempt ran in.
     epoch: u64,
 }
@@ -161,6 +164,7 @@ impl Attempt {
             found: false,
             round: None,
             swapping: false,
+            lost: false,
             epoch: view.epoch,
         }
     }
@@ -546,7 +550,7 @@ impl Client {
                 Ok(InsertResult::Inserted)
             }
             Ok((InsertOutcome::AlreadyExists { .. }, _, _)) => {
-                inner.take_back(&a)?;
+                inner.take_back_lost(&a, last)?;
                 Ok(InsertResult::AlreadyExists)
             }
             Err(e) => Err(e),
@@ -585,7 +589,7 @@ impl Client {
         let found = v.take();
         match m {
             None => {
-                inner.take_back(&a)?;
+                inner.take_back_lost(&a, last)?;
                 inner.cache.remove(&key.to_vec());
                 Ok(UpdateResult::NotFound)
             }
@@ -614,7 +618,7 @@ impl Client {
                 ..
             }) => {
                 // Linearized just before the winner's write: done, and overwritten at once.
-                inner.take_back(&a)?;
+                inner.take_back_lost(&a, last)?;
                 inner.cache.remove(&key.to_vec());
                 Ok(UpdateResult::Updated)
             }
@@ -665,7 +669,7 @@ impl Client {
             inner.cache.remove(&key.to_vec());
             match m {
                 None => {
-                    inner.take_back(&a)?;
+                    inner.take_back_lost(&a, last)?;
                     return Ok(DeleteResult::NotFound);
                 }
                 Some(Modified {
@@ -684,7 +688,7 @@ impl Client {
                     outcome: SnapshotOutcome::Lost { now },
                     ..
                 }) => {
-                    inner.take_back(&a)?;
+                    inner.take_back_lost(&a, last)?;
                     if now.is_none() {
                         // Another DELETE won: ours comes after it and finds nothing.
                         return Ok(DeleteResult::NotFound);
@@ -709,6 +713,9 @@ impl Client {
         let Some(at) = *last.lock() else {
             return Ok(None);
         };
+        if at.lost {
+            return Ok(None);
+        }
         let inner = &self.inner;
         let index = inner.index();
         let committed = inner.attempt_committed(&at)?;
@@ -1328,6 +1335,30 @@ impl Inner {
         Ok(())
     }
 
+    /// [`Self::take_back`] once the index decided the attempt in `last` did not take effect
+    /// (it lost its round, or found nothing to do). The attempt is marked lost first: if the
+    /// take-back is cut short, the operation is retried, never settled as done — a DELETE
+    /// that lost the primary swap to another DELETE of the same value has a commit record
+    /// too (seed 822). A memory node failing under the take-back is ridden through (the
+    /// object's flag is written where its block is served in the next epoch), so the object
+    /// is marked reclaimed before the operation reports, and recovery never redoes it.
+    fn take_back_lost(&self, a: &Allocation, last: &Mutex<Option<Attempt>>) -> Result<()> {
+        if let Some(at) = last.lock().as_mut() {
+            at.lost = true;
+        }
+        let mut tries = 0;
+        loop {
+            let seen = self.view().epoch;
+            match self.take_back(a) {
+                Err(e) if needs_membership(&e) && tries < 16 => {
+                    tries += 1;
+                    self.catch_up(&e, seen)?;
+                }
+                r => return r,
+            }
+        }
+    }
+
     /// Gives back an object that never made it into the index (reclaimed flag first, then the
     /// free list): before the operation returns, so recovery never redoes it.
     fn take_back(&self, a: &Allocation) -> Result<()> {
@@ -1390,15 +1421,76 @@ impl Inner {
     }
 }
 
-/// The background thread: cleanups in order, prefetches, reclaims.
+/// Cleanups taken off the queue together at most (their verbs go out as two round trips).
+const CLEANUP_BATCH: usize = 64;
+
+/// The background thread: cleanups in order, prefetches, reclaims. Cleanups that queued up
+/// while it worked (operations from several threads, or faster than their cleanups) run
+/// together: every free in one round trip, every log entry's finish mark in a second.
 fn worker(inner: std::sync::Weak<Inner>, rx: mpsc::Receiver<Job>) {
-    while let Ok(job) = rx.recv() {
+    let mut next = None;
+    loop {
+        let job = match next.take() {
+            Some(j) => j,
+            None => match rx.recv() {
+                Ok(j) => j,
+                Err(_) => return,
+            },
+        };
         let Some(inner) = inner.upgrade() else { return };
-        inner.run_job(job);
+        if !matches!(job, Job::Cleanup { .. }) {
+            inner.run_job(job);
+            continue;
+        }
+        let mut batch = vec![job];
+        while batch.len() < CLEANUP_BATCH {
+            match rx.try_recv() {
+                Ok(j @ Job::Cleanup { .. }) => batch.push(j),
+                Ok(j) => {
+                    next = Some(j);
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        if batch.len() == 1 {
+            inner.run_job(batch.pop().expect("one"));
+        } else {
+            inner.run_cleanups(batch);
+        }
     }
 }
 
 impl Inner {
+    /// Runs several cleanups together (see [`worker`]). Like a single one, a batch cut short
+    /// is not retried: a free may have landed, and a second would free a neighbour.
+    fn run_cleanups(&self, jobs: Vec<Job>) {
+        let items: Vec<_> = jobs
+            .into_iter()
+            .filter_map(|j| match j {
+                Job::Cleanup {
+                    ours,
+                    ours_len,
+                    op,
+                    old,
+                    class,
+                    generation,
+                } => Some(crate::mm::CleanupItem {
+                    ours,
+                    ours_len,
+                    op,
+                    old: old.map(|(s, _)| s),
+                    class,
+                    generation,
+                }),
+                _ => None,
+            })
+            .collect();
+        if let Err(e) = self.cleanup_many(&items) {
+            tracing::warn!(client = self.id, error = %e, cleanups = items.len(), "FUSEE background cleanups failed");
+        }
+    }
+
     /// Runs one background job (on the background thread, or inline with `inline_jobs`).
     fn run_job(&self, job: Job) {
         let seen = self.view().epoch;

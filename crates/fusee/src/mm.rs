@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use dmkit_kv_index::Slot;
-use dmkit_verbs::NodeId;
 use dmkit_verbs::wire::{Reader, Writer};
+use dmkit_verbs::{Batch, NodeId};
 
 use crate::alloc::{self, BlockGeometry, FreeObject, OwnedBlock};
 use crate::client::{Inner, tags};
@@ -275,6 +275,69 @@ impl Inner {
         Ok(())
     }
 
+    /// [`Self::cleanup`] for several won writes at once: every replaced object marked and
+    /// freed in one round trip (one batch per node), then every log entry marked finished in
+    /// a second — each entry still after its own free.
+    pub(crate) fn cleanup_many(&self, items: &[CleanupItem]) -> Result<()> {
+        let view = self.view();
+        let mut frees: Vec<Batch> = Vec::new();
+        let mut finishes: Vec<Batch> = Vec::new();
+        let at = |bs: &mut Vec<Batch>, node| match bs.iter().position(|b| b.node() == node) {
+            Some(i) => i,
+            None => {
+                bs.push(self.ep.batch(node));
+                bs.len() - 1
+            }
+        };
+        for it in items {
+            if let Some(old) = it.old {
+                let addr = slot_addr(old);
+                let (bit_at, mask) = alloc::free_bit(&view, addr, old.object_len())?;
+                let flag = view
+                    .acting(addr.node, addr.offset + object::FLAGS_OFF as u64)
+                    .ok_or(Error::Unavailable(addr.node))?;
+                let bit = view
+                    .block_acting(bit_at.offset)
+                    .ok_or(Error::Unavailable(addr.node))?;
+                let i = at(&mut frees, flag.node);
+                frees[i].write(flag, &[object::FLAG_OUTDATED]);
+                let i = at(&mut frees, bit.node);
+                frees[i].faa(bit, mask);
+            }
+            let log = it.ours.offset + object::log_offset_for_len(it.ours_len) as u64;
+            let fin = view
+                .acting(it.ours.node, log + object::FINISHED_OFF as u64)
+                .ok_or(Error::Unavailable(it.ours.node))?;
+            let i = at(&mut finishes, fin.node);
+            finishes[i].write(fin, &[1]);
+            if it.op == Op::Delete {
+                let flag = view
+                    .acting(it.ours.node, it.ours.offset + object::FLAGS_OFF as u64)
+                    .ok_or(Error::Unavailable(it.ours.node))?;
+                finishes[i].write(flag, &[object::FLAG_RECLAIMED]);
+            }
+        }
+        if !frees.is_empty() {
+            for r in self.ep.execute_many(tags::CLEANUP, frees) {
+                r?;
+            }
+        }
+        for r in self.ep.execute_many(tags::CLEANUP, finishes) {
+            r?;
+        }
+        let mut free = self.free.lock();
+        for it in items.iter().filter(|it| it.op == Op::Delete) {
+            free.push(
+                it.class,
+                FreeObject {
+                    addr: it.ours,
+                    generation: it.generation,
+                },
+            );
+        }
+        Ok(())
+    }
+
     /// After a won write: free what it replaced, then mark the log entry finished (and give
     /// back a DELETE's temporary object).
     pub(crate) fn cleanup(
@@ -314,4 +377,15 @@ impl Inner {
         }
         Ok(())
     }
+}
+
+/// One won write's cleanup, for [`Inner::cleanup_many`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CleanupItem {
+    pub ours: Addr,
+    pub ours_len: usize,
+    pub op: Op,
+    pub old: Option<Slot>,
+    pub class: usize,
+    pub generation: u32,
 }

@@ -173,6 +173,72 @@ fn an_update_heavy_run_reaches_a_steady_memory_use() {
     }
 }
 
+/// Eight threads sharing one client: their cleanups queue up on the client's background
+/// thread, which runs them in batches (two round trips per batch, not per write). Every
+/// replaced object still comes back (memory stays steady) and every key keeps its last value.
+#[test]
+fn cleanups_of_many_threads_run_in_batches_and_free_everything() {
+    let c = cluster(3, 3);
+    let k = c
+        .client_with(ClientConfig {
+            reclaim_every: 64,
+            ..ClientConfig::new(1)
+        })
+        .unwrap();
+    const THREADS: usize = 8;
+    const KEYS: usize = 16;
+    for t in 0..THREADS {
+        for i in 0..KEYS {
+            k.insert(format!("t{t}k{i}").as_bytes(), &[0u8; 100])
+                .unwrap();
+        }
+    }
+    k.flush().unwrap();
+    let before = k.endpoint().stats().tag(dmkit_fusee::tags::CLEANUP);
+    let mut blocks = Vec::new();
+    let mut updates = 0u64;
+    for round in 1..=20u8 {
+        std::thread::scope(|s| {
+            for t in 0..THREADS {
+                let k = k.clone();
+                s.spawn(move || {
+                    for i in 0..KEYS {
+                        k.update(format!("t{t}k{i}").as_bytes(), &[round; 100])
+                            .unwrap();
+                    }
+                });
+            }
+        });
+        updates += (THREADS * KEYS) as u64;
+        k.flush().unwrap();
+        k.reclaim().unwrap();
+        blocks.push(c.allocated_blocks());
+    }
+    let cleanup = k
+        .endpoint()
+        .stats()
+        .tag(dmkit_fusee::tags::CLEANUP)
+        .since(&before);
+    assert!(
+        cleanup.round_trips < 2 * updates,
+        "{} cleanup round trips for {updates} updates: none batched",
+        cleanup.round_trips
+    );
+    let warm = blocks[8];
+    assert!(
+        blocks.iter().skip(8).all(|b| *b <= warm + 2),
+        "memory keeps growing: {blocks:?}"
+    );
+    for t in 0..THREADS {
+        for i in 0..KEYS {
+            assert_eq!(
+                k.search(format!("t{t}k{i}").as_bytes()).unwrap().unwrap(),
+                vec![20u8; 100]
+            );
+        }
+    }
+}
+
 #[test]
 fn a_mixed_workload_matches_a_local_model() {
     use rand::{Rng, SeedableRng};

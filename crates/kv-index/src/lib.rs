@@ -50,6 +50,13 @@
 //! SNAPSHOT rounds during the copy, so no concurrent write is lost, and a search never misses a
 //! present key (see the `split` module docs). The reference FUSEE code cannot grow.
 //!
+//! A split never strands the index: its holder renews the split lock between steps and
+//! writes a *split record* (space header word 7) naming the split before it starts, so a
+//! holder that crashes or loses its connection leaves work that the next holder finishes
+//! from the frozen primary; a lock that stands still for the split timeout is taken over by
+//! a waiting writer, and a process whose lock release failed takes its own lock back at once
+//! instead of waiting for itself.
+//!
 //! # Round trips
 //!
 //! Counted per operation tag ([`tags`]) in the endpoint's [`Stats`](dmkit_verbs::Stats); a

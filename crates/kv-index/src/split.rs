@@ -20,6 +20,20 @@
 //!    cleared) to the backups, then to the primary — backups first, so no writer reads an
 //!    unfrozen primary while the backups are still frozen.
 //!
+//! **Failures.** Before step 2 the holder writes the split record `(S, N, l)` into the
+//! primary's space header; step 6 clears it. Whoever takes the lock next (a fresh lock, a
+//! lock stranded by this process when its release failed, or a lock taken over after it
+//! stood still for the split timeout — the holder renews it, a CAS to the next word, before
+//! each step, and stops when a renewal fails) first finishes the recorded split: every step
+//! is redone from the frozen primary, which no writer can change, so the redo writes what the
+//! first attempt would have; N's image is not rewritten once the directory points at N (its
+//! writers may have used it), and a primary already at depth l + 1 means only the record was
+//! left. A writer or search that waited the split timeout on a splitting subtable does the
+//! same instead of failing. What remains: a holder stalled longer than the split timeout in
+//! the middle of a step while another takes over could write a stale image after the other
+//! finished (both write the same images from the same frozen primary; only a write after the
+//! taker's step 6 would be stale) — renewals between steps bound that window to one step.
+//!
 //! A search never misses a present key: its READ sees a bucket's slots before its header
 //! (the header is the bucket's last word); a header still at depth l and not splitting means
 //! the slots were read before step 2; a splitting header makes a miss re-read; a header at
@@ -389,6 +403,8 @@ impl RaceIndex {
                     local_depth: l + 1,
                 });
         if !published {
+            // (Renewed right before: a holder that stood still here has been taken over.)
+            self.renew_split_lock(lock)?;
             self.write_all(&n_img, self.layout.subtable_off(n), 0..self.spaces.len())?;
         }
 
@@ -434,6 +450,7 @@ impl RaceIndex {
         self.renew_split_lock(lock)?;
         let off = self.layout.subtable_off(st);
         self.write_all(&s_img, off, 1..self.spaces.len())?;
+        self.renew_split_lock(lock)?;
         self.write_all(&s_img, off, 0..1)?;
         self.write_record(0)?;
 

@@ -85,6 +85,7 @@ impl Recording {
 
 thread_local! {
     static ON: Cell<bool> = const { Cell::new(false) };
+    static TIMES: Cell<bool> = const { Cell::new(false) };
     static REC: RefCell<Recording> = RefCell::new(Recording::default());
 }
 
@@ -94,16 +95,31 @@ static EPOCH: OnceLock<Instant> = OnceLock::new();
 
 /// Starts recording this thread's rounds and times (dropping any recorded before).
 pub fn start() {
-    STAMPS.store(true, Ordering::Relaxed);
-    let _ = EPOCH.get_or_init(Instant::now);
+    start_with(true);
+}
+
+/// Starts recording this thread's rounds, and its time spans if `times` (each span reads the
+/// clock twice, which costs a system call on some machines: leave them off to record only
+/// what a round costs).
+pub fn start_with(times: bool) {
+    if times {
+        STAMPS.store(true, Ordering::Relaxed);
+        let _ = EPOCH.get_or_init(Instant::now);
+    }
     REC.with(|r| *r.borrow_mut() = Recording::default());
+    TIMES.with(|t| t.set(times));
     ON.with(|o| o.set(true));
 }
 
 /// Stops recording and returns what was recorded since [`start`].
 pub fn take() -> Recording {
     ON.with(|o| o.set(false));
+    TIMES.with(|t| t.set(false));
     REC.with(|r| std::mem::take(&mut *r.borrow_mut()))
+}
+
+fn timing() -> bool {
+    TIMES.with(Cell::get)
 }
 
 /// Whether this thread records.
@@ -113,7 +129,7 @@ pub fn enabled() -> bool {
 
 /// Adds `d` to the span `name` of this thread's recording (if it records).
 pub fn add_time(name: &'static str, d: Duration) {
-    if !enabled() {
+    if !timing() {
         return;
     }
     REC.with(|r| {
@@ -127,7 +143,7 @@ pub fn add_time(name: &'static str, d: Duration) {
 
 /// Runs `f`, adding its time to the span `name` when this thread records.
 pub fn timed<T>(name: &'static str, f: impl FnOnce() -> T) -> T {
-    if !enabled() {
+    if !timing() {
         return f();
     }
     let t = Instant::now();
@@ -148,7 +164,7 @@ pub(crate) fn stamp() -> u64 {
 
 /// The waiter took a completion stamped `at`: the hand-over counts as `verbs.wakeup`.
 pub(crate) fn woke(at: u64) {
-    if at == 0 || !enabled() {
+    if at == 0 || !timing() {
         return;
     }
     let now = stamp();
