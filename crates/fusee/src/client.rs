@@ -1359,15 +1359,54 @@ impl Inner {
         }
     }
 
+    /// Adds a one-byte write of `byte` at `off` within the object at `addr` on every data
+    /// replica that serves its block to `batches` (one batch per node).
+    pub(crate) fn mark_replicas(
+        &self,
+        view: &ClusterView,
+        addr: crate::object::Addr,
+        off: u64,
+        byte: u8,
+        batches: &mut Vec<Batch>,
+    ) {
+        for r in alloc::replicas_of(view, addr) {
+            let Some(region) = view.region(r.node) else {
+                continue;
+            };
+            let i = match batches.iter().position(|b| b.node() == r.node) {
+                Some(i) => i,
+                None => {
+                    batches.push(self.ep.batch(r.node));
+                    batches.len() - 1
+                }
+            };
+            batches[i].write(region.at(r.offset + off), &[byte]);
+        }
+    }
+
     /// Gives back an object that never made it into the index (reclaimed flag first, then the
     /// free list): before the operation returns, so recovery never redoes it.
+    ///
+    /// The flag goes to every data replica of the object (one round trip): a memory node
+    /// failing after the take-back must not lose it, or recovery would find an unfinished
+    /// entry and resume a round this writer already reported as lost (seed 4017: a DELETE
+    /// that had answered NotFound deleted the key much later, when its client recovered).
     fn take_back(&self, a: &Allocation) -> Result<()> {
-        let at = self
-            .view()
-            .acting(a.addr.node, a.addr.offset + object::FLAGS_OFF as u64)
-            .ok_or(Error::Unavailable(a.addr.node))?;
-        self.ep
-            .write(tags::RECLAIM, at, &[object::FLAG_RECLAIMED])?;
+        let view = self.view();
+        let mut batches = Vec::new();
+        self.mark_replicas(
+            &view,
+            a.addr,
+            object::FLAGS_OFF as u64,
+            object::FLAG_RECLAIMED,
+            &mut batches,
+        );
+        if batches.is_empty() {
+            return Err(Error::Unavailable(a.addr.node));
+        }
+        for r in self.ep.execute_many(tags::RECLAIM, batches) {
+            r?;
+        }
         self.free.lock().push(
             a.class,
             alloc::FreeObject {

@@ -9,6 +9,7 @@ use dmkit_verbs::{Batch, NodeId};
 
 use crate::alloc::{self, BlockGeometry, FreeObject, OwnedBlock};
 use crate::client::{Inner, tags};
+use crate::cluster::ClusterView;
 use crate::error::{Error, Result};
 use crate::memnode::{status, tag};
 use crate::object::{self, Addr, Op};
@@ -304,18 +305,7 @@ impl Inner {
                 let i = at(&mut frees, bit.node);
                 frees[i].faa(bit, mask);
             }
-            let log = it.ours.offset + object::log_offset_for_len(it.ours_len) as u64;
-            let fin = view
-                .acting(it.ours.node, log + object::FINISHED_OFF as u64)
-                .ok_or(Error::Unavailable(it.ours.node))?;
-            let i = at(&mut finishes, fin.node);
-            finishes[i].write(fin, &[1]);
-            if it.op == Op::Delete {
-                let flag = view
-                    .acting(it.ours.node, it.ours.offset + object::FLAGS_OFF as u64)
-                    .ok_or(Error::Unavailable(it.ours.node))?;
-                finishes[i].write(flag, &[object::FLAG_RECLAIMED]);
-            }
+            self.finish_marks(&view, it, &mut finishes)?;
         }
         if !frees.is_empty() {
             for r in self.ep.execute_many(tags::CLEANUP, frees) {
@@ -349,31 +339,39 @@ impl Inner {
         class: usize,
         generation: u32,
     ) -> Result<()> {
-        if let Some((old, _)) = old {
-            self.free_object(old)?;
-        }
-        let view = self.view();
-        let log = ours.offset + object::log_offset_for_len(ours_len) as u64;
-        let fin = view
-            .acting(ours.node, log + object::FINISHED_OFF as u64)
-            .ok_or(Error::Unavailable(ours.node))?;
-        let mut b = self.ep.batch(fin.node);
-        b.write(fin, &[1]);
-        if op == Op::Delete {
-            let flag = view
-                .acting(ours.node, ours.offset + object::FLAGS_OFF as u64)
-                .ok_or(Error::Unavailable(ours.node))?;
-            b.write(flag, &[object::FLAG_RECLAIMED]);
-        }
-        self.ep.execute(tags::CLEANUP, b)?;
-        if op == Op::Delete {
-            self.free.lock().push(
-                class,
-                FreeObject {
-                    addr: ours,
-                    generation,
-                },
+        self.cleanup_many(&[CleanupItem {
+            ours,
+            ours_len,
+            op,
+            old: old.map(|(s, _)| s),
+            class,
+            generation,
+        }])
+    }
+
+    /// The log entry's finish mark (and a DELETE's temporary object's reclaimed flag) on
+    /// every data replica: a failover that lost the one copy would leave recovery an
+    /// unfinished entry to redo.
+    fn finish_marks(
+        &self,
+        view: &ClusterView,
+        it: &CleanupItem,
+        into: &mut Vec<Batch>,
+    ) -> Result<()> {
+        let log = object::log_offset_for_len(it.ours_len) as u64;
+        let before = into.iter().map(Batch::len).sum::<usize>();
+        self.mark_replicas(view, it.ours, log + object::FINISHED_OFF as u64, 1, into);
+        if it.op == Op::Delete {
+            self.mark_replicas(
+                view,
+                it.ours,
+                object::FLAGS_OFF as u64,
+                object::FLAG_RECLAIMED,
+                into,
             );
+        }
+        if into.iter().map(Batch::len).sum::<usize>() == before {
+            return Err(Error::Unavailable(it.ours.node));
         }
         Ok(())
     }
