@@ -13,7 +13,9 @@
 //! update drawn for another key is moved to the nearest key of its own share, and keys outside
 //! the loaded records, like workload D's inserts, get a `-c<id>` suffix), so that several
 //! processes never write the same key and every key's last acknowledged write is well
-//! defined; reads still go anywhere.
+//! defined; reads still go anywhere. With `--load`, such a client loads only its own share,
+//! so N clients with `--partition 0/N` .. `N-1/N` load the key space together, at once;
+//! `--verify` then reads every record it loaded back (exit 3 if one is missing or differs).
 
 use std::collections::HashMap;
 use std::io::Write;

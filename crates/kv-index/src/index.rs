@@ -720,7 +720,11 @@ impl RaceIndex {
             }
             let cands = view.candidates(&kh)?;
             let slots: Vec<Slot> = cands.iter().map(|c| c.2).collect();
-            let found = self.find_confirmed(tags::INSERT, verifier, key, &cands, &slots);
+            // "Absent" needs no confirming read here: the duplicate check after the CAS reads
+            // the buckets again and verifies every candidate whose word moved since this view
+            // (a candidate whose word did not move kept its object, which FUSEE never frees
+            // while a slot points to it, so the read above was not stale).
+            let found = self.find(verifier, key, &slots);
             match found {
                 Ok(Some(i)) => return Ok(InsertOutcome::AlreadyExists { slot: slots[i] }),
                 Ok(None) => {}
@@ -756,10 +760,14 @@ impl RaceIndex {
             };
             // Duplicate check on the buckets as they were right after our CAS: another
             // insert of this key that got in first makes us yield.
+            // A candidate whose word is the one verified before the CAS still points to the
+            // object that holds another key: only new ones are read (a fingerprint collision
+            // costs its object read once, not twice).
             let other_cands: Vec<(SlotPos, u64, Slot)> = after
                 .candidates(&kh)?
                 .into_iter()
                 .filter(|c| c.0 != pos)
+                .filter(|c| !cands.iter().any(|p| p.0 == c.0 && thaw(p.1) == thaw(c.1)))
                 .collect();
             let others: Vec<Slot> = other_cands.iter().map(|c| c.2).collect();
             // (A candidate whose object moved on since: that slot held the key a moment ago;

@@ -359,6 +359,60 @@ pub fn render(docs: &Path) -> Result<String, CliError> {
         ),
     }
 
+    md.push_str("## FUSEE: measured one-client latency beside its own round trips\n\n");
+    md.push_str(
+        "`dmkit bench fusee --workload micro --backend tcp|rdma --quick`: **measured**, wall-clock \
+         time. One client, one operation at a time, on memory nodes in the same process behind \
+         real connections (tcp on loopback; rdma on the SoftRoCE device, inside the guest), with \
+         r = 1 (one memory node) and r = 3 (three). Right after each operation its own rounds of \
+         verbs (recorded by `dmkit_verbs::record`: the same nodes, verbs and lengths) are replayed \
+         on scratch memory — on rdma straight on queue pairs, on tcp through the verbs layer — and \
+         `vs rounds` is the operation's p50 over that replay's p50: what the software above the \
+         round trips costs. `RTTs` are the critical-path round trips (the contract in \
+         `dmkit-fusee`'s crate docs), `bg` the background ones (cleanup).\n\n",
+    );
+    for (file, label) in [
+        ("fusee-micro-tcp-quick.json", "tcp, loopback"),
+        (
+            "fusee-micro-rdma-quick.json",
+            "rdma, SoftRoCE (QEMU TCG guest: emulated time)",
+        ),
+    ] {
+        let Some(r) = load(&docs.join("results").join(file)) else {
+            let _ = writeln!(
+                md,
+                "_{label}: not measured in this run (`results/{file}` is missing)._\n"
+            );
+            continue;
+        };
+        let _ = writeln!(md, "{label} — report [`results/{file}`](results/{file}):\n");
+        md.push_str("| operation | p50 µs | p99 µs | p99/p50 | RTTs | bg | rounds replayed p50 µs | vs rounds |\n");
+        md.push_str("|---|---:|---:|---:|---:|---:|---:|---:|\n");
+        for m in r["results"].as_array().into_iter().flatten() {
+            let p50 = m
+                .get("p50_us")
+                .and_then(serde_json::Value::as_f64)
+                .unwrap_or(0.0);
+            let raw = m
+                .get("raw_rounds_p50_us")
+                .and_then(serde_json::Value::as_f64)
+                .unwrap_or(0.0);
+            let _ = writeln!(
+                md,
+                "| `{}` | {} | {} | {} | {} | {} | {} | {:.2} |",
+                m["name"].as_str().unwrap_or("?"),
+                num(m.get("p50_us"), 1),
+                num(m.get("p99_us"), 1),
+                num(m.get("p99_vs_p50"), 2),
+                num(m.get("rtts_per_op"), 2),
+                num(m.get("background_rtts_per_op"), 2),
+                num(m.get("raw_rounds_p50_us"), 1),
+                if raw > 0.0 { p50 / raw } else { 0.0 },
+            );
+        }
+        md.push('\n');
+    }
+
     md.push_str("## RESP gateway against Redis\n\n");
     section(
         &mut md,

@@ -21,6 +21,8 @@
 //! own cost to the operations) prints where each operation's time went: posting verbs,
 //! waiting for completions (of which the hand-over from the thread that polled the
 //! completion to the waiting one, "wake-up"), the allocator, encoding, the index.
+//! `DMKIT_MICRO_SLOW=<µs>` prints every operation slower than that with the tags of its
+//! rounds (which is how a fingerprint collision's extra rounds showed up in INSERT's tail).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -364,6 +366,17 @@ impl OpStats {
         let s1 = snapshot(c);
         c.flush().map_err(rt)?;
         let s2 = snapshot(c);
+        // DMKIT_MICRO_SLOW=<µs>: name the rounds of every operation slower than that.
+        let slow = std::env::var("DMKIT_MICRO_SLOW")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok());
+        if slow.is_some_and(|us| wall > Duration::from_micros(us)) {
+            let tags: Vec<&str> = rec.rounds.iter().map(|r| r.tag).collect();
+            eprintln!(
+                "slow op: {wall:?} critical {} rounds {tags:?}",
+                split(&s0, &s1).0
+            );
+        }
         self.critical += split(&s0, &s1).0;
         self.background += split(&s0, &s2).1;
         self.ops += 1;
