@@ -45,6 +45,31 @@ pub mod tags {
     pub const RECLAIM: &str = "fusee_reclaim";
     pub const CLEANUP: &str = "fusee_cleanup";
     pub const BLOCKS: &str = "fusee_blocks";
+
+    use dmkit_verbs::{Tag, TagStats};
+
+    /// Tags of work the caller does not wait for (the background thread's cleanups,
+    /// reclaims and block prefetches).
+    pub const BACKGROUND: [&str; 3] = [CLEANUP, RECLAIM, BLOCKS];
+
+    /// (critical-path, background) round trips between two snapshots of an endpoint's
+    /// stats ([`dmkit_verbs::Stats::snapshot`]): the split the round-trip contract (crate docs)
+    /// is stated in.
+    pub fn split_round_trips(before: &[(Tag, TagStats)], after: &[(Tag, TagStats)]) -> (u64, u64) {
+        let (mut critical, mut background) = (0, 0);
+        for (t, s) in after {
+            let n = match before.iter().find(|(b, _)| b == t) {
+                Some((_, b)) => s.since(b).round_trips,
+                None => s.round_trips,
+            };
+            if BACKGROUND.contains(t) {
+                background += n;
+            } else {
+                critical += n;
+            }
+        }
+        (critical, background)
+    }
 }
 
 /// Settings of a client.
@@ -182,14 +207,7 @@ struct CachedAddr {
 #[derive(Debug)]
 pub(crate) enum Job {
     /// A won write: free what it replaced, then mark its log entry finished.
-    Cleanup {
-        ours: Addr,
-        ours_len: usize,
-        op: Op,
-        old: Option<(Slot, u32)>,
-        class: usize,
-        generation: u32,
-    },
+    Cleanup(crate::mm::CleanupItem),
     /// Make sure `class` has free objects ahead of need.
     Prefetch(usize),
     /// Read the bitmaps and take back freed objects.
@@ -1373,14 +1391,19 @@ impl Inner {
             let Some(region) = view.region(r.node) else {
                 continue;
             };
-            let i = match batches.iter().position(|b| b.node() == r.node) {
-                Some(i) => i,
-                None => {
-                    batches.push(self.ep.batch(r.node));
-                    batches.len() - 1
-                }
-            };
+            let i = self.batch_for(batches, r.node);
             batches[i].write(region.at(r.offset + off), &[byte]);
+        }
+    }
+
+    /// The index of `node`'s batch in `batches`, added if there is none yet.
+    pub(crate) fn batch_for(&self, batches: &mut Vec<Batch>, node: NodeId) -> usize {
+        match batches.iter().position(|b| b.node() == node) {
+            Some(i) => i,
+            None => {
+                batches.push(self.ep.batch(node));
+                batches.len() - 1
+            }
         }
     }
 
@@ -1418,14 +1441,14 @@ impl Inner {
     }
 
     fn enqueue_cleanup(&self, a: &Allocation, len: usize, op: Op, old: Option<(Slot, u32)>) {
-        let job = Job::Cleanup {
+        let job = Job::Cleanup(crate::mm::CleanupItem {
             ours: a.addr,
             ours_len: len,
             op,
-            old,
+            old: old.map(|(s, _)| s),
             class: a.class,
             generation: a.generation,
-        };
+        });
         if !self.send(job) {
             tracing::warn!("FUSEE background thread gone; cleanup left to recovery");
         }
@@ -1477,14 +1500,14 @@ fn worker(inner: std::sync::Weak<Inner>, rx: mpsc::Receiver<Job>) {
             },
         };
         let Some(inner) = inner.upgrade() else { return };
-        if !matches!(job, Job::Cleanup { .. }) {
+        if !matches!(job, Job::Cleanup(_)) {
             inner.run_job(job);
             continue;
         }
         let mut batch = vec![job];
         while batch.len() < CLEANUP_BATCH {
             match rx.try_recv() {
-                Ok(j @ Job::Cleanup { .. }) => batch.push(j),
+                Ok(j @ Job::Cleanup(_)) => batch.push(j),
                 Ok(j) => {
                     next = Some(j);
                     break;
@@ -1507,21 +1530,7 @@ impl Inner {
         let items: Vec<_> = jobs
             .into_iter()
             .filter_map(|j| match j {
-                Job::Cleanup {
-                    ours,
-                    ours_len,
-                    op,
-                    old,
-                    class,
-                    generation,
-                } => Some(crate::mm::CleanupItem {
-                    ours,
-                    ours_len,
-                    op,
-                    old: old.map(|(s, _)| s),
-                    class,
-                    generation,
-                }),
+                Job::Cleanup(it) => Some(it),
                 _ => None,
             })
             .collect();
@@ -1539,7 +1548,7 @@ impl Inner {
             // neighbour; a cut-short cleanup leaks the replaced object instead.
             Err(e)
                 if needs_membership(&e)
-                    && !matches!(job, Job::Cleanup { .. })
+                    && !matches!(job, Job::Cleanup(_))
                     && self.refresh(seen).is_ok() =>
             {
                 self.run_job_once(&job)
@@ -1553,14 +1562,7 @@ impl Inner {
 
     fn run_job_once(&self, job: &Job) -> Result<()> {
         match job {
-            Job::Cleanup {
-                ours,
-                ours_len,
-                op,
-                old,
-                class,
-                generation,
-            } => self.cleanup(*ours, *ours_len, *op, *old, *class, *generation),
+            Job::Cleanup(it) => self.cleanup_many(std::slice::from_ref(it)),
             Job::Prefetch(class) => {
                 let low = self.free.lock().len(*class) < self.cfg.prefetch_below;
                 if low {

@@ -283,13 +283,7 @@ impl Inner {
         let view = self.view();
         let mut frees: Vec<Batch> = Vec::new();
         let mut finishes: Vec<Batch> = Vec::new();
-        let at = |bs: &mut Vec<Batch>, node| match bs.iter().position(|b| b.node() == node) {
-            Some(i) => i,
-            None => {
-                bs.push(self.ep.batch(node));
-                bs.len() - 1
-            }
-        };
+        let at = |bs: &mut Vec<Batch>, node| self.batch_for(bs, node);
         for it in items {
             if let Some(old) = it.old {
                 let addr = slot_addr(old);
@@ -328,27 +322,6 @@ impl Inner {
         Ok(())
     }
 
-    /// After a won write: free what it replaced, then mark the log entry finished (and give
-    /// back a DELETE's temporary object).
-    pub(crate) fn cleanup(
-        &self,
-        ours: Addr,
-        ours_len: usize,
-        op: Op,
-        old: Option<(Slot, u32)>,
-        class: usize,
-        generation: u32,
-    ) -> Result<()> {
-        self.cleanup_many(&[CleanupItem {
-            ours,
-            ours_len,
-            op,
-            old: old.map(|(s, _)| s),
-            class,
-            generation,
-        }])
-    }
-
     /// The log entry's finish mark (and a DELETE's temporary object's reclaimed flag) on
     /// every data replica: a failover that lost the one copy would leave recovery an
     /// unfinished entry to redo.
@@ -378,7 +351,7 @@ impl Inner {
 }
 
 /// One won write's cleanup, for [`Inner::cleanup_many`].
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct CleanupItem {
     pub ours: Addr,
     pub ours_len: usize,

@@ -5,36 +5,12 @@
 //! free and the log entry's finish), with r = 1 and r = 3, the key's address cached or not.
 //! See the table in the crate docs.
 
-use dmkit_fusee::{Client, LocalCluster, LocalConfig, tags};
-use dmkit_verbs::TagStats;
+use dmkit_fusee::tags::split_round_trips as split;
+use dmkit_fusee::{Client, LocalCluster, LocalConfig};
+use dmkit_verbs::{Tag, TagStats};
 
-/// Tags of work the caller does not wait for.
-const BACKGROUND: [&str; 3] = [tags::CLEANUP, tags::RECLAIM, tags::BLOCKS];
-
-fn snapshot(c: &Client) -> Vec<(String, TagStats)> {
-    c.endpoint()
-        .stats()
-        .snapshot()
-        .into_iter()
-        .map(|(t, s)| (t.to_string(), s))
-        .collect()
-}
-
-/// (critical, background) round trips between two snapshots.
-fn split(before: &[(String, TagStats)], after: &[(String, TagStats)]) -> (u64, u64) {
-    let (mut crit, mut bg) = (0, 0);
-    for (t, s) in after {
-        let rt = match before.iter().find(|(b, _)| b == t) {
-            Some((_, b)) => s.since(b).round_trips,
-            None => s.round_trips,
-        };
-        if BACKGROUND.contains(&t.as_str()) {
-            bg += rt;
-        } else {
-            crit += rt;
-        }
-    }
-    (crit, bg)
+fn snapshot(c: &Client) -> Vec<(Tag, TagStats)> {
+    c.endpoint().stats().snapshot()
 }
 
 /// Runs `op` alone (earlier background work finished), then waits for its own background

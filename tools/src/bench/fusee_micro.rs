@@ -28,10 +28,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dmkit_fusee::{Client, ClientConfig, LocalCluster, LocalConfig, tags};
+use dmkit_fusee::tags::split_round_trips as split;
+use dmkit_fusee::{Client, ClientConfig, LocalCluster, LocalConfig};
 use dmkit_verbs::record::{self, RecordedRound, Recording, VerbKind};
 use dmkit_verbs::tcp::{TcpConnector, TcpServer, TcpServerConfig};
-use dmkit_verbs::{Access, DramBacking, Endpoint, NodeId, RegionDesc, TagStats};
+use dmkit_verbs::{Access, DramBacking, Endpoint, NodeId, RegionDesc, Tag, TagStats};
 use hdrhistogram::Histogram;
 use serde_json::Value;
 
@@ -44,9 +45,6 @@ fn rt(e: impl std::fmt::Display) -> CliError {
 
 /// Scratch bytes per memory node for the replays.
 const SCRATCH: usize = 4 << 20;
-
-/// Tags of work the caller does not wait for.
-const BACKGROUND: [&str; 3] = [tags::CLEANUP, tags::RECLAIM, tags::BLOCKS];
 
 /// Spans of the breakdown, in print order.
 const SPANS: [&str; 6] = [
@@ -290,30 +288,8 @@ impl Replayer {
     }
 }
 
-fn snapshot(c: &Client) -> Vec<(String, TagStats)> {
-    c.endpoint()
-        .stats()
-        .snapshot()
-        .into_iter()
-        .map(|(t, s)| (t.to_string(), s))
-        .collect()
-}
-
-/// (critical, background) round trips between two snapshots.
-fn split(before: &[(String, TagStats)], after: &[(String, TagStats)]) -> (u64, u64) {
-    let (mut crit, mut bg) = (0, 0);
-    for (t, s) in after {
-        let n = match before.iter().find(|(b, _)| b == t) {
-            Some((_, b)) => s.since(b).round_trips,
-            None => s.round_trips,
-        };
-        if BACKGROUND.contains(&t.as_str()) {
-            bg += n;
-        } else {
-            crit += n;
-        }
-    }
-    (crit, bg)
+fn snapshot(c: &Client) -> Vec<(Tag, TagStats)> {
+    c.endpoint().stats().snapshot()
 }
 
 fn hist() -> Histogram<u64> {
