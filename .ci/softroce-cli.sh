@@ -4,21 +4,8 @@
 # measures against it with perftest beside it; a FUSEE cluster of three rdma memory nodes
 # and a master stores a key, loses a node, and still answers.
 set -euo pipefail
-D=${DMKIT:?DMKIT names the dmkit binary built with --features rdma}
-IP=${SOFTROCE_IP:?run inside the SoftRoCE guest}
-W=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-}
-trap cleanup EXIT
-fail() { echo "softroce-cli: $*" >&2; for f in "$W"/*.log; do echo "== $f"; tail -5 "$f"; done >&2; exit 1; }
-
-wait_for() { # FILE PATTERN
-  for _ in $(seq 1 100); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.2; done
-  fail "no '$2' in $1"
-}
+NAME=softroce-cli TAIL=5
+. "$(dirname "$0")/softroce-lib.sh"
 
 # Bad input: a memlock limit too low is one clear error at start (root ignores the limit, so
 # as nobody).

@@ -5,20 +5,8 @@
 # two clients load 50 000 more at once into a three-node cluster (r = 3); every loaded key is
 # read back (`ycsb --verify`).
 set -euo pipefail
-D=${DMKIT:?DMKIT names the dmkit binary built with --features rdma}
-IP=${SOFTROCE_IP:?run inside the SoftRoCE guest}
-W=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-}
-trap cleanup EXIT
-fail() { echo "softroce-growth: $*" >&2; for f in "$W"/*.log; do echo "== $f"; tail -8 "$f"; done >&2; exit 1; }
-wait_for() { # FILE PATTERN
-  for _ in $(seq 1 150); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.2; done
-  fail "no '$2' in $1"
-}
+NAME=softroce-growth TAIL=8
+. "$(dirname "$0")/softroce-lib.sh"
 
 cluster() { # NAME MASTER_PORT R NODES...
   local name=$1 mport=$2 r=$3; shift 3

@@ -1377,6 +1377,25 @@ impl Inner {
         }
     }
 
+    /// The reclaimed flag of the object at `addr` on every data replica (one round trip).
+    pub(crate) fn mark_reclaimed(&self, addr: crate::object::Addr) -> Result<()> {
+        let mut batches = Vec::new();
+        self.mark_replicas(
+            &self.view(),
+            addr,
+            object::FLAGS_OFF as u64,
+            object::FLAG_RECLAIMED,
+            &mut batches,
+        );
+        if batches.is_empty() {
+            return Err(Error::Unavailable(addr.node));
+        }
+        for r in self.ep.execute_many(tags::RECLAIM, batches) {
+            r?;
+        }
+        Ok(())
+    }
+
     /// Adds a one-byte write of `byte` at `off` within the object at `addr` on every data
     /// replica that serves its block to `batches` (one batch per node).
     pub(crate) fn mark_replicas(
@@ -1415,21 +1434,7 @@ impl Inner {
     /// entry and resume a round this writer already reported as lost (seed 4017: a DELETE
     /// that had answered NotFound deleted the key much later, when its client recovered).
     fn take_back(&self, a: &Allocation) -> Result<()> {
-        let view = self.view();
-        let mut batches = Vec::new();
-        self.mark_replicas(
-            &view,
-            a.addr,
-            object::FLAGS_OFF as u64,
-            object::FLAG_RECLAIMED,
-            &mut batches,
-        );
-        if batches.is_empty() {
-            return Err(Error::Unavailable(a.addr.node));
-        }
-        for r in self.ep.execute_many(tags::RECLAIM, batches) {
-            r?;
-        }
+        self.mark_reclaimed(a.addr)?;
         self.free.lock().push(
             a.class,
             alloc::FreeObject {

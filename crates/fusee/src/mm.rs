@@ -251,28 +251,28 @@ impl Inner {
     /// readers (where readers read it) and its bit in its block's bitmap (on the block's
     /// acting primary, where the owner reclaims), in one round trip.
     pub(crate) fn free_object(&self, old: Slot) -> Result<()> {
+        let mut batches = Vec::new();
+        self.add_free(&self.view(), old, &mut batches)?;
+        for r in self.ep.execute_many(tags::CLEANUP, batches) {
+            r?;
+        }
+        Ok(())
+    }
+
+    /// [`Self::free_object`]'s verbs, added to `into` (one batch per node).
+    fn add_free(&self, view: &ClusterView, old: Slot, into: &mut Vec<Batch>) -> Result<()> {
         let addr = slot_addr(old);
-        let view = self.view();
-        let (bit_at, mask) = alloc::free_bit(&view, addr, old.object_len())?;
+        let (bit_at, mask) = alloc::free_bit(view, addr, old.object_len())?;
         let flag = view
             .acting(addr.node, addr.offset + object::FLAGS_OFF as u64)
             .ok_or(Error::Unavailable(addr.node))?;
         let bit = view
             .block_acting(bit_at.offset)
             .ok_or(Error::Unavailable(addr.node))?;
-        let mut b = self.ep.batch(flag.node);
-        b.write(flag, &[object::FLAG_OUTDATED]);
-        let mut batches = vec![b];
-        if bit.node == flag.node {
-            batches[0].faa(bit, mask);
-        } else {
-            let mut b2 = self.ep.batch(bit.node);
-            b2.faa(bit, mask);
-            batches.push(b2);
-        }
-        for r in self.ep.execute_many(tags::CLEANUP, batches) {
-            r?;
-        }
+        let i = self.batch_for(into, flag.node);
+        into[i].write(flag, &[object::FLAG_OUTDATED]);
+        let i = self.batch_for(into, bit.node);
+        into[i].faa(bit, mask);
         Ok(())
     }
 
@@ -283,23 +283,17 @@ impl Inner {
         let view = self.view();
         let mut frees: Vec<Batch> = Vec::new();
         let mut finishes: Vec<Batch> = Vec::new();
-        let at = |bs: &mut Vec<Batch>, node| self.batch_for(bs, node);
         for it in items {
             if let Some(old) = it.old {
-                let addr = slot_addr(old);
-                let (bit_at, mask) = alloc::free_bit(&view, addr, old.object_len())?;
-                let flag = view
-                    .acting(addr.node, addr.offset + object::FLAGS_OFF as u64)
-                    .ok_or(Error::Unavailable(addr.node))?;
-                let bit = view
-                    .block_acting(bit_at.offset)
-                    .ok_or(Error::Unavailable(addr.node))?;
-                let i = at(&mut frees, flag.node);
-                frees[i].write(flag, &[object::FLAG_OUTDATED]);
-                let i = at(&mut frees, bit.node);
-                frees[i].faa(bit, mask);
+                self.add_free(&view, old, &mut frees)?;
             }
-            self.finish_marks(&view, it, &mut finishes)?;
+            self.finish_marks(
+                &view,
+                it.ours,
+                it.ours_len,
+                it.op == Op::Delete,
+                &mut finishes,
+            )?;
         }
         if !frees.is_empty() {
             for r in self.ep.execute_many(tags::CLEANUP, frees) {
@@ -322,29 +316,31 @@ impl Inner {
         Ok(())
     }
 
-    /// The log entry's finish mark (and a DELETE's temporary object's reclaimed flag) on
-    /// every data replica: a failover that lost the one copy would leave recovery an
-    /// unfinished entry to redo.
-    fn finish_marks(
+    /// The log entry's finish mark (and, with `reclaim`, a DELETE's temporary object's
+    /// reclaimed flag) on every data replica: a failover that lost the one copy would leave
+    /// recovery an unfinished entry to redo.
+    pub(crate) fn finish_marks(
         &self,
         view: &ClusterView,
-        it: &CleanupItem,
+        addr: Addr,
+        len: usize,
+        reclaim: bool,
         into: &mut Vec<Batch>,
     ) -> Result<()> {
-        let log = object::log_offset_for_len(it.ours_len) as u64;
+        let log = object::log_offset_for_len(len) as u64;
         let before = into.iter().map(Batch::len).sum::<usize>();
-        self.mark_replicas(view, it.ours, log + object::FINISHED_OFF as u64, 1, into);
-        if it.op == Op::Delete {
+        self.mark_replicas(view, addr, log + object::FINISHED_OFF as u64, 1, into);
+        if reclaim {
             self.mark_replicas(
                 view,
-                it.ours,
+                addr,
                 object::FLAGS_OFF as u64,
                 object::FLAG_RECLAIMED,
                 into,
             );
         }
         if into.iter().map(Batch::len).sum::<usize>() == before {
-            return Err(Error::Unavailable(it.ours.node));
+            return Err(Error::Unavailable(addr.node));
         }
         Ok(())
     }

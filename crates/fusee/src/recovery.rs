@@ -479,52 +479,9 @@ impl crate::client::Inner {
     /// The entry's finish mark (and, for a DELETE's temporary object, its reclaimed flag) on
     /// every data replica, as the client's cleanup writes them.
     fn mark_finished(&self, addr: Addr, len: usize, reclaim: bool) -> Result<()> {
-        let view = self.view();
-        let log = object::log_offset_for_len(len) as u64;
         let mut batches = Vec::new();
-        self.mark_replicas(
-            &view,
-            addr,
-            log + object::FINISHED_OFF as u64,
-            1,
-            &mut batches,
-        );
-        if reclaim {
-            self.mark_replicas(
-                &view,
-                addr,
-                object::FLAGS_OFF as u64,
-                object::FLAG_RECLAIMED,
-                &mut batches,
-            );
-        }
-        self.execute_marks(addr, batches, tags::CLEANUP)
-    }
-
-    /// The reclaimed flag on every data replica (see `take_back`).
-    pub(crate) fn mark_reclaimed(&self, addr: Addr) -> Result<()> {
-        let view = self.view();
-        let mut batches = Vec::new();
-        self.mark_replicas(
-            &view,
-            addr,
-            object::FLAGS_OFF as u64,
-            object::FLAG_RECLAIMED,
-            &mut batches,
-        );
-        self.execute_marks(addr, batches, tags::RECLAIM)
-    }
-
-    fn execute_marks(
-        &self,
-        addr: Addr,
-        batches: Vec<dmkit_verbs::Batch>,
-        tag: &'static str,
-    ) -> Result<()> {
-        if batches.is_empty() {
-            return Err(Error::Unavailable(addr.node));
-        }
-        for r in self.ep.execute_many(tag, batches) {
+        self.finish_marks(&self.view(), addr, len, reclaim, &mut batches)?;
+        for r in self.ep.execute_many(tags::CLEANUP, batches) {
             r?;
         }
         Ok(())

@@ -617,6 +617,16 @@ fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
+/// The micro-benchmarks' value of key `i` in write round `round`: `len` bytes, the key's
+/// number first, so every key's every round is told apart.
+pub(super) fn micro_value(i: u64, round: u8, len: usize) -> Vec<u8> {
+    let mut v = vec![b'a' + round; len];
+    let tag = i.to_le_bytes();
+    let n = tag.len().min(v.len());
+    v[..n].copy_from_slice(&tag[..n]);
+    v
+}
+
 /// `--workload micro`: one client, each operation alone, in the sim latency model's virtual
 /// time.
 fn micro(args: &FuseeArgs, records: u64, value_bytes: usize) -> Result<(), CliError> {
@@ -654,13 +664,7 @@ fn micro(args: &FuseeArgs, records: u64, value_bytes: usize) -> Result<(), CliEr
     let cluster = LocalCluster::start(cfg).map_err(rt)?;
     let c = cluster.client(1).map_err(rt)?;
     let key = |i: u64| format!("micro-key-{i:012}");
-    let value = |i: u64, round: u8| {
-        let mut v = vec![b'a' + round; value_bytes];
-        let tag = i.to_le_bytes();
-        let n = tag.len().min(v.len());
-        v[..n].copy_from_slice(&tag[..n]);
-        v
-    };
+    let value = |i: u64, round: u8| micro_value(i, round, value_bytes);
     let (mut ins, mut hit, mut cold, mut upd, mut del) = (
         Modeled::new(),
         Modeled::new(),

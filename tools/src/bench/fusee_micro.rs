@@ -36,6 +36,7 @@ use dmkit_verbs::{Access, DramBacking, Endpoint, NodeId, RegionDesc, Tag, TagSta
 use hdrhistogram::Histogram;
 use serde_json::Value;
 
+use super::fusee::micro_value;
 use super::{Measurement, Report, Sample, progress};
 use crate::{Backend, CliError};
 
@@ -505,13 +506,7 @@ pub fn run(
         "verbs layer (tcp has no queue pair)"
     };
     let key = |i: u64| format!("micro-key-{i:012}");
-    let value = |i: u64, round: u8| {
-        let mut v = vec![b'a' + round; value_bytes];
-        let tag = i.to_le_bytes();
-        let n = tag.len().min(v.len());
-        v[..n].copy_from_slice(&tag[..n]);
-        v
-    };
+    let value = |i: u64, round: u8| micro_value(i, round, value_bytes);
     let mut lines = Vec::new();
     let mut worst: HashMap<&str, f64> = HashMap::new();
     let mut tail_worst = 0f64;
