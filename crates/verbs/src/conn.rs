@@ -40,6 +40,12 @@ pub trait Connection: Send + Sync + std::fmt::Debug {
     fn close(&self);
     /// How long a wait on this connection may take before it is a timeout.
     fn timeout(&self) -> Duration;
+    /// Work posted and not yet completed (batches and RPCs): what the connection's in-flight
+    /// table holds. Returns to zero once everything posted has completed or failed, whether or
+    /// not anyone waited for it.
+    fn in_flight(&self) -> usize {
+        0
+    }
 }
 
 /// Makes connections to memory nodes given their address (backend-specific form: `host:port`

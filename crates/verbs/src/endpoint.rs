@@ -225,15 +225,102 @@ impl Endpoint {
     /// Posts batches to several nodes at once, then waits for all: one round trip in all.
     /// Results come back in the order of `batches`.
     pub fn execute_many(&self, tag: Tag, batches: Vec<Batch>) -> Vec<Result<BatchResult>> {
+        let pending = self.post_many(tag, batches);
+        pending.into_iter().map(|p| self.wait(p)).collect()
+    }
+
+    /// Posts batches to several nodes at once, counting one round trip in all.
+    pub fn post_many(&self, tag: Tag, batches: Vec<Batch>) -> Vec<Pending<BatchResult>> {
         self.inner.stats.round_trip(tag);
         if crate::record::enabled() {
             crate::record::round(tag, &batches);
         }
-        let pending: Vec<_> = batches
+        batches
             .into_iter()
             .map(|b| self.post_uncounted(tag, b))
-            .collect();
-        pending.into_iter().map(|p| self.wait(p)).collect()
+            .collect()
+    }
+
+    /// Awaits a completion, advancing this handle's modeled clock: [`Endpoint::wait`] for
+    /// async callers. Many such awaits may be in flight on one thread.
+    pub async fn wait_async<T: Send + 'static>(&self, p: Pending<T>) -> Result<T> {
+        let at = p.modeled_done;
+        let r = p.await;
+        self.advance(at);
+        r
+    }
+
+    /// [`Endpoint::execute`], awaited: one round trip.
+    pub async fn execute_async(&self, tag: Tag, batch: Batch) -> Result<BatchResult> {
+        let p = self.post(tag, batch);
+        self.wait_async(p).await
+    }
+
+    /// [`Endpoint::execute_many`], awaited: one round trip in all.
+    pub async fn execute_many_async(
+        &self,
+        tag: Tag,
+        batches: Vec<Batch>,
+    ) -> Vec<Result<BatchResult>> {
+        let pending = self.post_many(tag, batches);
+        let mut out = Vec::with_capacity(pending.len());
+        // Everything is in flight already: awaiting in order costs no extra round trip.
+        for p in pending {
+            out.push(self.wait_async(p).await);
+        }
+        out
+    }
+
+    /// [`Endpoint::read`], awaited.
+    pub async fn read_async(&self, tag: Tag, remote: RemoteAddr, len: usize) -> Result<Vec<u8>> {
+        let mut b = self.batch(remote.node);
+        let i = b.read(remote, len);
+        let mut r = self.execute_async(tag, b).await?;
+        Ok(r.take_buf(i).map(MemBuf::into_vec).unwrap_or_default())
+    }
+
+    /// [`Endpoint::write`], awaited.
+    pub async fn write_async(&self, tag: Tag, remote: RemoteAddr, data: &[u8]) -> Result<()> {
+        let mut b = self.batch(remote.node);
+        b.write(remote, data);
+        self.execute_async(tag, b).await.map(drop)
+    }
+
+    /// [`Endpoint::cas`], awaited.
+    pub async fn cas_async(
+        &self,
+        tag: Tag,
+        remote: RemoteAddr,
+        expect: u64,
+        new: u64,
+    ) -> Result<u64> {
+        let mut b = self.batch(remote.node);
+        let i = b.cas(remote, expect, new);
+        Ok(self.execute_async(tag, b).await?.old(i))
+    }
+
+    /// [`Endpoint::faa`], awaited.
+    pub async fn faa_async(&self, tag: Tag, remote: RemoteAddr, add: u64) -> Result<u64> {
+        let mut b = self.batch(remote.node);
+        let i = b.faa(remote, add);
+        Ok(self.execute_async(tag, b).await?.old(i))
+    }
+
+    /// [`Endpoint::rpc`], awaited.
+    pub async fn rpc_async(&self, tag: Tag, node: NodeId, req: &[u8]) -> Result<Vec<u8>> {
+        let conn = self.connection(node)?;
+        self.inner.stats.round_trip(tag);
+        self.inner.stats.rpc(tag, req.len());
+        let p = conn.rpc(req, self.ctx());
+        let r = self.wait_async(p).await?;
+        self.inner.stats.rpc_reply(tag, r.len());
+        Ok(r)
+    }
+
+    /// Work posted on this endpoint's connections and not yet completed (see
+    /// [`Connection::in_flight`]).
+    pub fn in_flight(&self) -> usize {
+        self.inner.conns.read().values().map(|c| c.in_flight()).sum()
     }
 
     /// READ `len` bytes: one round trip.
@@ -293,16 +380,58 @@ impl Endpoint {
         data: &[u8],
         durable: bool,
     ) -> Result<WriteConfirm> {
-        let charge = data.len().max(MIN_STAGE_CHARGE);
+        let charge = self.staging_charge(data.len())?;
         let staging = &self.inner.staging;
-        if charge > staging.capacity {
+        staging.reserve(charge)?;
+        self.stage_and_post(tag, remote, data, durable, charge)
+    }
+
+    /// [`Endpoint::proxied_write`] for async callers: under back-pressure the task awaits
+    /// earlier writes' completions instead of blocking its thread.
+    pub async fn proxied_write_async(
+        &self,
+        tag: Tag,
+        remote: RemoteAddr,
+        data: &[u8],
+        durable: bool,
+    ) -> Result<WriteConfirm> {
+        let charge = self.staging_charge(data.len())?;
+        let staging = &self.inner.staging;
+        while !staging.try_reserve(charge) {
+            match staging.pop_oldest() {
+                Some(Tracked { state, pending }) => {
+                    let r = pending.await;
+                    settle_tracked(&state, r);
+                }
+                // Someone else's write holds the room and is not tracked yet: look again soon.
+                None => crate::pending::timer::sleep(Duration::from_millis(1)).await,
+            }
+        }
+        self.stage_and_post(tag, remote, data, durable, charge)
+    }
+
+    /// The staging charge of a proxied write of `len` bytes (refused if it can never fit).
+    fn staging_charge(&self, len: usize) -> Result<usize> {
+        let charge = len.max(MIN_STAGE_CHARGE);
+        let capacity = self.inner.staging.capacity;
+        if charge > capacity {
             return Err(Error::InvalidArgument(format!(
-                "proxied write of {} bytes exceeds the staging capacity of {} bytes",
-                data.len(),
-                staging.capacity
+                "proxied write of {len} bytes exceeds the staging capacity of {capacity} bytes"
             )));
         }
-        staging.reserve(charge)?;
+        Ok(charge)
+    }
+
+    /// Stages `data` (its `charge` already reserved) and posts the WRITE.
+    fn stage_and_post(
+        &self,
+        tag: Tag,
+        remote: RemoteAddr,
+        data: &[u8],
+        durable: bool,
+        charge: usize,
+    ) -> Result<WriteConfirm> {
+        let staging = &self.inner.staging;
         let mut buf = match self.buf(data.len()) {
             Ok(b) => b,
             Err(e) => {
@@ -317,6 +446,7 @@ impl Endpoint {
         let state = Arc::new(ConfirmState {
             result: Mutex::new(None),
             cv: Condvar::new(),
+            waker: Mutex::new(None),
             modeled_done: pending.modeled_done,
         });
         let st = state.clone();
@@ -326,11 +456,10 @@ impl Endpoint {
         pending.on_complete(move |r| {
             // Release first: whoever sees the confirm must also see the staging freed.
             stg.staging.release(charge);
-            *st.result.lock() = Some(match r {
+            st.settle(match r {
                 Ok(_) => Ok(()),
                 Err(e) => Err(e.clone_shallow()),
             });
-            st.cv.notify_all();
         });
         staging.track(state.clone(), pending);
         Ok(WriteConfirm {
@@ -342,6 +471,11 @@ impl Endpoint {
     /// Waits until every proxied write posted so far is confirmed; returns the first failure.
     pub fn flush(&self) -> Result<()> {
         self.inner.staging.flush(&self.clock)
+    }
+
+    /// [`Endpoint::flush`] for async callers.
+    pub async fn flush_async(&self) -> Result<()> {
+        self.inner.staging.flush_async(&self.clock).await
     }
 
     /// Bytes currently staged by proxied writes.
@@ -364,7 +498,33 @@ impl Endpoint {
 struct ConfirmState {
     result: Mutex<Option<Result<()>>>,
     cv: Condvar,
+    /// The task awaiting [`WriteConfirm::confirmed`].
+    waker: Mutex<Option<std::task::Waker>>,
     modeled_done: Option<u64>,
+}
+
+impl ConfirmState {
+    /// Records the outcome (the first one wins) and wakes every waiter.
+    fn settle(&self, r: Result<()>) {
+        {
+            let mut g = self.result.lock();
+            if g.is_some() {
+                return;
+            }
+            *g = Some(r);
+            self.cv.notify_all();
+        }
+        if let Some(w) = self.waker.lock().take() {
+            w.wake();
+        }
+    }
+}
+
+/// Delivers an awaited tracked completion's failure (a timeout) to its confirm.
+fn settle_tracked(state: &ConfirmState, r: Result<BatchResult>) {
+    if let Err(e) = r {
+        state.settle(Err(e));
+    }
 }
 
 /// Fires when a proxied write has really completed at the memory node.
@@ -383,6 +543,31 @@ impl WriteConfirm {
     /// Blocks until the write completed at the node; its outcome.
     pub fn wait(&self) -> Result<()> {
         let r = wait_confirm(&self.state);
+        if let Some(t) = self.state.modeled_done {
+            self.clock.fetch_max(t, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// Completes when the write completed at the node: [`WriteConfirm::wait`] for async
+    /// callers.
+    pub async fn confirmed(&self) -> Result<()> {
+        let r = std::future::poll_fn(|cx| {
+            if let Some(r) = self.state.result.lock().as_ref() {
+                return std::task::Poll::Ready(match r {
+                    Ok(()) => Ok(()),
+                    Err(e) => Err(e.clone_shallow()),
+                });
+            }
+            *self.state.waker.lock() = Some(cx.waker().clone());
+            // Settled between the check and the registration: do not miss it.
+            match self.state.result.lock().as_ref() {
+                Some(Ok(())) => std::task::Poll::Ready(Ok(())),
+                Some(Err(e)) => std::task::Poll::Ready(Err(e.clone_shallow())),
+                None => std::task::Poll::Pending,
+            }
+        })
+        .await;
         if let Some(t) = self.state.modeled_done {
             self.clock.fetch_max(t, Ordering::Relaxed);
         }
@@ -435,13 +620,8 @@ impl Staging {
 
     fn reserve(&self, n: usize) -> Result<()> {
         loop {
-            {
-                let mut u = self.used.lock();
-                if *u + n <= self.capacity {
-                    *u += n;
-                    self.high_water.fetch_max(*u, Ordering::Relaxed);
-                    return Ok(());
-                }
+            if self.try_reserve(n) {
+                return Ok(());
             }
             // Full: wait for the oldest outstanding write (its timeout bounds the wait).
             if !self.wait_oldest() {
@@ -449,6 +629,30 @@ impl Staging {
                 if *u + n > self.capacity {
                     self.cv.wait_for(&mut u, Duration::from_millis(10));
                 }
+            }
+        }
+    }
+
+    /// Reserves `n` bytes if they are free now.
+    fn try_reserve(&self, n: usize) -> bool {
+        let mut u = self.used.lock();
+        if *u + n <= self.capacity {
+            *u += n;
+            self.high_water.fetch_max(*u, Ordering::Relaxed);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Takes the oldest write still in flight off the queue (to be waited on by the caller).
+    fn pop_oldest(&self) -> Option<Tracked> {
+        let mut q = self.outstanding.lock();
+        loop {
+            match q.pop_front() {
+                None => return None,
+                Some(t) if t.state.result.lock().is_some() => continue,
+                Some(t) => return Some(t),
             }
         }
     }
@@ -470,24 +674,10 @@ impl Staging {
 
     /// Waits for the oldest outstanding write; false if there is none.
     fn wait_oldest(&self) -> bool {
-        let Tracked { state, pending } = {
-            let mut q = self.outstanding.lock();
-            loop {
-                match q.pop_front() {
-                    None => return false,
-                    Some(t) if t.state.result.lock().is_some() => continue,
-                    Some(t) => break t,
-                }
-            }
+        let Some(Tracked { state, pending }) = self.pop_oldest() else {
+            return false;
         };
-        if let Err(e) = pending.wait() {
-            // A timeout is delivered here (the backend never completed it).
-            let mut r = state.result.lock();
-            if r.is_none() {
-                *r = Some(Err(e));
-                state.cv.notify_all();
-            }
-        }
+        settle_tracked(&state, pending.wait());
         true
     }
 
@@ -499,17 +689,32 @@ impl Staging {
                 break;
             };
             let _ = pending.wait();
-            let g = state.result.lock();
-            if let Some(t) = state.modeled_done {
-                clock.fetch_max(t, Ordering::Relaxed);
-            }
-            if let Some(Err(e)) = g.as_ref() {
-                first_err.get_or_insert_with(|| e.clone_shallow());
-            }
+            flushed(&state, clock, &mut first_err);
         }
-        match first_err {
-            Some(e) => Err(e),
-            None => Ok(()),
+        first_err.map_or(Ok(()), Err)
+    }
+
+    async fn flush_async(&self, clock: &AtomicU64) -> Result<()> {
+        let mut first_err = None;
+        loop {
+            let item = self.outstanding.lock().pop_front();
+            let Some(Tracked { state, pending }) = item else {
+                break;
+            };
+            let _ = pending.await;
+            flushed(&state, clock, &mut first_err);
         }
+        first_err.map_or(Ok(()), Err)
+    }
+}
+
+/// After a flush waited on a write: its modeled time, and its failure if it is the first.
+fn flushed(state: &ConfirmState, clock: &AtomicU64, first_err: &mut Option<Error>) {
+    let g = state.result.lock();
+    if let Some(t) = state.modeled_done {
+        clock.fetch_max(t, Ordering::Relaxed);
+    }
+    if let Some(Err(e)) = g.as_ref() {
+        first_err.get_or_insert_with(|| e.clone_shallow());
     }
 }

@@ -70,5 +70,8 @@ pub use error::{AccessFault, Error, Result};
 pub use memory::{Backing, DramBacking, FnBacking, RegionMemory};
 pub use node::{MemoryNode, Peer, RpcHandler};
 pub use pending::Pending;
+/// Timeouts armed by awaited completions, process-wide (returns to zero once every awaited
+/// verb completed or its future was dropped).
+pub use pending::timer::armed as armed_timeouts;
 pub use stats::{Stats, Tag, TagStats};
 pub use types::{Access, Media, NodeId, RKey, RegionDesc, RemoteAddr};

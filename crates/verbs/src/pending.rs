@@ -1,8 +1,15 @@
 //! Completions: a [`Pending`] is the handle of posted work; it is fulfilled by the backend and
-//! waited on, with a bounded timeout, by the caller.
+//! waited on, with a bounded timeout, by the caller — blocking ([`Pending::wait`]) or as a
+//! [`Future`] (`.await`), which any executor can drive: the backend's delivering thread wakes
+//! the task (sim: inline or its timer; tcp: the connection's reader; rdma: the CQ poller,
+//! which sleeps on the completion channel). A future's timeout is kept by [`timer`], one
+//! process-wide thread, so no runtime is needed.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
@@ -15,6 +22,8 @@ type Callback<T> = Box<dyn FnOnce(&Result<T>) + Send>;
 struct SlotState<T> {
     result: Option<Result<T>>,
     callback: Option<Callback<T>>,
+    /// The task awaiting the completion.
+    waker: Option<Waker>,
 }
 
 /// Where a backend delivers one completion.
@@ -34,6 +43,7 @@ impl<T> Slot<T> {
             state: Mutex::new(SlotState {
                 result: None,
                 callback: None,
+                waker: None,
             }),
             cv: Condvar::new(),
             delivered: AtomicBool::new(false),
@@ -55,6 +65,25 @@ impl<T> Slot<T> {
             .store(crate::record::stamp(), Ordering::Relaxed);
         self.delivered.store(true, Ordering::Release);
         self.cv.notify_all();
+        let waker = s.waker.take();
+        drop(s);
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+
+    /// The result if it has arrived; otherwise `waker` is woken when it does.
+    fn poll_take(&self, waker: &Waker) -> Option<Result<T>> {
+        let mut s = self.state.lock();
+        if let Some(r) = s.result.take() {
+            s.waker = None;
+            return Some(r);
+        }
+        match &mut s.waker {
+            Some(w) if w.will_wake(waker) => {}
+            w => *w = Some(waker.clone()),
+        }
+        None
     }
 
     pub fn is_complete(&self) -> bool {
@@ -120,6 +149,8 @@ pub struct Pending<T> {
     progress: Option<Progress>,
     /// Modeled completion time in virtual nanoseconds (sim with a latency model).
     pub(crate) modeled_done: Option<u64>,
+    /// The timeout armed on [`timer`] while the future is awaited (disarmed when dropped).
+    armed: Option<timer::Armed>,
 }
 
 impl<T> std::fmt::Debug for Pending<T> {
@@ -140,6 +171,7 @@ impl<T: Send + 'static> Pending<T> {
             on_timeout: None,
             progress: None,
             modeled_done: None,
+            armed: None,
         }
     }
 
@@ -156,6 +188,7 @@ impl<T: Send + 'static> Pending<T> {
             on_timeout,
             progress: None,
             modeled_done: None,
+            armed: None,
         }
     }
 
@@ -284,6 +317,184 @@ impl<T: Send + 'static> Pending<T> {
     }
 }
 
+// The future never pins its output in place: it is moved out when ready.
+impl<T> Unpin for Pending<T> {}
+
+impl<T: Send + 'static> Future for Pending<T> {
+    type Output = Result<T>;
+
+    /// Ready when the backend delivers the completion, or with [`Error::Timeout`] once the
+    /// connection's timeout has passed since the first poll (the backend then gives up on the
+    /// path, as [`Pending::wait`] does). Dropping the future before that cancels only the
+    /// wait: the verbs still execute, and their completion is discarded.
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
+        let this = &mut *self;
+        let slot = match &this.state {
+            State::Waiting(slot) => slot.clone(),
+            State::Ready(_) => {
+                let State::Ready(r) = std::mem::replace(&mut this.state, State::Done) else {
+                    unreachable!("matched Ready above")
+                };
+                return Poll::Ready(r);
+            }
+            State::Done => {
+                return Poll::Ready(Err(Error::InvalidArgument(
+                    "completion already taken".into(),
+                )));
+            }
+        };
+        if let Some(r) = slot.poll_take(cx.waker()) {
+            this.state = State::Done;
+            this.armed = None;
+            return Poll::Ready(r);
+        }
+        if this.armed.is_none() {
+            if let Some(deadline) = Instant::now().checked_add(this.timeout) {
+                let (node, after, hook) = (this.node, this.timeout, this.on_timeout.clone());
+                let s = slot.clone();
+                this.armed = Some(timer::arm(
+                    deadline,
+                    Box::new(move || {
+                        if s.is_complete() {
+                            return;
+                        }
+                        s.complete(Err(Error::Timeout { node, after }));
+                        if let Some(h) = hook {
+                            h();
+                        }
+                    }),
+                ));
+            }
+        }
+        Poll::Pending
+    }
+}
+
+/// Deadlines of awaited completions: one process-wide thread fires each at its instant
+/// unless the future holding it was dropped (or finished) first. Executor-neutral: no
+/// runtime's timer is needed.
+pub(crate) mod timer {
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, OnceLock};
+    use std::task::{Poll, Waker};
+    use std::time::Instant;
+
+    use parking_lot::{Condvar, Mutex};
+
+    type Fire = Box<dyn FnOnce() + Send>;
+    /// Armed deadlines by (instant, sequence number), and the last sequence number.
+    type Due = (BTreeMap<(Instant, u64), Fire>, u64);
+
+    struct Timer {
+        due: Mutex<Due>,
+        cv: Condvar,
+    }
+
+    fn timer() -> &'static Timer {
+        static T: OnceLock<&'static Timer> = OnceLock::new();
+        T.get_or_init(|| {
+            let t: &'static Timer = Box::leak(Box::new(Timer {
+                due: Mutex::new((BTreeMap::new(), 0)),
+                cv: Condvar::new(),
+            }));
+            // A failure to start the thread leaves futures without a timeout; say so.
+            if let Err(e) = std::thread::Builder::new()
+                .name("dmkit-verbs-timer".into())
+                .spawn(move || run(t))
+            {
+                tracing::error!(error = %e, "cannot start the verbs timer thread: awaited verbs have no timeout");
+            }
+            t
+        })
+    }
+
+    fn run(t: &'static Timer) {
+        let mut g = t.due.lock();
+        loop {
+            let now = Instant::now();
+            let first = g.0.keys().next().copied();
+            match first {
+                None => t.cv.wait(&mut g),
+                Some(k) if k.0 <= now => {
+                    let fire = g.0.remove(&k);
+                    drop(g);
+                    if let Some(f) = fire {
+                        f();
+                    }
+                    g = t.due.lock();
+                }
+                Some(k) => {
+                    t.cv.wait_until(&mut g, k.0);
+                }
+            }
+        }
+    }
+
+    /// A deadline armed on the timer; dropping it disarms it.
+    pub(crate) struct Armed(Option<(Instant, u64)>);
+
+    impl Drop for Armed {
+        fn drop(&mut self) {
+            if let Some(k) = self.0.take() {
+                // (The closure is dropped after the lock is released.)
+                let fire = timer().due.lock().0.remove(&k);
+                drop(fire);
+            }
+        }
+    }
+
+    /// Runs `fire` at `deadline` unless the returned handle is dropped first.
+    pub(crate) fn arm(deadline: Instant, fire: Fire) -> Armed {
+        let t = timer();
+        let mut g = t.due.lock();
+        g.1 += 1;
+        let key = (deadline, g.1);
+        let earliest = g.0.keys().next().is_none_or(|k| *k > key);
+        g.0.insert(key, fire);
+        if earliest {
+            t.cv.notify_one();
+        }
+        Armed(Some(key))
+    }
+
+    /// Deadlines armed now (tests assert it returns to zero).
+    pub fn armed() -> usize {
+        timer().due.lock().0.len()
+    }
+
+    /// Completes after `d` (on the timer thread's clock), whatever drives it.
+    pub(crate) async fn sleep(d: std::time::Duration) {
+        let state = Arc::new(Mutex::new((false, None::<Waker>)));
+        let mut armed = None;
+        std::future::poll_fn(|cx| {
+            let mut g = state.lock();
+            if g.0 {
+                return Poll::Ready(());
+            }
+            g.1 = Some(cx.waker().clone());
+            drop(g);
+            if armed.is_none() {
+                let s = state.clone();
+                armed = Some(arm(
+                    Instant::now() + d,
+                    Box::new(move || {
+                        let w = {
+                            let mut g = s.lock();
+                            g.0 = true;
+                            g.1.take()
+                        };
+                        if let Some(w) = w {
+                            w.wake();
+                        }
+                    }),
+                ));
+            }
+            Poll::Pending
+        })
+        .await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -302,6 +513,67 @@ mod tests {
             }
         ));
         assert!(t.elapsed() < Duration::from_secs(2));
+    }
+
+    /// Drives one future on this thread with a waker that counts its wake-ups.
+    fn poll_once<F: Future + Unpin>(
+        f: &mut F,
+        woken: &Arc<std::sync::atomic::AtomicUsize>,
+    ) -> Poll<F::Output> {
+        struct Count(Arc<std::sync::atomic::AtomicUsize>);
+        impl std::task::Wake for Count {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let w = Waker::from(Arc::new(Count(woken.clone())));
+        Pin::new(f).poll(&mut Context::from_waker(&w))
+    }
+
+    // One test, so no other test of this binary arms the process-wide timer meanwhile.
+    #[test]
+    fn awaited_completions_wake_time_out_and_disarm() {
+        let woken = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        // A completion delivered later wakes the task, once.
+        let slot = Slot::<u32>::new();
+        let mut p = Pending::waiting(NodeId(0), slot.clone(), Duration::from_secs(10), None);
+        assert!(poll_once(&mut p, &woken).is_pending());
+        assert_eq!(timer::armed(), 1);
+        slot.complete(Ok(5));
+        assert_eq!(woken.load(Ordering::SeqCst), 1);
+        assert!(matches!(poll_once(&mut p, &woken), Poll::Ready(Ok(5))));
+        assert_eq!(timer::armed(), 0, "a finished future disarms its timeout");
+        // Dropped before completion: disarmed, and a late completion is harmless.
+        let slot = Slot::<u32>::new();
+        let mut p = Pending::waiting(NodeId(0), slot.clone(), Duration::from_secs(10), None);
+        assert!(poll_once(&mut p, &woken).is_pending());
+        drop(p);
+        assert_eq!(timer::armed(), 0, "a dropped future disarms its timeout");
+        slot.complete(Ok(1));
+        // Nobody answers: the timeout fires, wakes the task and runs the backend's hook.
+        let hooked = Arc::new(AtomicBool::new(false));
+        let h = hooked.clone();
+        let hook: TimeoutHook = Arc::new(move || h.store(true, Ordering::SeqCst));
+        let slot = Slot::<u32>::new();
+        let mut p = Pending::waiting(NodeId(4), slot, Duration::from_millis(30), Some(hook));
+        let before = woken.load(Ordering::SeqCst);
+        let t = Instant::now();
+        assert!(poll_once(&mut p, &woken).is_pending());
+        while woken.load(Ordering::SeqCst) == before && t.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        match poll_once(&mut p, &woken) {
+            Poll::Ready(Err(Error::Timeout { node, .. })) => assert_eq!(node, NodeId(4)),
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+        assert!(t.elapsed() >= Duration::from_millis(30));
+        assert!(hooked.load(Ordering::SeqCst), "the backend's timeout hook ran");
+        assert_eq!(timer::armed(), 0);
+        // A second poll after the result was taken is an error, not a hang.
+        assert!(matches!(
+            poll_once(&mut p, &woken),
+            Poll::Ready(Err(Error::InvalidArgument(_)))
+        ));
     }
 
     #[test]

@@ -1438,6 +1438,11 @@ impl Connection for RdmaConnection {
     fn timeout(&self) -> Duration {
         self.config.op_timeout
     }
+
+    fn in_flight(&self) -> usize {
+        let s = self.shared();
+        s.inflight.lock().len() + s.rpcs.lock().len()
+    }
 }
 
 impl Drop for RdmaConnection {

@@ -805,6 +805,10 @@ impl Connection for SimConnection {
     fn timeout(&self) -> Duration {
         self.cluster.inner.cfg.timeout
     }
+
+    fn in_flight(&self) -> usize {
+        self.queued.load(Ordering::SeqCst) as usize
+    }
 }
 
 fn drop_guard<T>(_g: T) {}

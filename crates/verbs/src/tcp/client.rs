@@ -97,6 +97,9 @@ struct Shared {
     peer: String,
     stream: TcpStream,
     writer: Mutex<TcpStream>,
+    /// Frames posted while another thread is writing: that thread sends them with its own in
+    /// one write (concurrent posters share system calls and TCP segments).
+    outbox: Mutex<Outbox>,
     waiters: Mutex<HashMap<u64, Waiter>>,
     next_id: AtomicU64,
     alive: AtomicBool,
@@ -140,15 +143,44 @@ impl Shared {
             return Ok(());
         }
         self.waiters.lock().insert(req_id, waiter);
-        let r = {
-            let mut w = self.writer.lock();
-            w.write_all(frame)
-        };
-        if let Err(e) = r {
-            self.kill(format!("send failed: {e}"));
+        let mut ob = self.outbox.lock();
+        ob.queued.extend_from_slice(frame);
+        if ob.writing {
+            // The thread writing now sends this frame next, with whatever else queued.
+            return Ok(());
         }
-        Ok(())
+        ob.writing = true;
+        loop {
+            let mut out = std::mem::take(&mut ob.queued);
+            if out.is_empty() {
+                ob.writing = false;
+                return Ok(());
+            }
+            drop(ob);
+            let r = self.writer.lock().write_all(&out);
+            ob = self.outbox.lock();
+            if let Err(e) = r {
+                ob.writing = false;
+                ob.queued.clear();
+                drop(ob);
+                self.kill(format!("send failed: {e}"));
+                return Ok(());
+            }
+            if ob.queued.is_empty() {
+                // Keep the allocation for the next frames.
+                out.clear();
+                ob.queued = out;
+            }
+        }
     }
+}
+
+/// See [`Shared::outbox`].
+#[derive(Default)]
+struct Outbox {
+    queued: Vec<u8>,
+    /// A thread is writing and will send `queued` before it stops.
+    writing: bool,
 }
 
 /// A connection to one memory node over TCP.
@@ -314,6 +346,7 @@ impl TcpConnection {
             node,
             peer: addr.to_string(),
             writer: Mutex::new(stream.try_clone()?),
+            outbox: Mutex::new(Outbox::default()),
             stream,
             waiters: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
@@ -643,5 +676,9 @@ impl Connection for TcpConnection {
 
     fn timeout(&self) -> Duration {
         self.shared.op_timeout
+    }
+
+    fn in_flight(&self) -> usize {
+        self.shared.waiters.lock().len()
     }
 }

@@ -255,6 +255,10 @@ fn serve(shared: &Shared, stream: TcpStream, peer: &Peer) -> std::result::Result
         let Some(h) = frame::read_frame(&mut reader, &mut payload, shared.max_frame)? else {
             return Ok(());
         };
+        if shared.paused.load(Ordering::SeqCst) {
+            // What was executed before the pause is answered.
+            writer.flush()?;
+        }
         while shared.paused.load(Ordering::SeqCst) && !shared.stop.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -295,7 +299,11 @@ fn serve(shared: &Shared, stream: TcpStream, peer: &Peer) -> std::result::Result
             }
         }
         writer.write_all(&out)?;
-        writer.flush()?;
+        // Frames already received are answered before the responses go out: a client with
+        // many verbs in flight gets them in one write.
+        if reader.buffer().is_empty() {
+            writer.flush()?;
+        }
     }
 }
 
