@@ -88,36 +88,48 @@ pub fn run(args: RespBenchArgs) -> Result<(), CliError> {
     report.config("redis_server", server_version);
 
     let redis = RedisServer::start()?;
-    let mut cfg = LocalConfig::new(3, 3);
-    cfg.pool_bytes = 256 << 20;
-    let cluster = match args.backend {
-        Backend::Tcp => LocalCluster::start_tcp(cfg),
-        _ => LocalCluster::start(cfg),
-    }
-    .map_err(rt)?;
+    let start_cluster = |replicas: usize| {
+        let mut cfg = LocalConfig::new(3, replicas);
+        cfg.pool_bytes = 256 << 20;
+        match args.backend {
+            Backend::Tcp => LocalCluster::start_tcp(cfg),
+            _ => LocalCluster::start(cfg),
+        }
+        .map_err(rt)
+    };
+    let start_gateway = |b: Arc<dyn KvBackend>| {
+        RespServer::start("127.0.0.1:0", b, RespConfig::default())
+            .map_err(|e| rt(format!("cannot start the gateway: {e}")))
+    };
+    let cluster = start_cluster(3)?;
     let client = cluster.client(0xD0_0001).map_err(rt)?;
-    let fusee: Arc<dyn KvBackend> = Arc::new(FuseeBackend(client.clone()));
-    let gateway = RespServer::start("127.0.0.1:0", fusee, RespConfig::default())
-        .map_err(|e| rt(format!("cannot start the gateway: {e}")))?;
-    let memory = RespServer::start(
-        "127.0.0.1:0",
-        Arc::new(MemoryBackend::default()),
-        RespConfig::default(),
-    )
-    .map_err(|e| rt(format!("cannot start the gateway: {e}")))?;
+    let gateway = start_gateway(Arc::new(FuseeBackend(client.clone())))?;
+    let cluster_r1 = start_cluster(1)?;
+    let client_r1 = cluster_r1.client(0xD0_0002).map_err(rt)?;
+    let gateway_r1 = start_gateway(Arc::new(FuseeBackend(client_r1.clone())))?;
+    let memory = start_gateway(Arc::new(MemoryBackend::default()))?;
 
+    // (name, variant, port, pipeline depth, the FUSEE client behind it)
+    let (g, g1) = (gateway.local_addr().port(), gateway_r1.local_addr().port());
     let targets = [
-        ("redis", redis.port),
-        ("gateway_fusee", gateway.local_addr().port()),
-        ("gateway_memory", memory.local_addr().port()),
+        ("redis", "", redis.port, 1, None),
+        ("gateway_fusee", "", g, 1, Some(&client)),
+        ("gateway_memory", "", memory.local_addr().port(), 1, None),
+        ("redis", "_p16", redis.port, 16, None),
+        ("gateway_fusee", "_p16", g, 16, Some(&client)),
+        ("redis", "_r1", redis.port, 1, None),
+        ("gateway_fusee", "_r1", g1, 1, Some(&client_r1)),
     ];
-    for (name, port) in targets {
+    for (name, variant, port, pipeline, fusee) in targets {
         // One redis-benchmark run per test, so each gets its own backend round-trip count.
         for test in ["set", "get"] {
-            eprintln!("dmkit bench resp: redis-benchmark -t {test} -n {requests} against {name}");
-            let before = client.endpoint().stats().total().round_trips;
-            let out = redis_benchmark(port, test, requests, args.connections)?;
-            let used = client.endpoint().stats().total().round_trips - before;
+            eprintln!(
+                "dmkit bench resp: redis-benchmark -t {test} -n {requests} -P {pipeline} against {name}{variant}"
+            );
+            let rtts = || fusee.map_or(0, |c| c.endpoint().stats().total().round_trips);
+            let before = rtts();
+            let out = redis_benchmark(port, test, requests, args.connections, pipeline)?;
+            let used = rtts() - before;
             let rows = parse_benchmark_output(&out)
                 .map_err(|e| rt(format!("redis-benchmark against {name}: {e}")))?;
             let upper = test.to_ascii_uppercase();
@@ -126,9 +138,9 @@ pub fn run(args: RespBenchArgs) -> Result<(), CliError> {
                     "redis-benchmark against {name} reported no {upper} line: {out}"
                 ))
             })?;
-            let mut m = row.measurement(&format!("{name}_{test}"));
-            if name == "gateway_fusee" {
-                // FUSEE's round trips to the memory nodes per request (all verbs, 3 replicas).
+            let mut m = row.measurement(&format!("{name}_{test}{variant}"));
+            if fusee.is_some() {
+                // FUSEE's round trips to the memory nodes per request (all verbs, every replica).
                 m.extra.insert(
                     "fusee_rtts_per_op".into(),
                     Value::from((used as f64 / requests as f64 * 1000.0).round() / 1000.0),
@@ -137,6 +149,7 @@ pub fn run(args: RespBenchArgs) -> Result<(), CliError> {
             report.results.push(m);
         }
     }
+    client_r1.flush().map_err(rt)?;
     client.flush().map_err(rt)?;
     drop(redis);
 
@@ -144,9 +157,15 @@ pub fn run(args: RespBenchArgs) -> Result<(), CliError> {
     for op in ["get", "set"] {
         let base = rps(&report, &format!("redis_{op}"));
         let ours = rps(&report, &format!("gateway_fusee_{op}")) / base;
-        report.ratio(&format!("resp_gateway_{op}_vs_redis"), ours, None);
+        let target = if op == "get" { ">= 0.7" } else { ">= 0.25" };
+        report.ratio(&format!("resp_gateway_{op}_vs_redis"), ours, Some(target));
         let proto = rps(&report, &format!("gateway_memory_{op}")) / base;
         report.ratio(&format!("resp_protocol_only_{op}_vs_redis"), proto, None);
+        for variant in ["p16", "r1"] {
+            let base = rps(&report, &format!("redis_{op}_{variant}"));
+            let ours = rps(&report, &format!("gateway_fusee_{op}_{variant}")) / base;
+            report.ratio(&format!("resp_gateway_{op}_{variant}_vs_redis"), ours, None);
+        }
     }
     report
         .finish(args.json.as_deref())
@@ -271,11 +290,13 @@ fn redis_benchmark(
     test: &str,
     requests: u64,
     connections: u32,
+    pipeline: u32,
 ) -> Result<String, CliError> {
     let out = Command::new("redis-benchmark")
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(["-t", test, "-n", &requests.to_string()])
         .args(["-c", &connections.to_string()])
+        .args(["-P", &pipeline.max(1).to_string()])
         .args(["-r", &KEYSPACE.to_string(), "-d", &VALUE_BYTES.to_string()])
         .arg("--csv")
         .stdin(Stdio::null())

@@ -4,8 +4,7 @@
 
 pub mod codec;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
@@ -35,6 +34,11 @@ pub trait KvBackend: Send + Sync {
     fn info(&self) -> Vec<(String, String)> {
         Vec::new()
     }
+    /// Whether calls wait on the network (they then run on the gateway's blocking pool,
+    /// many at once); a backend that answers from memory says false and runs inline.
+    fn blocks(&self) -> bool {
+        true
+    }
 }
 
 /// Settings of the gateway.
@@ -43,13 +47,19 @@ pub struct RespConfig {
     pub limits: Limits,
     /// Connections beyond this are refused with Redis's "max number of clients" error.
     pub max_clients: usize,
+    /// Threads that run connections' protocol work.
+    pub io_threads: usize,
+    /// Backend calls running at once, at most (the blocking pool's threads).
+    pub backend_threads: usize,
 }
 
 impl Default for RespConfig {
     fn default() -> Self {
         Self {
             limits: Limits::default(),
-            max_clients: 1024,
+            max_clients: 10_000,
+            io_threads: 2,
+            backend_threads: 64,
         }
     }
 }
@@ -64,9 +74,15 @@ struct Shared {
 }
 
 /// A running gateway; stops accepting when dropped (open connections finish their command).
+///
+/// Connections are tasks on a small tokio runtime (an idle connection costs memory, not a
+/// thread). The commands of one connection's pipeline run concurrently where Redis semantics
+/// allow (commands on disjoint keys); replies keep the connection's order. A backend whose
+/// calls block ([`KvBackend::blocks`]) runs them on the runtime's bounded blocking pool.
 pub struct RespServer {
     addr: SocketAddr,
     shared: Arc<Shared>,
+    rt: Option<tokio::runtime::Runtime>,
 }
 
 impl std::fmt::Debug for RespServer {
@@ -78,14 +94,21 @@ impl std::fmt::Debug for RespServer {
 }
 
 impl RespServer {
-    /// Binds `addr` and serves on background threads (one per connection).
+    /// Binds `addr` and serves on a background runtime.
     pub fn start(
         addr: &str,
         backend: Arc<dyn KvBackend>,
         cfg: RespConfig,
     ) -> std::io::Result<RespServer> {
         let l = TcpListener::bind(addr)?;
+        l.set_nonblocking(true)?;
         let local = l.local_addr()?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(cfg.io_threads.max(1))
+            .max_blocking_threads(cfg.backend_threads.max(1))
+            .thread_name("resp")
+            .enable_all()
+            .build()?;
         let shared = Arc::new(Shared {
             backend,
             cfg,
@@ -94,55 +117,110 @@ impl RespServer {
             started: Instant::now(),
             stop: AtomicBool::new(false),
         });
-        let s = shared.clone();
-        std::thread::Builder::new()
-            .name("resp-accept".into())
-            .spawn(move || {
-                for conn in l.incoming() {
-                    if s.stop.load(Ordering::SeqCst) {
-                        return;
-                    }
-                    let Ok(conn) = conn else { continue };
-                    let s2 = s.clone();
-                    let _ = std::thread::Builder::new()
-                        .name("resp-conn".into())
-                        .spawn(move || serve(&s2, conn));
-                }
-            })?;
+        let listener = {
+            let _entered = rt.enter();
+            tokio::net::TcpListener::from_std(l)?
+        };
+        rt.spawn(accept_loop(shared.clone(), listener));
         Ok(RespServer {
             addr: local,
             shared,
+            rt: Some(rt),
         })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
     }
+
+    /// Connections open now.
+    pub fn clients(&self) -> usize {
+        self.shared.clients.load(Ordering::SeqCst)
+    }
 }
 
 impl Drop for RespServer {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
-        let _ = TcpStream::connect(self.addr);
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
     }
 }
 
-fn serve(s: &Shared, mut conn: TcpStream) {
+async fn accept_loop(s: Arc<Shared>, l: tokio::net::TcpListener) {
+    loop {
+        match l.accept().await {
+            Ok((conn, _)) => {
+                if s.stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                tokio::spawn(serve(s.clone(), conn));
+            }
+            Err(e) => {
+                // Out of descriptors and the like: back off, keep serving the others.
+                tracing::warn!(error = %e, "RESP gateway cannot accept a connection");
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+/// A command of a pipeline, in reply order.
+enum Running {
+    Done(Reply),
+    Task(tokio::task::JoinHandle<Reply>),
+}
+
+/// Commands of one connection in flight at once, at most.
+const MAX_PIPELINE_IN_FLIGHT: usize = 64;
+
+/// The keys a command reads or writes (`None`: it touches no key and runs inline).
+fn command_keys<'a>(name: &str, argv: &'a [Vec<u8>]) -> Option<Vec<&'a [u8]>> {
+    match name {
+        "get" | "set" | "setnx" => argv.first().map(|k| vec![k.as_slice()]),
+        "del" | "unlink" | "exists" | "mget" => Some(argv.iter().map(Vec::as_slice).collect()),
+        "mset" => Some(argv.iter().step_by(2).map(Vec::as_slice).collect()),
+        _ => None,
+    }
+}
+
+/// Replies of everything in flight, in order, into `out`.
+async fn finish(running: &mut Vec<Running>, out: &mut Vec<u8>) {
+    for r in running.drain(..) {
+        let reply = match r {
+            Running::Done(reply) => reply,
+            Running::Task(t) => t.await.unwrap_or_else(|e| {
+                tracing::error!(error = %e, "RESP command task failed");
+                Reply::err("internal error while running the command")
+            }),
+        };
+        reply.encode(out);
+    }
+}
+
+async fn serve(s: Arc<Shared>, mut conn: tokio::net::TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let n = s.clients.fetch_add(1, Ordering::SeqCst) + 1;
     let _guard = Guard(&s.clients);
     let peer = conn.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     if n > s.cfg.max_clients {
         let mut out = Vec::new();
         Reply::err("max number of clients reached").encode(&mut out);
-        let _ = conn.write_all(&out);
+        let _ = conn.write_all(&out).await;
         return;
     }
     let _ = conn.set_nodelay(true);
-    let mut buf: Vec<u8> = Vec::with_capacity(16 << 10);
-    let mut out: Vec<u8> = Vec::with_capacity(16 << 10);
-    let mut chunk = vec![0u8; 64 << 10];
+    let mut buf: Vec<u8> = Vec::with_capacity(4 << 10);
+    let mut out: Vec<u8> = Vec::with_capacity(4 << 10);
+    let mut chunk = vec![0u8; 16 << 10];
+    let mut running: Vec<Running> = Vec::new();
+    let mut busy: std::collections::HashSet<Vec<u8>> = std::collections::HashSet::new();
+    let blocks = s.backend.blocks();
     loop {
-        // Run every complete command buffered, then send all replies at once (pipelining).
+        // Start every complete command buffered; commands on keys already in flight wait
+        // for those to finish (a connection sees its own writes, in order). Then send all
+        // replies at once (pipelining).
         let mut used = 0;
         let mut quit = false;
         loop {
@@ -152,25 +230,44 @@ fn serve(s: &Shared, mut conn: TcpStream) {
                     if args.is_empty() {
                         continue;
                     }
-                    let (reply, q) = execute(s, &args);
-                    reply.encode(&mut out);
-                    if q {
-                        quit = true;
-                        break;
+                    let name = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
+                    let keys = command_keys(&name, &args[1..]);
+                    let Some(keys) = keys.filter(|_| blocks) else {
+                        let (reply, q) = execute(&s, &args);
+                        running.push(Running::Done(reply));
+                        if q {
+                            quit = true;
+                            break;
+                        }
+                        continue;
+                    };
+                    if running.len() >= MAX_PIPELINE_IN_FLIGHT
+                        || keys.iter().any(|k| busy.contains(*k))
+                    {
+                        finish(&mut running, &mut out).await;
+                        busy.clear();
                     }
+                    busy.extend(keys.iter().map(|k| k.to_vec()));
+                    let s2 = s.clone();
+                    running.push(Running::Task(tokio::task::spawn_blocking(move || {
+                        execute(&s2, &args).0
+                    })));
                 }
                 Ok(None) => break,
                 Err(e) => {
                     tracing::warn!(%peer, error = %e, "closing RESP connection");
+                    finish(&mut running, &mut out).await;
                     Reply::err(e).encode(&mut out);
-                    let _ = conn.write_all(&out);
+                    let _ = conn.write_all(&out).await;
                     return;
                 }
             }
         }
         buf.drain(..used);
+        finish(&mut running, &mut out).await;
+        busy.clear();
         if !out.is_empty() {
-            if conn.write_all(&out).is_err() {
+            if conn.write_all(&out).await.is_err() {
                 return;
             }
             out.clear();
@@ -178,7 +275,7 @@ fn serve(s: &Shared, mut conn: TcpStream) {
         if quit {
             return;
         }
-        match conn.read(&mut chunk) {
+        match conn.read(&mut chunk).await {
             Ok(0) | Err(_) => return,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
@@ -380,6 +477,9 @@ pub struct MemoryBackend {
 }
 
 impl KvBackend for MemoryBackend {
+    fn blocks(&self) -> bool {
+        false
+    }
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, String> {
         Ok(self.map.lock().get(key).cloned())
     }
@@ -404,6 +504,8 @@ impl KvBackend for MemoryBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
 
     fn roundtrip(server: &RespServer, input: &[u8], expect: &[u8]) {
         let mut c = TcpStream::connect(server.local_addr()).unwrap();
@@ -461,5 +563,114 @@ mod tests {
             b"-ERR Protocol error: invalid count 'x'\r\n",
         );
         roundtrip(&s, b"PING\r\nQUIT\r\nPING\r\n", b"+PONG\r\n+OK\r\n");
+    }
+
+    /// The in-memory map behind a slow network: every call takes `delay` and says it blocks.
+    struct Slow {
+        map: MemoryBackend,
+        delay: std::time::Duration,
+        running: AtomicUsize,
+        most: AtomicUsize,
+    }
+
+    impl Slow {
+        fn call<T>(&self, f: impl FnOnce(&MemoryBackend) -> T) -> T {
+            let n = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most.fetch_max(n, Ordering::SeqCst);
+            std::thread::sleep(self.delay);
+            let r = f(&self.map);
+            self.running.fetch_sub(1, Ordering::SeqCst);
+            r
+        }
+    }
+
+    impl KvBackend for Slow {
+        fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, String> {
+            self.call(|m| m.get(key))
+        }
+        fn put(&self, key: &[u8], value: &[u8], mode: PutMode) -> Result<bool, String> {
+            self.call(|m| m.put(key, value, mode))
+        }
+        fn delete(&self, key: &[u8]) -> Result<bool, String> {
+            self.call(|m| m.delete(key))
+        }
+    }
+
+    fn slow_server(delay_ms: u64) -> (RespServer, Arc<Slow>) {
+        let b = Arc::new(Slow {
+            map: MemoryBackend::default(),
+            delay: std::time::Duration::from_millis(delay_ms),
+            running: AtomicUsize::new(0),
+            most: AtomicUsize::new(0),
+        });
+        let s = RespServer::start("127.0.0.1:0", b.clone(), RespConfig::default()).unwrap();
+        (s, b)
+    }
+
+    #[test]
+    fn a_pipeline_on_a_blocking_backend_keeps_order_and_sees_its_own_writes() {
+        let (s, _) = slow_server(2);
+        roundtrip(
+            &s,
+            b"SET a 1\r\nGET a\r\nSET a 2\r\nGET a\r\nSET b x\r\nMSET a 3 b y\r\nMGET a b\r\nDEL a\r\nEXISTS a b\r\nPING\r\nGET a\r\n",
+            b"+OK\r\n$1\r\n1\r\n+OK\r\n$1\r\n2\r\n+OK\r\n+OK\r\n*2\r\n$1\r\n3\r\n$1\r\ny\r\n:1\r\n:1\r\n+PONG\r\n$-1\r\n",
+        );
+    }
+
+    #[test]
+    fn pipelined_commands_on_distinct_keys_run_concurrently() {
+        let (s, b) = slow_server(20);
+        let mut input = Vec::new();
+        let mut expect = Vec::new();
+        for i in 0..40 {
+            input.extend_from_slice(format!("SET k{i} v{i}\r\n").as_bytes());
+            expect.extend_from_slice(b"+OK\r\n");
+        }
+        for i in 0..40 {
+            input.extend_from_slice(format!("GET k{i}\r\n").as_bytes());
+            let v = format!("v{i}");
+            expect.extend_from_slice(format!("${}\r\n{v}\r\n", v.len()).as_bytes());
+        }
+        let t = Instant::now();
+        roundtrip(&s, &input, &expect);
+        // 80 calls of 20 ms one after another would take 1.6 s.
+        assert!(b.most.load(Ordering::SeqCst) > 1, "commands never overlapped");
+        assert!(t.elapsed() < std::time::Duration::from_millis(1200), "{:?}", t.elapsed());
+    }
+
+    /// Threads of this process now.
+    fn threads() -> usize {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("Threads:").map(|n| n.trim().parse().ok()))
+            })
+            .flatten()
+            .unwrap_or(0)
+    }
+
+    #[test]
+    fn idle_connections_cost_no_threads() {
+        let (s, _) = slow_server(0);
+        roundtrip(&s, b"PING\r\n", b"+PONG\r\n");
+        let before = threads();
+        let conns: Vec<_> = (0..1000)
+            .map(|_| TcpStream::connect(s.local_addr()).unwrap())
+            .collect();
+        let t = Instant::now();
+        while s.clients() < 1000 && t.elapsed() < std::time::Duration::from_secs(10) {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(s.clients(), 1000);
+        // Other tests of this binary may start threads meanwhile: allow a few, not 1000.
+        assert!(threads() < before + 50, "{before} -> {} threads", threads());
+        roundtrip(&s, b"PING\r\n", b"+PONG\r\n");
+        drop(conns);
+        let t = Instant::now();
+        while s.clients() > 0 && t.elapsed() < std::time::Duration::from_secs(10) {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(s.clients(), 0, "closed connections are forgotten");
     }
 }
