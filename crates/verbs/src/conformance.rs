@@ -459,47 +459,29 @@ pub fn hung_node_times_out(h: &dyn Harness) {
     h.pause_node(NodeId(0), false);
 }
 
-/// A one-thread executor built from std alone: the suite drives futures with it to show that
-/// completions wake any executor (no runtime in the library). Polls every unfinished future
-/// whenever one of them was woken.
+/// Runs every future to completion on this thread with [`crate::block_on`] (std alone): the
+/// suite drives futures with it to show that completions wake any executor. Polls every
+/// unfinished future whenever one of them was woken.
 pub fn run_all<F: std::future::Future>(futs: Vec<F>) -> Vec<F::Output> {
-    use std::task::{Context, Poll, Wake, Waker};
-    struct Unpark {
-        woken: AtomicBool,
-        thread: std::thread::Thread,
-    }
-    impl Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.wake_by_ref();
-        }
-        fn wake_by_ref(self: &Arc<Self>) {
-            self.woken.store(true, Ordering::SeqCst);
-            self.thread.unpark();
-        }
-    }
-    let unpark = Arc::new(Unpark {
-        woken: AtomicBool::new(true),
-        thread: std::thread::current(),
-    });
-    let waker = Waker::from(unpark.clone());
-    let mut cx = Context::from_waker(&waker);
     let mut futs: Vec<_> = futs.into_iter().map(Box::pin).collect();
     let mut out: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
-    let mut left = futs.len();
-    while left > 0 {
-        while !unpark.woken.swap(false, Ordering::SeqCst) {
-            std::thread::park_timeout(Duration::from_millis(50));
-        }
+    crate::block_on(std::future::poll_fn(|cx| {
         for (f, o) in futs.iter_mut().zip(out.iter_mut()) {
             if o.is_none() {
-                if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+                if let std::task::Poll::Ready(v) = f.as_mut().poll(cx) {
                     *o = Some(v);
-                    left -= 1;
                 }
             }
         }
-    }
-    out.into_iter().map(|o| o.expect("every future finished")).collect()
+        if out.iter().all(Option::is_some) {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    }));
+    out.into_iter()
+        .map(|o| o.expect("every future finished"))
+        .collect()
 }
 
 /// Waits (bounded) until the endpoint's in-flight tables are empty, then asserts it.
@@ -508,7 +490,11 @@ fn assert_drained(ep: &Endpoint, what: &str) {
     while ep.in_flight() > 0 && t.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert_eq!(ep.in_flight(), 0, "{what}: work left in the in-flight tables");
+    assert_eq!(
+        ep.in_flight(),
+        0,
+        "{what}: work left in the in-flight tables"
+    );
 }
 
 /// One thread keeps hundreds of verbs in flight on one endpoint, awaiting them as futures:
@@ -658,7 +644,10 @@ pub fn async_proxied_writes_respect_staging(h: &dyn Harness) {
         for i in 0..total {
             let data = vec![(i % 251) as u8 + 1; chunk];
             let off = (i * chunk) as u64 % (1 << 20);
-            confirms.push(ep.proxied_write_async("pw", r.at(off), &data, false).await?);
+            confirms.push(
+                ep.proxied_write_async("pw", r.at(off), &data, false)
+                    .await?,
+            );
             assert!(ep.staging_in_use() <= cap);
         }
         for c in &confirms {

@@ -320,7 +320,12 @@ impl Endpoint {
     /// Work posted on this endpoint's connections and not yet completed (see
     /// [`Connection::in_flight`]).
     pub fn in_flight(&self) -> usize {
-        self.inner.conns.read().values().map(|c| c.in_flight()).sum()
+        self.inner
+            .conns
+            .read()
+            .values()
+            .map(|c| c.in_flight())
+            .sum()
     }
 
     /// READ `len` bytes: one round trip.

@@ -37,6 +37,40 @@
 //! # Ok::<(), dmkit_verbs::Error>(())
 //! ```
 //!
+//! Completions are futures too: a [`Pending`] can be awaited on any executor (the backend's
+//! delivering thread wakes the task; timeouts need no runtime), so one thread keeps many verbs
+//! in flight. Every blocking call has an `_async` form:
+//!
+//! ```
+//! # use std::sync::Arc;
+//! # use dmkit_verbs::sim::{SimCluster, SimConfig};
+//! # use dmkit_verbs::{Access, DramBacking, MemoryNode, NodeId};
+//! # let cluster = SimCluster::new(SimConfig::default());
+//! # let node = Arc::new(MemoryNode::new(NodeId(0)));
+//! # let region = node.register(Arc::new(DramBacking::new(1 << 20)), Access::ALL, None)?;
+//! # cluster.add_node(node);
+//! let ep = cluster.endpoint(1)?;
+//! // Post 100 FAAs at once, then await them (here with the std-only `block_on`).
+//! let pending: Vec<_> = (0..100)
+//!     .map(|_| {
+//!         let mut b = ep.batch(NodeId(0));
+//!         let i = b.faa(region.at(0), 1);
+//!         (ep.post("count", b), i)
+//!     })
+//!     .collect();
+//! let counted = dmkit_verbs::block_on(async {
+//!     let mut olds = Vec::new();
+//!     for (p, i) in pending {
+//!         olds.push(ep.wait_async(p).await?.old(i));
+//!     }
+//!     let now = ep.read_async("count", region.at(0), 8).await?;
+//!     Ok::<_, dmkit_verbs::Error>((olds.len(), now))
+//! })?;
+//! assert_eq!(counted, (100, 100u64.to_le_bytes().to_vec()));
+//! assert_eq!(ep.in_flight(), 0);
+//! # Ok::<(), dmkit_verbs::Error>(())
+//! ```
+//!
 //! The same code runs over TCP by connecting the endpoint with [`tcp::TcpConnector`] to
 //! nodes served by [`tcp::TcpServer`] (what `dmkit memnode` runs). The conformance suite that
 //! every backend passes is in [`conformance`] (feature `test_utils`).
@@ -69,9 +103,9 @@ pub use endpoint::{Endpoint, EndpointConfig, WriteConfirm};
 pub use error::{AccessFault, Error, Result};
 pub use memory::{Backing, DramBacking, FnBacking, RegionMemory};
 pub use node::{MemoryNode, Peer, RpcHandler};
-pub use pending::Pending;
 /// Timeouts armed by awaited completions, process-wide (returns to zero once every awaited
 /// verb completed or its future was dropped).
 pub use pending::timer::armed as armed_timeouts;
+pub use pending::{Pending, block_on};
 pub use stats::{Stats, Tag, TagStats};
 pub use types::{Access, Media, NodeId, RKey, RegionDesc, RemoteAddr};

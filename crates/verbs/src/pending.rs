@@ -317,6 +317,39 @@ impl<T: Send + 'static> Pending<T> {
     }
 }
 
+/// Runs `f` to completion on this thread (parking it between wake-ups): the blocking facade
+/// over async code, and an executor for simple callers. Needs no runtime.
+pub fn block_on<F: Future>(f: F) -> F::Output {
+    struct Unpark {
+        woken: AtomicBool,
+        thread: std::thread::Thread,
+    }
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.wake_by_ref();
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.woken.store(true, Ordering::Release);
+            self.thread.unpark();
+        }
+    }
+    let unpark = Arc::new(Unpark {
+        woken: AtomicBool::new(false),
+        thread: std::thread::current(),
+    });
+    let waker = Waker::from(unpark.clone());
+    let mut cx = Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    loop {
+        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        while !unpark.woken.swap(false, Ordering::Acquire) {
+            std::thread::park();
+        }
+    }
+}
+
 // The future never pins its output in place: it is moved out when ready.
 impl<T> Unpin for Pending<T> {}
 
@@ -567,7 +600,10 @@ mod tests {
             other => panic!("expected a timeout, got {other:?}"),
         }
         assert!(t.elapsed() >= Duration::from_millis(30));
-        assert!(hooked.load(Ordering::SeqCst), "the backend's timeout hook ran");
+        assert!(
+            hooked.load(Ordering::SeqCst),
+            "the backend's timeout hook ran"
+        );
         assert_eq!(timer::armed(), 0);
         // A second poll after the result was taken is an error, not a hang.
         assert!(matches!(

@@ -634,8 +634,15 @@ mod tests {
         let t = Instant::now();
         roundtrip(&s, &input, &expect);
         // 80 calls of 20 ms one after another would take 1.6 s.
-        assert!(b.most.load(Ordering::SeqCst) > 1, "commands never overlapped");
-        assert!(t.elapsed() < std::time::Duration::from_millis(1200), "{:?}", t.elapsed());
+        assert!(
+            b.most.load(Ordering::SeqCst) > 1,
+            "commands never overlapped"
+        );
+        assert!(
+            t.elapsed() < std::time::Duration::from_millis(1200),
+            "{:?}",
+            t.elapsed()
+        );
     }
 
     /// Threads of this process now.
