@@ -423,7 +423,12 @@ pub fn render(docs: &Path) -> Result<String, CliError> {
          the same run. `gateway_fusee_*`: the gateway over FUSEE on 3 memory nodes with 3 replicas \
          serving over loopback TCP (`LocalCluster::start_tcp`; every SET writes 3 replicas of \
          the object and the index); `gateway_memory_*`: the same gateway over an in-memory map, \
-         which isolates the protocol path. Ratios are requests/s over Redis's. `RTTs/op` counts \
+         which isolates the protocol path. `*_p16`: the same with `-P 16` (16 pipelined \
+         commands per connection; the gateway runs a pipeline's commands on distinct keys \
+         concurrently). `*_r1`: FUSEE with 1 index and 1 data replica. Ratios are requests/s \
+         over Redis's in the same run. The gateway's connections are tasks on a two-thread tokio \
+         runtime; FUSEE's calls still block, so they run on its bounded blocking pool (64 \
+         threads) until FUSEE's operations are async. `RTTs/op` counts \
          the client's request-response exchanges; the JSON's `fusee_rtts_per_op` counts the \
          gateway's round trips to the memory nodes per request. The latency curves go through \
          redis-benchmark's reported percentiles (min, p50, p95, p99, max).\n",
