@@ -57,6 +57,19 @@ impl KvBackend for FuseeBackend {
         Ok(self.0.delete(key).map_err(|e| e.to_string())? == DeleteResult::Deleted)
     }
 
+    fn get_async(
+        &self,
+        key: Vec<u8>,
+    ) -> Option<dmkit_tools::resp::BoxFuture<Result<Option<Vec<u8>>, String>>> {
+        let c = self.0.clone();
+        Some(Box::pin(async move {
+            if key.is_empty() {
+                return Ok(None);
+            }
+            c.search_async(&key).await.map_err(|e| e.to_string())
+        }))
+    }
+
     fn info(&self) -> Vec<(String, String)> {
         let s = self.0.cache_stats();
         vec![

@@ -29,6 +29,8 @@ use dmkit_kv_index::{
 };
 use dmkit_verbs::record::timed;
 use dmkit_verbs::{Batch, Endpoint, NodeId};
+use std::future::Future;
+
 use parking_lot::Mutex;
 
 use crate::alloc::{self, Allocation, FreeLists};
@@ -150,7 +152,10 @@ pub enum DeleteResult {
 }
 
 /// A read answered from an epoch being repaired (`None`: the replicas disagree, wait).
-type RepairRead<'a, T> = dyn Fn(&ClusterView, &RaceIndex) -> Result<Option<T>> + 'a;
+/// Whether a write cut short took effect (`Some`: the operation's result).
+type Settled<'a, T> = dyn Fn() -> Result<Option<T>> + Sync + 'a;
+
+type RepairRead<'a, T> = dyn Fn(&ClusterView, &RaceIndex) -> Result<Option<T>> + Sync + 'a;
 
 /// A write attempt's object, to tell afterwards whether the attempt took effect.
 #[derive(Debug, Clone, Copy)]
@@ -462,9 +467,15 @@ impl Client {
     /// SEARCH: the value of `key`. One round trip on an address-cache hit (the slot and the
     /// object read together), two otherwise (buckets, then object).
     pub fn search(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        dmkit_verbs::block_on(self.search_async(key))
+    }
+
+    /// [`Client::search`], awaited: one client serves many searches in flight at once, from
+    /// any executor.
+    pub async fn search_async(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         Self::check_key(key)?;
-        self.with_failover(
-            || self.search_once(key),
+        self.with_failover_async(
+            || self.search_once_async(key),
             Some(&|view: &ClusterView, index: &RaceIndex| {
                 // The index is being repaired: answer when the replicas agree on the key; a
                 // slot they disagree on is being decided, so wait for that.
@@ -477,14 +488,19 @@ impl Client {
             }),
             None,
         )
+        .await
     }
 
     fn search_once(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        dmkit_verbs::block_on(self.search_once_async(key))
+    }
+
+    async fn search_once_async(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         let inner = &self.inner;
         let k = key.to_vec();
         if !inner.cache.should_bypass() {
             if let Some(c) = inner.cache.get(&k) {
-                match inner.cached_search(key, c)? {
+                match inner.cached_search_async(key, c).await? {
                     Some(v) => return Ok(Some(v)),
                     None => inner.cache.report_stale(&k),
                 }
@@ -492,7 +508,7 @@ impl Client {
         }
         let (view, index) = inner.state();
         let v = Verifier::new(&view);
-        match index.search_at(&v, key)? {
+        match index.search_at_async(&v, key).await? {
             Some((slot, pos)) => {
                 let Some((s, obj)) = v.take() else {
                     return Err(Error::Corrupt(
@@ -838,12 +854,28 @@ impl Client {
         &self,
         op: impl Fn() -> Result<T>,
         during_repair: Option<&RepairRead<'_, T>>,
-        settled: Option<&dyn Fn() -> Result<Option<T>>>,
+        settled: Option<&Settled<'_, T>>,
+    ) -> Result<T> {
+        dmkit_verbs::block_on(self.with_failover_async(
+            || std::future::ready(op()),
+            during_repair,
+            settled,
+        ))
+    }
+
+    /// Runs `op`; when it fails because the membership changed, catches up with the new
+    /// epoch and runs it again (answering from `during_repair` while the index is being
+    /// repaired; settling a cut-short write with `settled` first).
+    async fn with_failover_async<T, F: Future<Output = Result<T>>>(
+        &self,
+        op: impl Fn() -> F,
+        during_repair: Option<&RepairRead<'_, T>>,
+        settled: Option<&Settled<'_, T>>,
     ) -> Result<T> {
         let mut attempts = 0;
         loop {
             let seen = self.inner.view().epoch;
-            match op() {
+            match op().await {
                 Err(e) if needs_membership(&e) && attempts < 16 => {
                     attempts += 1;
                     metrics::counter!("dmkit_fusee_failover_retries_total").increment(1);
@@ -1160,7 +1192,7 @@ impl Inner {
 
     /// SEARCH through the address cache: the slot word and the object it should point to,
     /// read together (one round trip). `None` when the cache entry is stale.
-    fn cached_search(&self, key: &[u8], c: CachedAddr) -> Result<Option<Vec<u8>>> {
+    async fn cached_search_async(&self, key: &[u8], c: CachedAddr) -> Result<Option<Vec<u8>>> {
         let slot_at = self.index().primary_slot_addr(c.pos);
         let obj = slot_addr(c.slot);
         let Some(obj_at) = self.view().acting(obj.node, obj.offset) else {
@@ -1178,7 +1210,7 @@ impl Inner {
             let oi = b2.read(obj_at, c.slot.object_len());
             (vec![b1, b2], si, oi, false)
         };
-        let mut res = self.ep.execute_many(tags::SEARCH, batches);
+        let mut res = self.ep.execute_many_async(tags::SEARCH, batches).await;
         let r_obj = if same {
             None
         } else {

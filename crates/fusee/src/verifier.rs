@@ -28,6 +28,15 @@ pub(crate) fn read_objects(
     view: &ClusterView,
     slots: &[Slot],
 ) -> dmkit_kv_index::Result<Vec<Option<KvObject>>> {
+    dmkit_verbs::block_on(read_objects_async(ep, view, slots))
+}
+
+/// [`read_objects`], awaited.
+pub(crate) async fn read_objects_async(
+    ep: &Endpoint,
+    view: &ClusterView,
+    slots: &[Slot],
+) -> dmkit_kv_index::Result<Vec<Option<KvObject>>> {
     // Objects are read where they are served: their node, or (failed over) a data replica.
     let mut by_node: BTreeMap<NodeId, Vec<(usize, Slot, RemoteAddr)>> = BTreeMap::new();
     for (i, s) in slots.iter().enumerate() {
@@ -52,7 +61,7 @@ pub(crate) fn read_objects(
         plan.push(p);
     }
     let mut out = vec![None; slots.len()];
-    for (res, p) in ep.execute_many(TAG, batches).into_iter().zip(plan) {
+    for (res, p) in ep.execute_many_async(TAG, batches).await.into_iter().zip(plan) {
         let res = res.map_err(dmkit_kv_index::Error::from)?;
         for (i, s, idx) in p {
             out[i] = object::decode(res.read(idx), slot_addr(s));
@@ -100,35 +109,48 @@ impl KeyVerifier for Verifier<'_> {
         key: &[u8],
         candidates: &[Slot],
     ) -> dmkit_kv_index::Result<Option<usize>> {
-        if candidates.is_empty() {
-            return Ok(None);
-        }
-        // (Taken: a retry after a stale candidate reads for itself.)
-        if let Some((s, o)) = self.prefetched.lock().take() {
-            if let Some(i) = candidates.iter().position(|c| *c == s) {
-                if o.key == key {
-                    *self.found.lock() = Some((s, o));
-                    return Ok(Some(i));
+        dmkit_verbs::block_on(self.find_async(ep, key, candidates))
+    }
+
+    fn find_async<'b>(
+        &'b self,
+        ep: &'b Endpoint,
+        key: &'b [u8],
+        candidates: &'b [Slot],
+    ) -> dmkit_kv_index::BoxFuture<'b, dmkit_kv_index::Result<Option<usize>>> {
+        Box::pin(async move {
+            if candidates.is_empty() {
+                return Ok(None);
+            }
+            // (Taken: a retry after a stale candidate reads for itself.)
+            let prefetched = self.prefetched.lock().take();
+            if let Some((s, o)) = prefetched {
+                if let Some(i) = candidates.iter().position(|c| *c == s) {
+                    if o.key == key {
+                        *self.found.lock() = Some((s, o));
+                        return Ok(Some(i));
+                    }
                 }
             }
-        }
-        let objs = read_objects(ep, self.view, candidates)?;
-        let mut gone = false;
-        for (i, o) in objs.into_iter().enumerate() {
-            match o {
-                Some(o) if o.key == key => {
-                    *self.found.lock() = Some((candidates[i], o));
-                    return Ok(Some(i));
+            let objs = read_objects_async(ep, self.view, candidates).await?;
+            let mut gone = false;
+            for (i, o) in objs.into_iter().enumerate() {
+                match o {
+                    Some(o) if o.key == key => {
+                        *self.found.lock() = Some((candidates[i], o));
+                        return Ok(Some(i));
+                    }
+                    Some(_) => {}
+                    // Reclaimed (or reused and not yet whole): the slot has moved on since
+                    // the buckets were read, maybe to this very key. Never conclude "absent"
+                    // from it.
+                    None => gone = true,
                 }
-                Some(_) => {}
-                // Reclaimed (or reused and not yet whole): the slot has moved on since the
-                // buckets were read, maybe to this very key. Never conclude "absent" from it.
-                None => gone = true,
             }
-        }
-        if gone {
-            return Err(dmkit_kv_index::Error::StaleCandidate);
-        }
-        Ok(None)
+            if gone {
+                return Err(dmkit_kv_index::Error::StaleCandidate);
+            }
+            Ok(None)
+        })
     }
 }

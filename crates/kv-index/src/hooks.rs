@@ -75,15 +75,24 @@ impl RaceIndex {
         verifier: &V,
         key: &[u8],
     ) -> Result<Option<(Slot, SlotPos)>> {
+        dmkit_verbs::block_on(self.search_at_async(verifier, key))
+    }
+
+    /// [`Self::search_at`], awaited: many may be in flight on one thread.
+    pub async fn search_at_async<V: KeyVerifier + ?Sized>(
+        &self,
+        verifier: &V,
+        key: &[u8],
+    ) -> Result<Option<(Slot, SlotPos)>> {
         let kh = self.hash(key);
         let start = Instant::now();
         let mut backoff = Backoff::new(self.wait_timeout);
         loop {
-            let view = self.read_view(crate::tags::SEARCH, &kh)?;
+            let view = self.read_view_async(crate::tags::SEARCH, &kh).await?;
             let cands = view.candidates(&kh)?;
             let slots: Vec<Slot> = cands.iter().map(|c| c.2).collect();
             if !slots.is_empty() {
-                match verifier.find(&self.ep, key, &slots) {
+                match verifier.find_async(&self.ep, key, &slots).await {
                     Ok(Some(i)) if i < slots.len() => return Ok(Some((slots[i], cands[i].0))),
                     Ok(_) => {}
                     Err(crate::Error::StaleCandidate) => {

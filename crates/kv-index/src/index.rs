@@ -510,13 +510,30 @@ impl RaceIndex {
 
     /// Reads the key's two combined buckets from the primary (one round trip on a fresh
     /// cache), refreshing the directory when the bucket headers say it is stale.
-    pub(crate) fn read_view(&self, tag: Tag, kh: &KeyHash) -> Result<View> {
-        self.read_view_with(tag, kh, Vec::new(), &NoHooks)
+    pub(crate) async fn read_view_async(&self, tag: Tag, kh: &KeyHash) -> Result<View> {
+        self.read_view_with_async(tag, kh, Vec::new(), &NoHooks)
+            .await
     }
 
-    /// [`Self::read_view`] with the caller's batches (to other nodes, or the same one)
-    /// posted in the same round trip, once.
+    /// [`Self::read_view_async`], blocking.
+    pub(crate) fn read_view(&self, tag: Tag, kh: &KeyHash) -> Result<View> {
+        dmkit_verbs::block_on(self.read_view_async(tag, kh))
+    }
+
+    /// [`Self::read_view_with_async`], blocking.
     pub(crate) fn read_view_with(
+        &self,
+        tag: Tag,
+        kh: &KeyHash,
+        extra: Vec<Batch>,
+        hooks: &dyn WriteHooks,
+    ) -> Result<View> {
+        dmkit_verbs::block_on(self.read_view_with_async(tag, kh, extra, hooks))
+    }
+
+    /// [`Self::read_view_async`] with the caller's batches (to other nodes, or the same one)
+    /// posted in the same round trip, once.
+    pub(crate) async fn read_view_with_async(
         &self,
         tag: Tag,
         kh: &KeyHash,
@@ -529,11 +546,11 @@ impl RaceIndex {
             let mut b = self.ep.batch(self.primary_node());
             let [r0, r1] = self.post_reads(e.subtable, kh).map(|(a, l)| b.read(a, l));
             let res = if extra.is_empty() {
-                self.ep.execute(tag, b)?
+                self.ep.execute_async(tag, b).await?
             } else {
                 let mut all = vec![b];
                 all.append(&mut extra);
-                let mut results = self.ep.execute_many(tag, all).into_iter();
+                let mut results = self.ep.execute_many_async(tag, all).await.into_iter();
                 let res = results.next().expect("the bucket batch")?;
                 let done = results.collect::<std::result::Result<Vec<_>, _>>()?;
                 hooks.first_round_done(&done);
@@ -542,6 +559,7 @@ impl RaceIndex {
             if let Some(v) = self.parse_view(e.subtable, kh, [res.read(r0), res.read(r1)])? {
                 return Ok(v);
             }
+            // (Rare: the directory changed. Done in place.)
             self.refresh_directory()?;
             if self.lookup(kh) == e && !backoff.pause() {
                 return Err(self.corrupt(format!(
@@ -585,14 +603,25 @@ impl RaceIndex {
         verifier: &V,
         key: &[u8],
     ) -> Result<Option<Slot>> {
+        dmkit_verbs::block_on(self.search_async(verifier, key))
+    }
+
+    /// [`Self::search`], awaited: many may be in flight on one thread.
+    pub async fn search_async<V: KeyVerifier + ?Sized>(
+        &self,
+        verifier: &V,
+        key: &[u8],
+    ) -> Result<Option<Slot>> {
         let kh = self.hash(key);
         let start = Instant::now();
         let mut backoff = Backoff::new(self.wait_timeout);
         loop {
-            let view = self.read_view(tags::SEARCH, &kh)?;
+            let view = self.read_view_async(tags::SEARCH, &kh).await?;
             let cands = view.candidates(&kh)?;
             let slots: Vec<Slot> = cands.iter().map(|c| c.2).collect();
-            let found = self.find_confirmed(tags::SEARCH, verifier, key, &cands, &slots);
+            let found = self
+                .find_confirmed_async(tags::SEARCH, verifier, key, &cands, &slots)
+                .await;
             match found {
                 Ok(Some(i)) => return Ok(Some(slots[i])),
                 Ok(None) if !view.splitting => return Ok(None),
@@ -621,7 +650,17 @@ impl RaceIndex {
         }
     }
 
+    /// The verifier's pick among `slots` (checked to be one of them), blocking.
     fn find<V: KeyVerifier + ?Sized>(
+        &self,
+        verifier: &V,
+        key: &[u8],
+        slots: &[Slot],
+    ) -> Result<Option<usize>> {
+        dmkit_verbs::block_on(self.find_async(verifier, key, slots))
+    }
+
+    async fn find_async<V: KeyVerifier + ?Sized>(
         &self,
         verifier: &V,
         key: &[u8],
@@ -630,7 +669,7 @@ impl RaceIndex {
         if slots.is_empty() {
             return Ok(None);
         }
-        match verifier.find(&self.ep, key, slots)? {
+        match verifier.find_async(&self.ep, key, slots).await? {
             Some(i) if i >= slots.len() => Err(Error::Verifier(format!(
                 "returned candidate {i} of {}",
                 slots.len()
@@ -639,8 +678,7 @@ impl RaceIndex {
         }
     }
 
-    /// [`Self::find`] over `slots` (the slots of `cands`), where "absent" also needs
-    /// [`Self::confirm_absent`].
+    /// [`Self::find_confirmed_async`], blocking.
     fn find_confirmed<V: KeyVerifier + ?Sized>(
         &self,
         tag: Tag,
@@ -649,8 +687,21 @@ impl RaceIndex {
         cands: &[(SlotPos, u64, Slot)],
         slots: &[Slot],
     ) -> Result<Option<usize>> {
-        match self.find(verifier, key, slots)? {
-            None => self.confirm_absent(tag, cands).map(|()| None),
+        dmkit_verbs::block_on(self.find_confirmed_async(tag, verifier, key, cands, slots))
+    }
+
+    /// The verifier's pick among `slots` (the slots of `cands`), where "absent" also needs
+    /// [`Self::confirm_absent_async`].
+    async fn find_confirmed_async<V: KeyVerifier + ?Sized>(
+        &self,
+        tag: Tag,
+        verifier: &V,
+        key: &[u8],
+        cands: &[(SlotPos, u64, Slot)],
+        slots: &[Slot],
+    ) -> Result<Option<usize>> {
+        match self.find_async(verifier, key, slots).await? {
+            None => self.confirm_absent_async(tag, cands).await.map(|()| None),
             found => Ok(found),
         }
     }
@@ -660,7 +711,7 @@ impl RaceIndex {
     /// another key — says nothing about this key; while a slot still points to an object,
     /// FUSEE does not free it. One READ batch on the primary, only when there were
     /// candidates; [`Error::StaleCandidate`] if a word moved (the caller reads again).
-    fn confirm_absent(&self, tag: Tag, cands: &[(SlotPos, u64, Slot)]) -> Result<()> {
+    async fn confirm_absent_async(&self, tag: Tag, cands: &[(SlotPos, u64, Slot)]) -> Result<()> {
         if cands.is_empty() {
             return Ok(());
         }
@@ -669,7 +720,7 @@ impl RaceIndex {
             .iter()
             .map(|(pos, _, _)| b.read(self.slot_addr(0, *pos), 8))
             .collect();
-        let res = self.ep.execute(tag, b)?;
+        let res = self.ep.execute_async(tag, b).await?;
         for ((_, raw, _), i) in cands.iter().zip(idx) {
             let now = words(res.read(i)).first().copied().unwrap_or(0);
             if thaw(now) != thaw(*raw) {

@@ -134,4 +134,4 @@ pub use index::{IndexConfig, InsertOutcome, Modified, RaceIndex, SnapshotOutcome
 pub use layout::{IndexReplicaSpace, SlotPos};
 pub use slot::{OBJECT_ALIGN, ObjPtr, Slot, is_empty_word, tombstone};
 pub use snapshot::Rule;
-pub use verifier::KeyVerifier;
+pub use verifier::{BoxFuture, KeyVerifier};

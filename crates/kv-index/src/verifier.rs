@@ -2,10 +2,16 @@
 //! object. Whoever owns the objects (the KV layer) tells the index which candidate holds a
 //! key, and what the keys of a subtable's slots are when a split rehashes them.
 
+use std::future::Future;
+use std::pin::Pin;
+
 use dmkit_verbs::Endpoint;
 
 use crate::error::Result;
 use crate::slot::Slot;
+
+/// A boxed future that may move between threads (the async form of a trait method).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Reads KV objects on behalf of the index.
 ///
@@ -28,6 +34,18 @@ pub trait KeyVerifier: Send + Sync {
             .iter()
             .position(|k| k.as_slice() == key))
     }
+
+    /// [`KeyVerifier::find`] for async operations: a verifier that reads objects should
+    /// override it with awaited reads (and may define `find` as `block_on` of it). The default
+    /// runs `find` in place.
+    fn find_async<'a>(
+        &'a self,
+        ep: &'a Endpoint,
+        key: &'a [u8],
+        candidates: &'a [Slot],
+    ) -> BoxFuture<'a, Result<Option<usize>>> {
+        Box::pin(std::future::ready(self.find(ep, key, candidates)))
+    }
 }
 
 impl<T: KeyVerifier + ?Sized> KeyVerifier for &T {
@@ -36,5 +54,13 @@ impl<T: KeyVerifier + ?Sized> KeyVerifier for &T {
     }
     fn find(&self, ep: &Endpoint, key: &[u8], candidates: &[Slot]) -> Result<Option<usize>> {
         (**self).find(ep, key, candidates)
+    }
+    fn find_async<'a>(
+        &'a self,
+        ep: &'a Endpoint,
+        key: &'a [u8],
+        candidates: &'a [Slot],
+    ) -> BoxFuture<'a, Result<Option<usize>>> {
+        (**self).find_async(ep, key, candidates)
     }
 }

@@ -317,8 +317,17 @@ impl<T: Send + 'static> Pending<T> {
     }
 }
 
-/// Runs `f` to completion on this thread (parking it between wake-ups): the blocking facade
-/// over async code, and an executor for simple callers. Needs no runtime.
+thread_local! {
+    /// The progress hook of the last completion polled on this thread that was not ready
+    /// (rdma): [`block_on`] drives it while it waits, as [`Pending::wait`] does.
+    static PROGRESS: std::cell::RefCell<Option<Progress>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` to completion on this thread: the blocking facade over async code, and an
+/// executor for simple callers. Needs no runtime. While `f` waits on completions whose backend
+/// is polled (rdma), this thread polls the completion queue itself for a while, as a blocking
+/// [`Pending::wait`] does, instead of sleeping until another thread wakes it; otherwise it
+/// parks until woken.
 pub fn block_on<F: Future>(f: F) -> F::Output {
     struct Unpark {
         woken: AtomicBool,
@@ -341,11 +350,37 @@ pub fn block_on<F: Future>(f: F) -> F::Output {
     let mut cx = Context::from_waker(&waker);
     let mut f = std::pin::pin!(f);
     loop {
+        PROGRESS.with(|p| p.borrow_mut().take());
         if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
             return v;
         }
-        while !unpark.woken.swap(false, Ordering::Acquire) {
-            std::thread::park();
+        let woken = || unpark.woken.swap(false, Ordering::Acquire);
+        match PROGRESS.with(|p| p.borrow_mut().take()) {
+            None => {
+                while !woken() {
+                    std::thread::park();
+                }
+            }
+            Some(p) => {
+                // Poll for `SPIN`, reading the clock every `CLOCK_EVERY` polls; then nap
+                // between polls.
+                let (mut polls, mut start) = (0u32, None);
+                loop {
+                    if woken() {
+                        break;
+                    }
+                    let busy = p();
+                    polls = polls.wrapping_add(1);
+                    if busy || polls % CLOCK_EVERY != 0 {
+                        std::hint::spin_loop();
+                        continue;
+                    }
+                    let now = Instant::now();
+                    if now - *start.get_or_insert(now) > SPIN {
+                        std::thread::park_timeout(Duration::from_micros(500));
+                    }
+                }
+            }
         }
     }
 }
@@ -380,6 +415,9 @@ impl<T: Send + 'static> Future for Pending<T> {
             this.state = State::Done;
             this.armed = None;
             return Poll::Ready(r);
+        }
+        if let Some(p) = &this.progress {
+            PROGRESS.with(|cell| *cell.borrow_mut() = Some(p.clone()));
         }
         if this.armed.is_none() {
             if let Some(deadline) = Instant::now().checked_add(this.timeout) {

@@ -39,7 +39,16 @@ pub trait KvBackend: Send + Sync {
     fn blocks(&self) -> bool {
         true
     }
+    /// GET as a future, for a backend with async reads: the gateway then runs it as a task
+    /// (no thread waits for it). `None`: use [`KvBackend::get`].
+    fn get_async(&self, key: Vec<u8>) -> Option<BoxFuture<Result<Option<Vec<u8>>, String>>> {
+        let _ = key;
+        None
+    }
 }
+
+/// A backend call running as a task.
+pub type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
 
 /// Settings of the gateway.
 #[derive(Debug, Clone)]
@@ -169,7 +178,8 @@ async fn accept_loop(s: Arc<Shared>, l: tokio::net::TcpListener) {
 /// A command of a pipeline, in reply order.
 enum Running {
     Done(Reply),
-    Task(tokio::task::JoinHandle<Reply>),
+    /// Runs when the connection's task polls it (with the others in flight).
+    Task(BoxFuture<Reply>),
 }
 
 /// Commands of one connection in flight at once, at most.
@@ -185,17 +195,74 @@ fn command_keys<'a>(name: &str, argv: &'a [Vec<u8>]) -> Option<Vec<&'a [u8]>> {
     }
 }
 
-/// Replies of everything in flight, in order, into `out`.
+/// A backend command: a future polled by the connection's task when the backend reads
+/// asynchronously, else a call on the blocking pool.
+fn start_command(s: &Arc<Shared>, name: &str, args: Vec<Vec<u8>>) -> BoxFuture<Reply> {
+    if name == "get" && args.len() == 2 {
+        if let Some(get) = s.backend.get_async(args[1].clone()) {
+            s.commands.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("dmkit_resp_commands_total", "command" => "get").increment(1);
+            return Box::pin(async move {
+                match get.await {
+                    Ok(Some(v)) => Reply::Bulk(v),
+                    Ok(None) => Reply::Nil,
+                    Err(e) => {
+                        metrics::counter!("dmkit_resp_errors_total").increment(1);
+                        backend_err(e)
+                    }
+                }
+            });
+        }
+    }
+    let s = s.clone();
+    let call = tokio::task::spawn_blocking(move || execute(&s, &args).0);
+    Box::pin(async move {
+        call.await.unwrap_or_else(|e| {
+            tracing::error!(error = %e, "RESP command task failed");
+            Reply::err("internal error while running the command")
+        })
+    })
+}
+
+/// Replies of everything in flight, in order, into `out`: the commands run concurrently
+/// (every one is polled whenever the connection's task wakes).
 async fn finish(running: &mut Vec<Running>, out: &mut Vec<u8>) {
+    let mut replies: Vec<Option<Reply>> = Vec::with_capacity(running.len());
+    let mut tasks: Vec<Option<BoxFuture<Reply>>> = Vec::with_capacity(running.len());
     for r in running.drain(..) {
-        let reply = match r {
-            Running::Done(reply) => reply,
-            Running::Task(t) => t.await.unwrap_or_else(|e| {
-                tracing::error!(error = %e, "RESP command task failed");
-                Reply::err("internal error while running the command")
-            }),
-        };
-        reply.encode(out);
+        match r {
+            Running::Done(reply) => {
+                replies.push(Some(reply));
+                tasks.push(None);
+            }
+            Running::Task(t) => {
+                replies.push(None);
+                tasks.push(Some(t));
+            }
+        }
+    }
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (t, r) in tasks.iter_mut().zip(replies.iter_mut()) {
+            if let Some(f) = t {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(reply) => {
+                        *r = Some(reply);
+                        *t = None;
+                    }
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    for r in replies.into_iter().flatten() {
+        r.encode(out);
     }
 }
 
@@ -248,10 +315,7 @@ async fn serve(s: Arc<Shared>, mut conn: tokio::net::TcpStream) {
                         busy.clear();
                     }
                     busy.extend(keys.iter().map(|k| k.to_vec()));
-                    let s2 = s.clone();
-                    running.push(Running::Task(tokio::task::spawn_blocking(move || {
-                        execute(&s2, &args).0
-                    })));
+                    running.push(Running::Task(start_command(&s, &name, args)));
                 }
                 Ok(None) => break,
                 Err(e) => {
