@@ -27,7 +27,7 @@ use dmkit_cache::{AddressCache, AddressCacheConfig};
 use dmkit_kv_index::{
     InsertOutcome, Modified, ObjPtr, RaceIndex, Slot, SlotPos, SnapshotOutcome, WriteHooks,
 };
-use dmkit_verbs::record::timed;
+use dmkit_verbs::record::{timed, timed_async};
 use dmkit_verbs::{Batch, Endpoint, NodeId};
 use std::future::Future;
 
@@ -294,36 +294,44 @@ impl WriteHooks for Hooks<'_> {
     }
 
     fn before_primary(&self, old: u64) -> dmkit_kv_index::Result<()> {
-        self.swapping
-            .store(true, std::sync::atomic::Ordering::Relaxed);
-        let known = self
-            .verifier
-            .found
-            .lock()
-            .as_ref()
-            .filter(|(s, _)| s.raw() == old)
-            .map(|(_, o)| o.generation);
-        let old_gen = match known {
-            Some(g) => g,
-            // Recovery resumes rounds without having read the object it replaces: read its
-            // generation now (one round trip, only on that path).
-            None => self.inner.generation_of(old).map_err(|e| match e {
+        dmkit_verbs::block_on(self.before_primary_async(old))
+    }
+
+    fn before_primary_async(
+        &self,
+        old: u64,
+    ) -> dmkit_kv_index::BoxFuture<'_, dmkit_kv_index::Result<()>> {
+        Box::pin(async move {
+            self.swapping
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            let known = self
+                .verifier
+                .found
+                .lock()
+                .as_ref()
+                .filter(|(s, _)| s.raw() == old)
+                .map(|(_, o)| o.generation);
+            let to_index = |e: Error| match e {
                 Error::Verbs(v) => dmkit_kv_index::Error::from(v),
                 e => dmkit_kv_index::Error::Verifier(e.to_string()),
-            })?,
-        };
-        self.inner
-            .write_commit(
-                self.verifier.view,
-                self.ours,
-                self.op,
-                Commit { old, old_gen },
-                old,
-            )
-            .map_err(|e| match e {
-                Error::Verbs(v) => dmkit_kv_index::Error::from(v),
-                e => dmkit_kv_index::Error::Verifier(e.to_string()),
-            })
+            };
+            let old_gen = match known {
+                Some(g) => g,
+                // Recovery resumes rounds without having read the object it replaces: read its
+                // generation now (one round trip, only on that path).
+                None => self.inner.generation_of(old).map_err(to_index)?,
+            };
+            self.inner
+                .write_commit(
+                    self.verifier.view,
+                    self.ours,
+                    self.op,
+                    Commit { old, old_gen },
+                    old,
+                )
+                .await
+                .map_err(to_index)
+        })
     }
 }
 
@@ -537,16 +545,22 @@ impl Client {
 
     /// INSERT: `key → value` unless the key is present.
     pub fn insert(&self, key: &[u8], value: &[u8]) -> Result<InsertResult> {
+        dmkit_verbs::block_on(self.insert_async(key, value))
+    }
+
+    /// [`Client::insert`], awaited.
+    pub async fn insert_async(&self, key: &[u8], value: &[u8]) -> Result<InsertResult> {
         Self::check_key(key)?;
         let last = Mutex::new(None);
-        self.with_failover(
+        self.with_failover_async(
             || self.insert_once(key, value, &last),
             None,
             Some(&|| self.settled(key, &last, InsertResult::Inserted)),
         )
+        .await
     }
 
-    fn insert_once(
+    async fn insert_once(
         &self,
         key: &[u8],
         value: &[u8],
@@ -556,7 +570,7 @@ impl Client {
         let a = timed("fusee.alloc", || {
             inner.allocate_attempt(object::object_len(key.len(), value.len()), false, last)
         })?;
-        let res = (|| {
+        let res = async {
             let bytes = timed("fusee.encode", || {
                 object::encode(key, value, a.next, a.prev, a.generation, Op::Insert)
             })?;
@@ -564,12 +578,11 @@ impl Client {
             let (view, index) = inner.state();
             let v = Verifier::new(&view);
             let hooks = inner.hooks(key, &a, &bytes, Op::Insert, &v);
-            Ok((
-                timed("index", || index.insert_hooked(&v, key, slot, &hooks))?,
-                slot,
-                bytes.len(),
-            ))
-        })();
+            let out =
+                timed_async("index", index.insert_hooked_async(&v, key, slot, &hooks)).await?;
+            Ok::<_, Error>((out, slot, bytes.len()))
+        }
+        .await;
         match res {
             Ok((InsertOutcome::Inserted { pos, .. }, slot, len)) => {
                 inner.cache.insert(
@@ -593,16 +606,22 @@ impl Client {
 
     /// UPDATE: replaces the value of a present key.
     pub fn update(&self, key: &[u8], value: &[u8]) -> Result<UpdateResult> {
+        dmkit_verbs::block_on(self.update_async(key, value))
+    }
+
+    /// [`Client::update`], awaited.
+    pub async fn update_async(&self, key: &[u8], value: &[u8]) -> Result<UpdateResult> {
         Self::check_key(key)?;
         let last = Mutex::new(None);
-        self.with_failover(
+        self.with_failover_async(
             || self.update_once(key, value, &last),
             None,
             Some(&|| self.settled(key, &last, UpdateResult::Updated)),
         )
+        .await
     }
 
-    fn update_once(
+    async fn update_once(
         &self,
         key: &[u8],
         value: &[u8],
@@ -619,7 +638,7 @@ impl Client {
         let (view, index) = inner.state();
         let v = Verifier::new(&view);
         let hooks = inner.hooks(key, &a, &bytes, Op::Update, &v);
-        let m = timed("index", || index.update_hooked(&v, key, slot, &hooks))?;
+        let m = timed_async("index", index.update_hooked_async(&v, key, slot, &hooks)).await?;
         let found = v.take();
         match m {
             None => {
@@ -661,16 +680,22 @@ impl Client {
 
     /// DELETE: removes a present key.
     pub fn delete(&self, key: &[u8]) -> Result<DeleteResult> {
+        dmkit_verbs::block_on(self.delete_async(key))
+    }
+
+    /// [`Client::delete`], awaited.
+    pub async fn delete_async(&self, key: &[u8]) -> Result<DeleteResult> {
         Self::check_key(key)?;
         let last = Mutex::new(None);
-        self.with_failover(
+        self.with_failover_async(
             || self.delete_once(key, &last),
             None,
             Some(&|| self.settled(key, &last, DeleteResult::Deleted)),
         )
+        .await
     }
 
-    fn delete_once(&self, key: &[u8], last: &Mutex<Option<Attempt>>) -> Result<DeleteResult> {
+    async fn delete_once(&self, key: &[u8], last: &Mutex<Option<Attempt>>) -> Result<DeleteResult> {
         let inner = &self.inner;
         loop {
             // The log entry of a DELETE lives in a temporary object holding the key.
@@ -683,7 +708,7 @@ impl Client {
             let (view, index) = inner.state();
             let v = Verifier::new(&view);
             let hooks = inner.hooks(key, &a, &bytes, Op::Delete, &v);
-            let m = match timed("index", || index.delete_hooked(&v, key, &hooks)) {
+            let m = match timed_async("index", index.delete_hooked_async(&v, key, &hooks)).await {
                 Ok(m) => m,
                 Err(e) => {
                     // Whether the attempt had found the key (a cut-short DELETE that did not
@@ -850,22 +875,6 @@ impl Client {
     /// membership being repaired is tried first: `Some` answer ends the wait. With `settled`
     /// (writes), the cut-short attempt is examined before running again: `Some` means it took
     /// effect (its commit record is there), and that is the answer.
-    fn with_failover<T>(
-        &self,
-        op: impl Fn() -> Result<T>,
-        during_repair: Option<&RepairRead<'_, T>>,
-        settled: Option<&Settled<'_, T>>,
-    ) -> Result<T> {
-        dmkit_verbs::block_on(self.with_failover_async(
-            || std::future::ready(op()),
-            during_repair,
-            settled,
-        ))
-    }
-
-    /// Runs `op`; when it fails because the membership changed, catches up with the new
-    /// epoch and runs it again (answering from `during_repair` while the index is being
-    /// repaired; settling a cut-short write with `settled` first).
     async fn with_failover_async<T, F: Future<Output = Result<T>>>(
         &self,
         op: impl Fn() -> F,
@@ -923,11 +932,16 @@ impl Client {
 
     /// SET semantics: update if present, insert otherwise.
     pub fn upsert(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        dmkit_verbs::block_on(self.upsert_async(key, value))
+    }
+
+    /// [`Client::upsert`], awaited.
+    pub async fn upsert_async(&self, key: &[u8], value: &[u8]) -> Result<()> {
         loop {
-            if self.update(key, value)? == UpdateResult::Updated {
+            if self.update_async(key, value).await? == UpdateResult::Updated {
                 return Ok(());
             }
-            if self.insert(key, value)? == InsertResult::Inserted {
+            if self.insert_async(key, value).await? == InsertResult::Inserted {
                 return Ok(());
             }
         }
@@ -1345,7 +1359,7 @@ impl Inner {
     /// outdated — one round trip. The mark goes on *before* the primary swap, so an object
     /// that left the index by replacement always carries it: recovery tells "completed, then
     /// replaced by someone" (marked) from "never swapped in" (not marked).
-    fn write_commit(
+    async fn write_commit(
         &self,
         view: &ClusterView,
         a: &Allocation,
@@ -1379,7 +1393,7 @@ impl Inner {
                 }
             }
         }
-        for r in self.ep.execute_many(tags::COMMIT, batches) {
+        for r in self.ep.execute_many_async(tags::COMMIT, batches).await {
             r?;
         }
         Ok(())

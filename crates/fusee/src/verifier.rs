@@ -61,7 +61,12 @@ pub(crate) async fn read_objects_async(
         plan.push(p);
     }
     let mut out = vec![None; slots.len()];
-    for (res, p) in ep.execute_many_async(TAG, batches).await.into_iter().zip(plan) {
+    for (res, p) in ep
+        .execute_many_async(TAG, batches)
+        .await
+        .into_iter()
+        .zip(plan)
+    {
         let res = res.map_err(dmkit_kv_index::Error::from)?;
         for (i, s, idx) in p {
             out[i] = object::decode(res.read(idx), slot_addr(s));

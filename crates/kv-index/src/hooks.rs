@@ -36,6 +36,11 @@ pub trait WriteHooks: Sync {
         Ok(())
     }
 
+    /// [`WriteHooks::before_primary`] for async operations (the default runs it in place).
+    fn before_primary_async(&self, old: u64) -> crate::BoxFuture<'_, Result<()>> {
+        Box::pin(std::future::ready(self.before_primary(old)))
+    }
+
     /// A SNAPSHOT round is about to start on `pos`, replacing `expected` (raw). Called before
     /// every round of the operation; FUSEE remembers the last one, to tell afterwards whether a
     /// round cut short by a failure was completed by the master.

@@ -112,6 +112,21 @@ impl Backoff {
         self.step += 1;
         true
     }
+
+    /// [`Backoff::pause`] for async operations: the longer waits do not hold the thread.
+    pub async fn pause_async(&mut self) -> bool {
+        if Instant::now() >= self.deadline {
+            return false;
+        }
+        if self.step < 4 {
+            std::thread::yield_now();
+        } else {
+            let us = 1u64 << (self.step - 4).min(10);
+            dmkit_verbs::sleep(Duration::from_micros(us)).await;
+        }
+        self.step += 1;
+        true
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -520,17 +535,6 @@ impl RaceIndex {
         dmkit_verbs::block_on(self.read_view_async(tag, kh))
     }
 
-    /// [`Self::read_view_with_async`], blocking.
-    pub(crate) fn read_view_with(
-        &self,
-        tag: Tag,
-        kh: &KeyHash,
-        extra: Vec<Batch>,
-        hooks: &dyn WriteHooks,
-    ) -> Result<View> {
-        dmkit_verbs::block_on(self.read_view_with_async(tag, kh, extra, hooks))
-    }
-
     /// [`Self::read_view_async`] with the caller's batches (to other nodes, or the same one)
     /// posted in the same round trip, once.
     pub(crate) async fn read_view_with_async(
@@ -650,16 +654,6 @@ impl RaceIndex {
         }
     }
 
-    /// The verifier's pick among `slots` (checked to be one of them), blocking.
-    fn find<V: KeyVerifier + ?Sized>(
-        &self,
-        verifier: &V,
-        key: &[u8],
-        slots: &[Slot],
-    ) -> Result<Option<usize>> {
-        dmkit_verbs::block_on(self.find_async(verifier, key, slots))
-    }
-
     async fn find_async<V: KeyVerifier + ?Sized>(
         &self,
         verifier: &V,
@@ -676,18 +670,6 @@ impl RaceIndex {
             ))),
             r => Ok(r),
         }
-    }
-
-    /// [`Self::find_confirmed_async`], blocking.
-    fn find_confirmed<V: KeyVerifier + ?Sized>(
-        &self,
-        tag: Tag,
-        verifier: &V,
-        key: &[u8],
-        cands: &[(SlotPos, u64, Slot)],
-        slots: &[Slot],
-    ) -> Result<Option<usize>> {
-        dmkit_verbs::block_on(self.find_confirmed_async(tag, verifier, key, cands, slots))
     }
 
     /// The verifier's pick among `slots` (the slots of `cands`), where "absent" also needs
@@ -744,9 +726,31 @@ impl RaceIndex {
         self.insert_hooked(verifier, key, slot, &NoHooks)
     }
 
+    /// [`Self::insert`], awaited.
+    pub async fn insert_async<V: KeyVerifier + ?Sized>(
+        &self,
+        verifier: &V,
+        key: &[u8],
+        slot: Slot,
+    ) -> Result<InsertOutcome> {
+        self.insert_hooked_async(verifier, key, slot, &NoHooks)
+            .await
+    }
+
     /// INSERT with the caller's [`WriteHooks`] (FUSEE: the object write in the first round
     /// trip, the commit record before the primary swap).
     pub fn insert_hooked<V: KeyVerifier + ?Sized>(
+        &self,
+        verifier: &V,
+        key: &[u8],
+        slot: Slot,
+        hooks: &dyn WriteHooks,
+    ) -> Result<InsertOutcome> {
+        dmkit_verbs::block_on(self.insert_hooked_async(verifier, key, slot, hooks))
+    }
+
+    /// [`Self::insert_hooked`], awaited.
+    pub async fn insert_hooked_async<V: KeyVerifier + ?Sized>(
         &self,
         verifier: &V,
         key: &[u8],
@@ -764,7 +768,9 @@ impl RaceIndex {
         let mut backoff = Backoff::new(self.wait_timeout);
         let mut first = hooks.first_round();
         loop {
-            let view = self.read_view_with(tags::INSERT, &kh, std::mem::take(&mut first), hooks)?;
+            let view = self
+                .read_view_with_async(tags::INSERT, &kh, std::mem::take(&mut first), hooks)
+                .await?;
             if view.splitting {
                 self.wait_split(verifier, &mut backoff, start)?;
                 continue;
@@ -775,7 +781,7 @@ impl RaceIndex {
             // the buckets again and verifies every candidate whose word moved since this view
             // (a candidate whose word did not move kept its object, which FUSEE never frees
             // while a slot points to it, so the read above was not stale).
-            let found = self.find(verifier, key, &slots);
+            let found = self.find_async(verifier, key, &slots).await;
             match found {
                 Ok(Some(i)) => return Ok(InsertOutcome::AlreadyExists { slot: slots[i] }),
                 Ok(None) => {}
@@ -796,7 +802,9 @@ impl RaceIndex {
             }
             let post = self.post_reads(view.subtable, &kh);
             hooks.round(pos, empty);
-            let (out, bytes) = self.snapshot(tags::INSERT, pos, empty, slot.raw(), &post, hooks)?;
+            let (out, bytes) = self
+                .snapshot_async(tags::INSERT, pos, empty, slot.raw(), &post, hooks)
+                .await?;
             let RawOutcome::Won(rule) = out else {
                 // The slot went to another writer (maybe of the same key): look again.
                 metrics::counter!("dmkit_kv_index_retries_total", "op" => "insert").increment(1);
@@ -806,7 +814,8 @@ impl RaceIndex {
             let Some(after) = after else {
                 // A whole split ran between our read and our CAS, and the key now belongs to
                 // the new subtable: take the stranded entry back and start over.
-                self.retract(verifier, tags::INSERT, &kh, pos, slot.raw())?;
+                self.retract_async(verifier, tags::INSERT, &kh, pos, slot.raw())
+                    .await?;
                 continue;
             };
             // Duplicate check on the buckets as they were right after our CAS: another
@@ -823,7 +832,9 @@ impl RaceIndex {
             let others: Vec<Slot> = other_cands.iter().map(|c| c.2).collect();
             // (A candidate whose object moved on since: that slot held the key a moment ago;
             // yield too, and the next look decides.)
-            let dup = match self.find_confirmed(tags::INSERT, verifier, key, &other_cands, &others)
+            let dup = match self
+                .find_confirmed_async(tags::INSERT, verifier, key, &other_cands, &others)
+                .await
             {
                 Ok(found) => found.is_some(),
                 Err(Error::StaleCandidate) => true,
@@ -831,7 +842,8 @@ impl RaceIndex {
             };
             if dup {
                 metrics::counter!("dmkit_kv_index_duplicates_resolved_total").increment(1);
-                self.retract(verifier, tags::INSERT, &kh, pos, slot.raw())?;
+                self.retract_async(verifier, tags::INSERT, &kh, pos, slot.raw())
+                    .await?;
                 continue;
             }
             return Ok(InsertOutcome::Inserted { pos, rule });
@@ -839,7 +851,7 @@ impl RaceIndex {
     }
 
     /// Takes our own value out of a slot again (SNAPSHOT `value → its tombstone`).
-    fn retract<V: KeyVerifier + ?Sized>(
+    async fn retract_async<V: KeyVerifier + ?Sized>(
         &self,
         verifier: &V,
         tag: Tag,
@@ -848,14 +860,17 @@ impl RaceIndex {
         value: u64,
     ) -> Result<()> {
         let gone = tombstone(value);
-        if let RawOutcome::Won(_) = self.snapshot(tag, pos, value, gone, &[], &NoHooks)?.0 {
+        let out = self
+            .snapshot_async(tag, pos, value, gone, &[], &NoHooks)
+            .await?;
+        if let RawOutcome::Won(_) = out.0 {
             return Ok(());
         }
         // A split froze or moved it: find it again where the key lives now.
         let start = Instant::now();
         let mut backoff = Backoff::new(self.wait_timeout);
         loop {
-            let view = self.read_view(tag, kh)?;
+            let view = self.read_view_async(tag, kh).await?;
             let Some((at, raw)) = view.slots(kh).find(|(_, raw)| thaw(*raw) == value) else {
                 // Gone; or stranded outside the key's subtable, never visible to anyone,
                 // where the next split of that subtable drops it.
@@ -865,7 +880,10 @@ impl RaceIndex {
                 self.wait_split(verifier, &mut backoff, start)?;
                 continue;
             }
-            if let RawOutcome::Won(_) = self.snapshot(tag, at, raw, gone, &[], &NoHooks)?.0 {
+            let out = self
+                .snapshot_async(tag, at, raw, gone, &[], &NoHooks)
+                .await?;
+            if let RawOutcome::Won(_) = out.0 {
                 return Ok(());
             }
         }
@@ -884,7 +902,14 @@ impl RaceIndex {
                 "the slot's fingerprint is not the key's".into(),
             ));
         }
-        self.modify(tags::UPDATE, verifier, key, &kh, new.raw(), &NoHooks)
+        dmkit_verbs::block_on(self.modify_async(
+            tags::UPDATE,
+            verifier,
+            key,
+            &kh,
+            new.raw(),
+            &NoHooks,
+        ))
     }
 
     /// UPDATE with the caller's [`WriteHooks`].
@@ -901,7 +926,25 @@ impl RaceIndex {
                 "the slot's fingerprint is not the key's".into(),
             ));
         }
-        self.modify(tags::UPDATE, verifier, key, &kh, new.raw(), hooks)
+        dmkit_verbs::block_on(self.modify_async(tags::UPDATE, verifier, key, &kh, new.raw(), hooks))
+    }
+
+    /// [`Self::update_hooked`], awaited.
+    pub async fn update_hooked_async<V: KeyVerifier + ?Sized>(
+        &self,
+        verifier: &V,
+        key: &[u8],
+        new: Slot,
+        hooks: &dyn WriteHooks,
+    ) -> Result<Option<Modified>> {
+        let kh = self.hash(key);
+        if new.fingerprint() != kh.fp {
+            return Err(Error::InvalidSlot(
+                "the slot's fingerprint is not the key's".into(),
+            ));
+        }
+        self.modify_async(tags::UPDATE, verifier, key, &kh, new.raw(), hooks)
+            .await
     }
 
     /// DELETE with the caller's [`WriteHooks`].
@@ -912,7 +955,19 @@ impl RaceIndex {
         hooks: &dyn WriteHooks,
     ) -> Result<Option<Modified>> {
         let kh = self.hash(key);
-        self.modify(tags::DELETE, verifier, key, &kh, 0, hooks)
+        dmkit_verbs::block_on(self.modify_async(tags::DELETE, verifier, key, &kh, 0, hooks))
+    }
+
+    /// [`Self::delete_hooked`], awaited.
+    pub async fn delete_hooked_async<V: KeyVerifier + ?Sized>(
+        &self,
+        verifier: &V,
+        key: &[u8],
+        hooks: &dyn WriteHooks,
+    ) -> Result<Option<Modified>> {
+        let kh = self.hash(key);
+        self.modify_async(tags::DELETE, verifier, key, &kh, 0, hooks)
+            .await
     }
 
     /// DELETE: empties the key's slot by SNAPSHOT. `None` if the key is absent.
@@ -922,10 +977,10 @@ impl RaceIndex {
         key: &[u8],
     ) -> Result<Option<Modified>> {
         let kh = self.hash(key);
-        self.modify(tags::DELETE, verifier, key, &kh, 0, &NoHooks)
+        dmkit_verbs::block_on(self.modify_async(tags::DELETE, verifier, key, &kh, 0, &NoHooks))
     }
 
-    fn modify<V: KeyVerifier + ?Sized>(
+    async fn modify_async<V: KeyVerifier + ?Sized>(
         &self,
         tag: Tag,
         verifier: &V,
@@ -938,10 +993,14 @@ impl RaceIndex {
         let mut backoff = Backoff::new(self.wait_timeout);
         let mut first = hooks.first_round();
         loop {
-            let view = self.read_view_with(tag, kh, std::mem::take(&mut first), hooks)?;
+            let view = self
+                .read_view_with_async(tag, kh, std::mem::take(&mut first), hooks)
+                .await?;
             let cands = view.candidates(kh)?;
             let slots: Vec<Slot> = cands.iter().map(|c| c.2).collect();
-            let found = self.find_confirmed(tag, verifier, key, &cands, &slots);
+            let found = self
+                .find_confirmed_async(tag, verifier, key, &cands, &slots)
+                .await;
             let found = match found {
                 Err(Error::StaleCandidate) => {
                     self.stale(&mut backoff, start)?;
@@ -964,7 +1023,7 @@ impl RaceIndex {
             hooks.round(pos, raw);
             // A DELETE (`new` 0) leaves the tombstone of the word it replaces.
             let new = if new == 0 { tombstone(raw) } else { new };
-            match self.snapshot(tag, pos, raw, new, &[], hooks)?.0 {
+            match self.snapshot_async(tag, pos, raw, new, &[], hooks).await?.0 {
                 RawOutcome::Won(rule) => {
                     return Ok(Some(Modified {
                         old,
@@ -981,7 +1040,7 @@ impl RaceIndex {
                     // The round was abandoned (its winner lost the primary to a split).
                     metrics::counter!("dmkit_kv_index_retries_total", "op" => tag).increment(1);
                 }
-                RawOutcome::Lost(now) if self.moved_by_split(tag, kh, &view)? => {
+                RawOutcome::Lost(now) if self.moved_by_split_async(tag, kh, &view).await? => {
                     // The backups held the key's old slot no more because a split moved
                     // it to another subtable (or re-homed it): not a writer, redo.
                     let _ = now;
@@ -1003,8 +1062,8 @@ impl RaceIndex {
 
 impl RaceIndex {
     /// Whether the key's subtable was split since `view` was read (one round trip).
-    fn moved_by_split(&self, tag: Tag, kh: &KeyHash, view: &View) -> Result<bool> {
-        let again = self.read_view(tag, kh)?;
+    async fn moved_by_split_async(&self, tag: Tag, kh: &KeyHash, view: &View) -> Result<bool> {
+        let again = self.read_view_async(tag, kh).await?;
         Ok(again.subtable != view.subtable || again.depth != view.depth)
     }
 }

@@ -106,13 +106,54 @@ fn record(outcome: &RawOutcome) {
 }
 
 impl RaceIndex {
+    /// [`Self::cas_primary_async`], blocking.
+    pub(crate) fn cas_primary(
+        &self,
+        tag: Tag,
+        pos: SlotPos,
+        expected: u64,
+        new: u64,
+        post: &[(RemoteAddr, usize)],
+    ) -> Result<(bool, u64, Vec<Vec<u8>>)> {
+        dmkit_verbs::block_on(self.cas_primary_async(tag, pos, expected, new, post))
+    }
+
+    /// [`Self::cas_backups_async`], blocking.
+    pub(crate) fn cas_backups(
+        &self,
+        tag: Tag,
+        items: &[(SlotPos, u64, u64)],
+    ) -> Result<Vec<Vec<u64>>> {
+        dmkit_verbs::block_on(self.cas_backups_async(tag, items))
+    }
+
+    /// [`Self::finish_round_async`], blocking.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn finish_round(
+        &self,
+        tag: Tag,
+        pos: SlotPos,
+        expected: u64,
+        new: u64,
+        olds: &[u64],
+        post: &[(RemoteAddr, usize)],
+        hooks: &dyn WriteHooks,
+    ) -> Result<(RawOutcome, Vec<Vec<u8>>)> {
+        dmkit_verbs::block_on(self.finish_round_async(tag, pos, expected, new, olds, post, hooks))
+    }
+
+    /// [`Self::wait_change_async`], blocking.
+    pub(crate) fn wait_change(&self, tag: Tag, pos: SlotPos, expected: u64) -> Result<u64> {
+        dmkit_verbs::block_on(self.wait_change_async(tag, pos, expected))
+    }
+
     pub(crate) fn slot_addr(&self, replica: usize, pos: SlotPos) -> RemoteAddr {
         self.spaces[replica].at(self.layout.slot_off(pos))
     }
 
     /// One SNAPSHOT round on one slot. `post` are READs (on the primary) appended to the
     /// primary CAS batch; their bytes come back when this writer swapped the primary.
-    pub(crate) fn snapshot(
+    pub(crate) async fn snapshot_async(
         &self,
         tag: Tag,
         pos: SlotPos,
@@ -122,16 +163,19 @@ impl RaceIndex {
         hooks: &dyn WriteHooks,
     ) -> Result<(RawOutcome, Vec<Vec<u8>>)> {
         let r = if self.spaces.len() == 1 {
-            hooks.before_primary(expected)?;
-            let (ok, now, bytes) = self.cas_primary(tag, pos, expected, new, post)?;
+            hooks.before_primary_async(expected).await?;
+            let (ok, now, bytes) = self
+                .cas_primary_async(tag, pos, expected, new, post)
+                .await?;
             if ok {
                 (RawOutcome::Won(Rule::PrimaryOnly), bytes)
             } else {
                 (RawOutcome::Lost(now), Vec::new())
             }
         } else {
-            let olds = self.cas_backups(tag, &[(pos, expected, new)])?;
-            self.finish_round(tag, pos, expected, new, &olds[0], post, hooks)?
+            let olds = self.cas_backups_async(tag, &[(pos, expected, new)]).await?;
+            self.finish_round_async(tag, pos, expected, new, &olds[0], post, hooks)
+                .await?
         };
         record(&r.0);
         Ok(r)
@@ -142,7 +186,7 @@ impl RaceIndex {
     /// fail harmlessly; but a CAS that landed after the winner's round ended (the backup
     /// had returned to `expected`: a DELETE of the winner's value, A-B-A) left an orphan that
     /// no winner would ever repair, and every later round on the slot lost to it by rule 3.
-    fn withdraw(
+    async fn withdraw_async(
         &self,
         tag: Tag,
         pos: SlotPos,
@@ -154,11 +198,12 @@ impl RaceIndex {
             return Ok(());
         }
         let won: Vec<usize> = (0..olds.len()).filter(|k| olds[*k] == expected).collect();
-        self.take_back_from(tag, pos, new, expected, &won)
+        self.take_back_from_async(tag, pos, new, expected, &won)
+            .await
     }
 
     /// CASes backups `which` (0 = the first backup) `ours → to`, all in one round trip.
-    fn take_back_from(
+    async fn take_back_from_async(
         &self,
         tag: Tag,
         pos: SlotPos,
@@ -177,14 +222,14 @@ impl RaceIndex {
                 b
             })
             .collect();
-        for r in self.ep.execute_many(tag, batches) {
+        for r in self.ep.execute_many_async(tag, batches).await {
             r?;
         }
         Ok(())
     }
 
     /// CAS on the primary plus trailing READs in the same batch: one round trip.
-    pub(crate) fn cas_primary(
+    pub(crate) async fn cas_primary_async(
         &self,
         tag: Tag,
         pos: SlotPos,
@@ -195,7 +240,7 @@ impl RaceIndex {
         let mut b = self.ep.batch(self.primary_node());
         let c = b.cas(self.slot_addr(0, pos), expected, new);
         let reads: Vec<_> = post.iter().map(|(a, l)| b.read(*a, *l)).collect();
-        let res = self.ep.execute(tag, b)?;
+        let res = self.ep.execute_async(tag, b).await?;
         let old = res.old(c);
         let bytes = if old == expected || (old == new && !is_empty_word(new)) {
             reads.into_iter().map(|i| res.read(i).to_vec()).collect()
@@ -207,7 +252,7 @@ impl RaceIndex {
 
     /// CASes every backup of every item `expected → new`, all backups in parallel: one round
     /// trip. Returns, per item, the old values in backup order.
-    pub(crate) fn cas_backups(
+    pub(crate) async fn cas_backups_async(
         &self,
         tag: Tag,
         items: &[(SlotPos, u64, u64)],
@@ -224,7 +269,7 @@ impl RaceIndex {
             );
             batches.push(b);
         }
-        let results = self.ep.execute_many(tag, batches);
+        let results = self.ep.execute_many_async(tag, batches).await;
         let mut out = vec![Vec::with_capacity(self.spaces.len() - 1); items.len()];
         for (res, idx) in results.into_iter().zip(idx) {
             let res = res?;
@@ -240,7 +285,7 @@ impl RaceIndex {
     // The round's identity (slot, expected, new), its judgment input (olds) and what rides on
     // the primary swap (post reads, hooks): splitting them into structs would only rename them.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn finish_round(
+    pub(crate) async fn finish_round_async(
         &self,
         tag: Tag,
         pos: SlotPos,
@@ -251,14 +296,14 @@ impl RaceIndex {
         hooks: &dyn WriteHooks,
     ) -> Result<(RawOutcome, Vec<Vec<u8>>)> {
         let Some(rule) = decide(expected, new, olds) else {
-            let now = self.wait_change(tag, pos, expected)?;
-            self.withdraw(tag, pos, expected, new, olds)?;
+            let now = self.wait_change_async(tag, pos, expected).await?;
+            self.withdraw_async(tag, pos, expected, new, olds).await?;
             return Ok((RawOutcome::Lost(now), Vec::new()));
         };
         if rule == Rule::SmallestValue {
-            let now = self.read_primary_slot(tag, pos)?;
+            let now = self.read_primary_slot_async(tag, pos).await?;
             if now != expected {
-                self.withdraw(tag, pos, expected, new, olds)?;
+                self.withdraw_async(tag, pos, expected, new, olds).await?;
                 return Ok((RawOutcome::Lost(now), Vec::new()));
             }
         }
@@ -274,7 +319,13 @@ impl RaceIndex {
                 }
             }
             let mut missed = Vec::new();
-            for (r, (k, old, i)) in self.ep.execute_many(tag, batches).into_iter().zip(which) {
+            for (r, (k, old, i)) in self
+                .ep
+                .execute_many_async(tag, batches)
+                .await
+                .into_iter()
+                .zip(which)
+            {
                 let was = r?.old(i);
                 if was != old && was != new {
                     missed.push(k);
@@ -284,11 +335,13 @@ impl RaceIndex {
             // older round taking its value back). The primary must not change before every
             // backup holds the winner's value, or the slot stays split forever.
             for k in missed {
-                self.force_backup(tag, k, pos, new)?;
+                self.force_backup_async(tag, k, pos, new).await?;
             }
         }
-        hooks.before_primary(expected)?;
-        let (ok, now, bytes) = self.cas_primary(tag, pos, expected, new, post)?;
+        hooks.before_primary_async(expected).await?;
+        let (ok, now, bytes) = self
+            .cas_primary_async(tag, pos, expected, new, post)
+            .await?;
         if ok || (now == new && !is_empty_word(new)) {
             // (`now == new` with a unique value: recovery already finished our round.)
             return Ok((RawOutcome::Won(rule), bytes));
@@ -305,7 +358,8 @@ impl RaceIndex {
         // value out of the backups again, so they agree with the primary, and let the
         // round's other writers see it abandoned.
         let all: Vec<usize> = (0..self.spaces.len() - 1).collect();
-        self.take_back_from(tag, pos, new, expected, &all)?;
+        self.take_back_from_async(tag, pos, new, expected, &all)
+            .await?;
         metrics::counter!("dmkit_kv_index_snapshot_abandoned_total").increment(1);
         Ok((RawOutcome::Lost(now), Vec::new()))
     }
@@ -335,10 +389,10 @@ impl RaceIndex {
     }
 
     /// Moves backup `k` of `pos` to `new` with CASes from whatever it holds.
-    fn force_backup(&self, tag: Tag, k: usize, pos: SlotPos, new: u64) -> Result<()> {
+    async fn force_backup_async(&self, tag: Tag, k: usize, pos: SlotPos, new: u64) -> Result<()> {
         let at = self.slot_addr(k, pos);
         for _ in 0..64 {
-            let v = self.ep.read(tag, at, 8)?;
+            let v = self.ep.read_async(tag, at, 8).await?;
             let cur = u64::from_le_bytes(v[..8].try_into().map_err(|_| Error::Corrupt {
                 node: self.spaces[k].region.node,
                 what: "short slot read".into(),
@@ -347,7 +401,7 @@ impl RaceIndex {
                 // (Frozen: a split holds the slot; the primary swap will fail and roll back.)
                 return Ok(());
             }
-            if self.ep.cas(tag, at, cur, new)? == cur {
+            if self.ep.cas_async(tag, at, cur, new).await? == cur {
                 metrics::counter!("dmkit_kv_index_forced_repairs_total").increment(1);
                 return Ok(());
             }
@@ -358,8 +412,8 @@ impl RaceIndex {
         })
     }
 
-    pub(crate) fn read_primary_slot(&self, tag: Tag, pos: SlotPos) -> Result<u64> {
-        let v = self.ep.read(tag, self.slot_addr(0, pos), 8)?;
+    pub(crate) async fn read_primary_slot_async(&self, tag: Tag, pos: SlotPos) -> Result<u64> {
+        let v = self.ep.read_async(tag, self.slot_addr(0, pos), 8).await?;
         Ok(u64::from_le_bytes(v[..8].try_into().map_err(|_| {
             Error::Corrupt {
                 node: self.primary_node(),
@@ -371,7 +425,12 @@ impl RaceIndex {
     /// A loser waits until the primary no longer holds `expected`; returns what it holds.
     /// Returns `expected` itself when the round was abandoned (every backup holds `expected`
     /// again: the winner took its value back, see [`Self::finish_round`]).
-    pub(crate) fn wait_change(&self, tag: Tag, pos: SlotPos, expected: u64) -> Result<u64> {
+    pub(crate) async fn wait_change_async(
+        &self,
+        tag: Tag,
+        pos: SlotPos,
+        expected: u64,
+    ) -> Result<u64> {
         let start = Instant::now();
         let mut backoff = Backoff::new(self.wait_timeout);
         loop {
@@ -383,7 +442,13 @@ impl RaceIndex {
                 })
                 .unzip();
             let mut vals = Vec::with_capacity(self.spaces.len());
-            for (r, i) in self.ep.execute_many(tag, batches).into_iter().zip(idx) {
+            for (r, i) in self
+                .ep
+                .execute_many_async(tag, batches)
+                .await
+                .into_iter()
+                .zip(idx)
+            {
                 let r = r?;
                 let w = crate::index::words(r.read(i));
                 vals.push(
@@ -398,7 +463,7 @@ impl RaceIndex {
             if vals[1..].iter().all(|&v| v == expected) {
                 return Ok(expected);
             }
-            if !backoff.pause() {
+            if !backoff.pause_async().await {
                 return Err(Error::SnapshotStalled {
                     waited: start.elapsed(),
                     state: format!(

@@ -106,6 +106,8 @@ pub use node::{MemoryNode, Peer, RpcHandler};
 /// Timeouts armed by awaited completions, process-wide (returns to zero once every awaited
 /// verb completed or its future was dropped).
 pub use pending::timer::armed as armed_timeouts;
+/// An async sleep that needs no runtime (the verbs timer thread wakes the task).
+pub use pending::timer::sleep;
 pub use pending::{Pending, block_on};
 pub use stats::{Stats, Tag, TagStats};
 pub use types::{Access, Media, NodeId, RKey, RegionDesc, RemoteAddr};

@@ -533,8 +533,8 @@ pub(crate) mod timer {
         timer().due.lock().0.len()
     }
 
-    /// Completes after `d` (on the timer thread's clock), whatever drives it.
-    pub(crate) async fn sleep(d: std::time::Duration) {
+    /// Completes after `d` (on the timer thread's clock), whatever executor drives it.
+    pub async fn sleep(d: std::time::Duration) {
         let state = Arc::new(Mutex::new((false, None::<Waker>)));
         let mut armed = None;
         std::future::poll_fn(|cx| {

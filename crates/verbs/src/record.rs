@@ -152,6 +152,18 @@ pub fn timed<T>(name: &'static str, f: impl FnOnce() -> T) -> T {
     out
 }
 
+/// [`timed`] for a future: the span covers its whole await (recorded on the thread that
+/// finishes it).
+pub async fn timed_async<F: std::future::Future>(name: &'static str, f: F) -> F::Output {
+    if !timing() {
+        return f.await;
+    }
+    let t = Instant::now();
+    let out = f.await;
+    add_time(name, t.elapsed());
+    out
+}
+
 /// A completion's time stamp (nanoseconds since the first recording; 0 when not stamping).
 pub(crate) fn stamp() -> u64 {
     if !STAMPS.load(Ordering::Relaxed) {
