@@ -70,6 +70,40 @@ impl KvBackend for FuseeBackend {
         }))
     }
 
+    fn put_async(
+        &self,
+        key: Vec<u8>,
+        value: Vec<u8>,
+        mode: PutMode,
+    ) -> Option<dmkit_tools::resp::BoxFuture<Result<bool, String>>> {
+        let c = self.0.clone();
+        Some(Box::pin(async move {
+            let e = |e: dmkit_fusee::Error| e.to_string();
+            match mode {
+                PutMode::Upsert => c.upsert_async(&key, &value).await.map(|()| true).map_err(e),
+                PutMode::IfAbsent => {
+                    Ok(c.insert_async(&key, &value).await.map_err(e)? == InsertResult::Inserted)
+                }
+                PutMode::IfPresent => {
+                    Ok(c.update_async(&key, &value).await.map_err(e)? == UpdateResult::Updated)
+                }
+            }
+        }))
+    }
+
+    fn delete_async(
+        &self,
+        key: Vec<u8>,
+    ) -> Option<dmkit_tools::resp::BoxFuture<Result<bool, String>>> {
+        let c = self.0.clone();
+        Some(Box::pin(async move {
+            if key.is_empty() {
+                return Ok(false);
+            }
+            Ok(c.delete_async(&key).await.map_err(|e| e.to_string())? == DeleteResult::Deleted)
+        }))
+    }
+
     fn info(&self) -> Vec<(String, String)> {
         let s = self.0.cache_stats();
         vec![

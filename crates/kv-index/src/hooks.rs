@@ -101,7 +101,7 @@ impl RaceIndex {
                     Ok(Some(i)) if i < slots.len() => return Ok(Some((slots[i], cands[i].0))),
                     Ok(_) => {}
                     Err(crate::Error::StaleCandidate) => {
-                        self.stale(&mut backoff, start)?;
+                        self.stale(&mut backoff, start).await?;
                         continue;
                     }
                     Err(e) => return Err(e),
@@ -110,7 +110,7 @@ impl RaceIndex {
             if !view.splitting {
                 return Ok(None);
             }
-            if !backoff.pause() {
+            if !backoff.pause_async().await {
                 return Err(crate::Error::SplitStalled {
                     waited: start.elapsed(),
                 });
@@ -221,7 +221,7 @@ impl RaceIndex {
                     .transpose()
                 {
                     Err(crate::Error::StaleCandidate) => {
-                        self.stale(&mut backoff, start)?;
+                        dmkit_verbs::block_on(self.stale(&mut backoff, start))?;
                         continue;
                     }
                     r => r?.flatten(),

@@ -442,12 +442,16 @@ impl RaceIndex {
     }
 
     pub(crate) fn refresh_directory_tagged(&self, tag: Tag) -> Result<()> {
+        dmkit_verbs::block_on(self.refresh_directory_tagged_async(tag))
+    }
+
+    pub(crate) async fn refresh_directory_tagged_async(&self, tag: Tag) -> Result<()> {
         metrics::counter!("dmkit_kv_index_directory_refreshes_total").increment(1);
         let p = &self.spaces[0];
         let mut known = self.dir.read().global_depth;
         loop {
             let len = DIR_OFFSET + 8 * (1u64 << known);
-            let bytes = self.ep.read(tag, p.at(0), len as usize)?;
+            let bytes = self.ep.read_async(tag, p.at(0), len as usize).await?;
             let w = words(&bytes);
             if w.len() as u64 != len / 8 || w[0] != MAGIC {
                 return Err(self.corrupt("space header lost its magic"));
@@ -563,9 +567,8 @@ impl RaceIndex {
             if let Some(v) = self.parse_view(e.subtable, kh, [res.read(r0), res.read(r1)])? {
                 return Ok(v);
             }
-            // (Rare: the directory changed. Done in place.)
-            self.refresh_directory()?;
-            if self.lookup(kh) == e && !backoff.pause() {
+            self.refresh_directory_tagged_async(tags::DIRECTORY).await?;
+            if self.lookup(kh) == e && !backoff.pause_async().await {
                 return Err(self.corrupt(format!(
                     "subtable {} does not cover the keys its directory entries send to it",
                     e.subtable
@@ -577,7 +580,7 @@ impl RaceIndex {
     /// A writer (or search) met a splitting subtable: waits a little. When the split stood
     /// still for the split timeout, finishes it (taking the lock over if its holder stopped
     /// renewing it) instead of failing; fails only if the split still does not end.
-    fn wait_split<V: KeyVerifier + ?Sized>(
+    async fn wait_split<V: KeyVerifier + ?Sized>(
         &self,
         verifier: &V,
         backoff: &mut Backoff,
@@ -585,13 +588,13 @@ impl RaceIndex {
     ) -> Result<()> {
         if crate::split::stranded_here() {
             // This process left a split holding the lock: finish it now, not after a wait.
-            return self.help_split(verifier);
+            return self.help_split(verifier).await;
         }
-        if backoff.pause() {
+        if backoff.pause_async().await {
             return Ok(());
         }
         if start.elapsed() < self.wait_timeout.saturating_mul(3) {
-            self.help_split(verifier)?;
+            self.help_split(verifier).await?;
             *backoff = Backoff::new(self.wait_timeout);
             return Ok(());
         }
@@ -631,20 +634,20 @@ impl RaceIndex {
                 Ok(None) if !view.splitting => return Ok(None),
                 Ok(None) => {}
                 Err(Error::StaleCandidate) => {
-                    self.stale(&mut backoff, start)?;
+                    self.stale(&mut backoff, start).await?;
                     continue;
                 }
                 Err(e) => return Err(e),
             }
             // A split may have moved the key between our slot reads and header reads.
-            self.wait_split(verifier, &mut backoff, start)?;
+            self.wait_split(verifier, &mut backoff, start).await?;
         }
     }
 
     /// A verifier saw a candidate move on: pause, then the caller reads the buckets again.
-    pub(crate) fn stale(&self, backoff: &mut Backoff, start: Instant) -> Result<()> {
+    pub(crate) async fn stale(&self, backoff: &mut Backoff, start: Instant) -> Result<()> {
         metrics::counter!("dmkit_kv_index_stale_candidates_total").increment(1);
-        if backoff.pause() {
+        if backoff.pause_async().await {
             Ok(())
         } else {
             Err(Error::Verifier(format!(
@@ -772,7 +775,7 @@ impl RaceIndex {
                 .read_view_with_async(tags::INSERT, &kh, std::mem::take(&mut first), hooks)
                 .await?;
             if view.splitting {
-                self.wait_split(verifier, &mut backoff, start)?;
+                self.wait_split(verifier, &mut backoff, start).await?;
                 continue;
             }
             let cands = view.candidates(&kh)?;
@@ -786,18 +789,18 @@ impl RaceIndex {
                 Ok(Some(i)) => return Ok(InsertOutcome::AlreadyExists { slot: slots[i] }),
                 Ok(None) => {}
                 Err(Error::StaleCandidate) => {
-                    self.stale(&mut backoff, start)?;
+                    self.stale(&mut backoff, start).await?;
                     continue;
                 }
                 Err(e) => return Err(e),
             }
             let Some((pos, empty)) = view.free_slot(&kh) else {
-                self.split(verifier, &kh)?;
+                self.split(verifier, &kh).await?;
                 continue;
             };
             if is_frozen(empty) {
                 // (A split froze the slot after our read: its header said otherwise.)
-                self.wait_split(verifier, &mut backoff, start)?;
+                self.wait_split(verifier, &mut backoff, start).await?;
                 continue;
             }
             let post = self.post_reads(view.subtable, &kh);
@@ -877,7 +880,7 @@ impl RaceIndex {
                 return Ok(());
             };
             if view.splitting || is_frozen(raw) {
-                self.wait_split(verifier, &mut backoff, start)?;
+                self.wait_split(verifier, &mut backoff, start).await?;
                 continue;
             }
             let out = self
@@ -1003,21 +1006,21 @@ impl RaceIndex {
                 .await;
             let found = match found {
                 Err(Error::StaleCandidate) => {
-                    self.stale(&mut backoff, start)?;
+                    self.stale(&mut backoff, start).await?;
                     continue;
                 }
                 r => r?,
             };
             let Some(i) = found else {
                 if view.splitting {
-                    self.wait_split(verifier, &mut backoff, start)?;
+                    self.wait_split(verifier, &mut backoff, start).await?;
                     continue;
                 }
                 return Ok(None);
             };
             let (pos, raw, old) = cands[i];
             if view.splitting || is_frozen(raw) {
-                self.wait_split(verifier, &mut backoff, start)?;
+                self.wait_split(verifier, &mut backoff, start).await?;
                 continue;
             }
             hooks.round(pos, raw);
@@ -1034,7 +1037,7 @@ impl RaceIndex {
                 RawOutcome::Lost(now) if is_frozen(now) => {
                     // Lost to a split freezing the subtable, not to a writer: redo after it.
                     metrics::counter!("dmkit_kv_index_retries_total", "op" => tag).increment(1);
-                    self.wait_split(verifier, &mut backoff, start)?;
+                    self.wait_split(verifier, &mut backoff, start).await?;
                 }
                 RawOutcome::Lost(now) if now == raw => {
                     // The round was abandoned (its winner lost the primary to a split).

@@ -118,30 +118,6 @@ impl RaceIndex {
         dmkit_verbs::block_on(self.cas_primary_async(tag, pos, expected, new, post))
     }
 
-    /// [`Self::cas_backups_async`], blocking.
-    pub(crate) fn cas_backups(
-        &self,
-        tag: Tag,
-        items: &[(SlotPos, u64, u64)],
-    ) -> Result<Vec<Vec<u64>>> {
-        dmkit_verbs::block_on(self.cas_backups_async(tag, items))
-    }
-
-    /// [`Self::finish_round_async`], blocking.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn finish_round(
-        &self,
-        tag: Tag,
-        pos: SlotPos,
-        expected: u64,
-        new: u64,
-        olds: &[u64],
-        post: &[(RemoteAddr, usize)],
-        hooks: &dyn WriteHooks,
-    ) -> Result<(RawOutcome, Vec<Vec<u8>>)> {
-        dmkit_verbs::block_on(self.finish_round_async(tag, pos, expected, new, olds, post, hooks))
-    }
-
     /// [`Self::wait_change_async`], blocking.
     pub(crate) fn wait_change(&self, tag: Tag, pos: SlotPos, expected: u64) -> Result<u64> {
         dmkit_verbs::block_on(self.wait_change_async(tag, pos, expected))
@@ -366,7 +342,7 @@ impl RaceIndex {
 
     /// CASes the primary of every item (one batch); items whose primary held something else
     /// go to `again`, retargeted from what it held.
-    fn cas_primaries(
+    async fn cas_primaries(
         &self,
         tag: Tag,
         items: &[(SlotPos, u64, u64)],
@@ -378,7 +354,7 @@ impl RaceIndex {
             .iter()
             .map(|(pos, e, n)| b.cas(self.slot_addr(0, *pos), *e, *n))
             .collect();
-        let res = self.ep.execute(tag, b)?;
+        let res = self.ep.execute_async(tag, b).await?;
         for (it, i) in items.iter().zip(idx) {
             let old = res.old(i);
             if old != it.1 {
@@ -477,7 +453,7 @@ impl RaceIndex {
 
     /// Runs SNAPSHOT rounds for many slots at once (a split freezing a subtable): every
     /// item ends with the primary holding `retarget(v)` for the value `v` it last held.
-    pub(crate) fn snapshot_many(
+    pub(crate) async fn snapshot_many(
         &self,
         tag: Tag,
         mut items: Vec<(SlotPos, u64, u64)>,
@@ -488,9 +464,10 @@ impl RaceIndex {
         while !items.is_empty() {
             let mut again = Vec::new();
             if self.spaces.len() == 1 {
-                self.cas_primaries(tag, &items, &mut again, &retarget)?;
+                self.cas_primaries(tag, &items, &mut again, &retarget)
+                    .await?;
             } else {
-                let olds = self.cas_backups(tag, &items)?;
+                let olds = self.cas_backups_async(tag, &items).await?;
                 let mut rule1 = Vec::new();
                 for (it, o) in items.iter().zip(&olds) {
                     // A backup may hold our value already: the same proposal from a split
@@ -500,7 +477,8 @@ impl RaceIndex {
                         rule1.push(*it);
                     } else {
                         match self
-                            .finish_round(tag, it.0, it.1, it.2, o, &[], &NoHooks)?
+                            .finish_round_async(tag, it.0, it.1, it.2, o, &[], &NoHooks)
+                            .await?
                             .0
                         {
                             RawOutcome::Won(_) => {}
@@ -509,10 +487,11 @@ impl RaceIndex {
                     }
                 }
                 if !rule1.is_empty() {
-                    self.cas_primaries(tag, &rule1, &mut again, &retarget)?;
+                    self.cas_primaries(tag, &rule1, &mut again, &retarget)
+                        .await?;
                 }
             }
-            if !again.is_empty() && !backoff.pause() {
+            if !again.is_empty() && !backoff.pause_async().await {
                 return Err(Error::SnapshotStalled {
                     waited: start.elapsed(),
                     state: format!("{} slots still moving", again.len()),

@@ -92,15 +92,20 @@ impl RaceIndex {
     /// for it) or it has room again. The caller retries its operation afterwards. A split
     /// left unfinished by a crashed or disconnected holder is finished first, by whoever
     /// holds the lock next (a holder that stood still for the split timeout is taken over).
-    pub(crate) fn split<V: KeyVerifier + ?Sized>(&self, verifier: &V, kh: &KeyHash) -> Result<()> {
-        let Some(mut lock) = self.acquire_split_lock()? else {
+    pub(crate) async fn split<V: KeyVerifier + ?Sized>(
+        &self,
+        verifier: &V,
+        kh: &KeyHash,
+    ) -> Result<()> {
+        let Some(mut lock) = self.acquire_split_lock().await? else {
             // Another client's split ended meanwhile: the caller looks again.
-            return self.refresh_directory_tagged(tags::SPLIT);
+            return self.refresh_directory_tagged_async(tags::SPLIT).await;
         };
-        let r = self
-            .finish_pending_split(verifier, &mut lock)
-            .and_then(|()| self.split_locked(verifier, kh, &mut lock));
-        let released = self.release_split_lock(&lock);
+        let r = match self.finish_pending_split(verifier, &mut lock).await {
+            Ok(()) => self.split_locked(verifier, kh, &mut lock).await,
+            Err(e) => Err(e),
+        };
+        let released = self.release_split_lock(&lock).await;
         r?;
         released
     }
@@ -108,23 +113,23 @@ impl RaceIndex {
     /// Helps a split that stands still: called by writers that waited the split timeout on a
     /// splitting subtable. Takes the lock (over, if its holder stopped renewing it) and
     /// finishes whatever split its record names.
-    pub(crate) fn help_split<V: KeyVerifier + ?Sized>(&self, verifier: &V) -> Result<()> {
-        let Some(mut lock) = self.acquire_split_lock()? else {
-            return self.refresh_directory_tagged(tags::SPLIT);
+    pub(crate) async fn help_split<V: KeyVerifier + ?Sized>(&self, verifier: &V) -> Result<()> {
+        let Some(mut lock) = self.acquire_split_lock().await? else {
+            return self.refresh_directory_tagged_async(tags::SPLIT).await;
         };
-        let r = self.finish_pending_split(verifier, &mut lock);
-        let released = self.release_split_lock(&lock);
+        let r = self.finish_pending_split(verifier, &mut lock).await;
+        let released = self.release_split_lock(&lock).await;
         r?;
         released?;
-        self.refresh_directory_tagged(tags::SPLIT)
+        self.refresh_directory_tagged_async(tags::SPLIT).await
     }
 
     /// The split lock: `Some` once held (fresh, stranded by this process, or taken over),
     /// `None` when another holder released it while we waited.
-    fn acquire_split_lock(&self) -> Result<Option<SplitLock>> {
+    async fn acquire_split_lock(&self) -> Result<Option<SplitLock>> {
         let addr = self.spaces[0].at(HDR_LOCK);
         let token = rand::rng().next_u64() | 1;
-        let held = self.ep.cas(tags::SPLIT, addr, 0, token)?;
+        let held = self.ep.cas_async(tags::SPLIT, addr, 0, token).await?;
         if held == 0 {
             return Ok(Some(SplitLock { word: token }));
         }
@@ -140,12 +145,12 @@ impl RaceIndex {
         let mut backoff = Backoff::new(self.wait_timeout.saturating_mul(10));
         let (mut seen, mut since) = (held, Instant::now());
         loop {
-            if !backoff.pause() {
+            if !backoff.pause_async().await {
                 return Err(Error::SplitStalled {
                     waited: start.elapsed(),
                 });
             }
-            let now = self.read_word(addr)?;
+            let now = self.read_word(addr).await?;
             if now == 0 {
                 return Ok(None);
             }
@@ -157,7 +162,7 @@ impl RaceIndex {
                 continue;
             }
             let token = rand::rng().next_u64() | 1;
-            let prev = self.ep.cas(tags::SPLIT, addr, seen, token)?;
+            let prev = self.ep.cas_async(tags::SPLIT, addr, seen, token).await?;
             if prev == seen {
                 tracing::warn!(
                     stood_still = ?since.elapsed(),
@@ -174,11 +179,12 @@ impl RaceIndex {
     }
 
     /// Renews the lock (between the steps of a split): fails if another client took it.
-    fn renew_split_lock(&self, lock: &mut SplitLock) -> Result<()> {
+    async fn renew_split_lock(&self, lock: &mut SplitLock) -> Result<()> {
         let next = lock.word.wrapping_add(2) | 1;
         let prev = self
             .ep
-            .cas(tags::SPLIT, self.spaces[0].at(HDR_LOCK), lock.word, next)?;
+            .cas_async(tags::SPLIT, self.spaces[0].at(HDR_LOCK), lock.word, next)
+            .await?;
         if prev != lock.word {
             return Err(taken_over());
         }
@@ -189,10 +195,11 @@ impl RaceIndex {
     /// Releases the lock. If the release cannot be sent (the connection broke), the word is
     /// remembered, so this process's next split takes it back at once instead of waiting for
     /// itself; other clients take it over after the split timeout.
-    fn release_split_lock(&self, lock: &SplitLock) -> Result<()> {
+    async fn release_split_lock(&self, lock: &SplitLock) -> Result<()> {
         match self
             .ep
-            .cas(tags::SPLIT, self.spaces[0].at(HDR_LOCK), lock.word, 0)
+            .cas_async(tags::SPLIT, self.spaces[0].at(HDR_LOCK), lock.word, 0)
+            .await
         {
             Ok(prev) if prev == lock.word || prev == 0 => Ok(()),
             Ok(_) => Err(taken_over()),
@@ -203,20 +210,20 @@ impl RaceIndex {
         }
     }
 
-    fn read_word(&self, at: dmkit_verbs::RemoteAddr) -> Result<u64> {
-        let b = self.ep.read(tags::SPLIT, at, 8)?;
+    async fn read_word(&self, at: dmkit_verbs::RemoteAddr) -> Result<u64> {
+        let b = self.ep.read_async(tags::SPLIT, at, 8).await?;
         Ok(words(&b).first().copied().unwrap_or(0))
     }
 
     /// Finishes the split the record names, if any (its holder crashed, lost its connection
     /// or was taken over). Every step is redone from the frozen primary, which no writer can
     /// change, so a redo writes what the first attempt would have written.
-    fn finish_pending_split<V: KeyVerifier + ?Sized>(
+    async fn finish_pending_split<V: KeyVerifier + ?Sized>(
         &self,
         verifier: &V,
         lock: &mut SplitLock,
     ) -> Result<()> {
-        let rec = self.read_word(self.spaces[0].at(HDR_SPLIT))?;
+        let rec = self.read_word(self.spaces[0].at(HDR_SPLIT)).await?;
         let Some((st, n, l)) = decode_record(rec) else {
             return Ok(());
         };
@@ -224,7 +231,8 @@ impl RaceIndex {
             return Err(self.corrupt(format!("split record {rec:#x}")));
         }
         let h = self
-            .read_word(self.spaces[0].at(self.layout.bucket_off(st, 0) + 8 * HEADER_WORD as u64))?;
+            .read_word(self.spaces[0].at(self.layout.bucket_off(st, 0) + 8 * HEADER_WORD as u64))
+            .await?;
         let h = Header::decode(h)
             .ok_or_else(|| self.corrupt(format!("subtable {st}: bucket header {h:#018x}")))?;
         metrics::counter!("dmkit_kv_index_split_resumes_total").increment(1);
@@ -234,7 +242,7 @@ impl RaceIndex {
                 subtable = st,
                 "an interrupted split had finished; clearing its record"
             );
-            return self.write_record(0);
+            return self.write_record(0).await;
         }
         tracing::warn!(
             subtable = st,
@@ -243,22 +251,23 @@ impl RaceIndex {
             "finishing an interrupted split"
         );
         let p = low_bits(u64::from(h.prefix), l) as u32;
-        self.run_split(verifier, lock, st, n, l, p, true)
+        self.run_split(verifier, lock, st, n, l, p, true).await
     }
 
-    fn write_record(&self, w: u64) -> Result<()> {
+    async fn write_record(&self, w: u64) -> Result<()> {
         self.ep
-            .write(tags::SPLIT, self.spaces[0].at(HDR_SPLIT), &w.to_le_bytes())?;
+            .write_async(tags::SPLIT, self.spaces[0].at(HDR_SPLIT), &w.to_le_bytes())
+            .await?;
         Ok(())
     }
 
-    fn split_locked<V: KeyVerifier + ?Sized>(
+    async fn split_locked<V: KeyVerifier + ?Sized>(
         &self,
         verifier: &V,
         kh: &KeyHash,
         lock: &mut SplitLock,
     ) -> Result<()> {
-        self.refresh_directory_tagged(tags::SPLIT)?;
+        self.refresh_directory_tagged_async(tags::SPLIT).await?;
         let dir = self.dir.read().clone();
         let e = dir.entries[kh.dir_index(dir.global_depth) as usize];
         let (st, l) = (e.subtable, e.local_depth);
@@ -266,7 +275,7 @@ impl RaceIndex {
         // Someone may have split it (or emptied slots) while we waited for the lock.
         let mut b = self.ep.batch(self.primary_node());
         let [r0, r1] = self.post_reads(st, kh).map(|(a, n)| b.read(a, n));
-        let res = self.ep.execute(tags::SPLIT, b)?;
+        let res = self.ep.execute_async(tags::SPLIT, b).await?;
         if let Some(v) = self.parse_view(st, kh, [res.read(r0), res.read(r1)])? {
             if !v.splitting && v.has_free_slot() {
                 return Ok(());
@@ -278,7 +287,10 @@ impl RaceIndex {
                 self.layout.max_depth
             )));
         }
-        let n = self.ep.faa(tags::SPLIT, self.spaces[0].at(HDR_BUMP), 1)?;
+        let n = self
+            .ep
+            .faa_async(tags::SPLIT, self.spaces[0].at(HDR_BUMP), 1)
+            .await?;
         if n >= self.layout.capacity || n > RECORD_FIELD {
             return Err(Error::Full(format!(
                 "all {} subtables of the replica spaces are in use",
@@ -288,14 +300,14 @@ impl RaceIndex {
         let n = n as u32;
         let p = low_bits(kh.dir, l) as u32;
         // 1. The record, so that a next holder can finish this split if we stop.
-        self.write_record(encode_record(st, n, l))?;
-        self.run_split(verifier, lock, st, n, l, p, false)
+        self.write_record(encode_record(st, n, l)).await?;
+        self.run_split(verifier, lock, st, n, l, p, false).await
     }
 
     /// Steps 2-6 of splitting subtable `st` (depth `l`, prefix `p`) into `st` and `n`, then
     /// the record cleared. `resumed`: another holder may have done any prefix of the steps.
     #[allow(clippy::too_many_arguments)]
-    fn run_split<V: KeyVerifier + ?Sized>(
+    async fn run_split<V: KeyVerifier + ?Sized>(
         &self,
         verifier: &V,
         lock: &mut SplitLock,
@@ -309,7 +321,7 @@ impl RaceIndex {
         let buckets = self.layout.buckets();
 
         // 2. Mark S splitting everywhere.
-        self.renew_split_lock(lock)?;
+        self.renew_split_lock(lock).await?;
         let splitting = Header {
             local_depth: l,
             prefix: p,
@@ -331,22 +343,23 @@ impl RaceIndex {
                 b
             })
             .collect();
-        for r in self.ep.execute_many(tags::SPLIT, batches) {
+        for r in self.ep.execute_many_async(tags::SPLIT, batches).await {
             r?;
         }
 
         // 3. Freeze every slot.
-        self.renew_split_lock(lock)?;
-        let img = self.read_subtable(st)?;
+        self.renew_split_lock(lock).await?;
+        let img = self.read_subtable(st).await?;
         let items: Vec<(SlotPos, u64, u64)> = slot_words(&img)
             .filter(|(_, raw)| !is_frozen(*raw))
             .map(|(i, raw)| (self.pos_of(st, i), raw, raw | FROZEN))
             .collect();
-        self.snapshot_many(tags::SPLIT, items, |v| v | FROZEN)?;
+        self.snapshot_many(tags::SPLIT, items, |v| v | FROZEN)
+            .await?;
 
         // 4. Rehash the frozen entries and build both images.
-        self.renew_split_lock(lock)?;
-        let img = self.read_subtable(st)?;
+        self.renew_split_lock(lock).await?;
+        let img = self.read_subtable(st).await?;
         if let Some((i, raw)) = slot_words(&img).find(|(_, raw)| !is_frozen(*raw)) {
             return Err(self.corrupt(format!(
                 "subtable {st} word {i} ({raw:#x}) is not frozen after the freeze"
@@ -392,7 +405,7 @@ impl RaceIndex {
 
         // Where a resumed split stands: once the directory points at N, writers may have
         // written into N, so its image is not written again.
-        self.refresh_directory_tagged(tags::SPLIT)?;
+        self.refresh_directory_tagged_async(tags::SPLIT).await?;
         let dir = self.dir.read().clone();
         let sibling = u64::from(p | 1 << l);
         let published = resumed
@@ -404,12 +417,13 @@ impl RaceIndex {
                 });
         if !published {
             // (Renewed right before: a holder that stood still here has been taken over.)
-            self.renew_split_lock(lock)?;
-            self.write_all(&n_img, self.layout.subtable_off(n), 0..self.spaces.len())?;
+            self.renew_split_lock(lock).await?;
+            self.write_all(&n_img, self.layout.subtable_off(n), 0..self.spaces.len())
+                .await?;
         }
 
         // 5. The directory (again on every replica when resumed: the primary's is the truth).
-        self.renew_split_lock(lock)?;
+        self.renew_split_lock(lock).await?;
         let mut g = dir.global_depth;
         let mut entries = dir.entries.clone();
         if !published {
@@ -442,17 +456,17 @@ impl RaceIndex {
                 b
             })
             .collect();
-        for r in self.ep.execute_many(tags::SPLIT, batches) {
+        for r in self.ep.execute_many_async(tags::SPLIT, batches).await {
             r?;
         }
 
         // 6. Unfreeze: backups first, then the primary; then the record is done.
-        self.renew_split_lock(lock)?;
+        self.renew_split_lock(lock).await?;
         let off = self.layout.subtable_off(st);
-        self.write_all(&s_img, off, 1..self.spaces.len())?;
-        self.renew_split_lock(lock)?;
-        self.write_all(&s_img, off, 0..1)?;
-        self.write_record(0)?;
+        self.write_all(&s_img, off, 1..self.spaces.len()).await?;
+        self.renew_split_lock(lock).await?;
+        self.write_all(&s_img, off, 0..1).await?;
+        self.write_record(0).await?;
 
         *self.dir.write() = crate::index::DirCache {
             global_depth: g,
@@ -466,12 +480,15 @@ impl RaceIndex {
         Ok(())
     }
 
-    fn read_subtable(&self, st: u32) -> Result<Vec<u64>> {
-        let bytes = self.ep.read(
-            tags::SPLIT,
-            self.spaces[0].at(self.layout.subtable_off(st)),
-            self.layout.subtable_bytes() as usize,
-        )?;
+    async fn read_subtable(&self, st: u32) -> Result<Vec<u64>> {
+        let bytes = self
+            .ep
+            .read_async(
+                tags::SPLIT,
+                self.spaces[0].at(self.layout.subtable_off(st)),
+                self.layout.subtable_bytes() as usize,
+            )
+            .await?;
         let w = words(&bytes);
         if w.len() as u64 * 8 != self.layout.subtable_bytes() {
             return Err(self.corrupt("short subtable read"));
@@ -479,7 +496,12 @@ impl RaceIndex {
         Ok(w)
     }
 
-    fn write_all(&self, img: &[u8], off: u64, replicas: std::ops::Range<usize>) -> Result<()> {
+    async fn write_all(
+        &self,
+        img: &[u8],
+        off: u64,
+        replicas: std::ops::Range<usize>,
+    ) -> Result<()> {
         let batches = self.spaces[replicas]
             .iter()
             .map(|s| {
@@ -488,7 +510,7 @@ impl RaceIndex {
                 b
             })
             .collect();
-        for r in self.ep.execute_many(tags::SPLIT, batches) {
+        for r in self.ep.execute_many_async(tags::SPLIT, batches).await {
             r?;
         }
         Ok(())

@@ -459,29 +459,11 @@ pub fn hung_node_times_out(h: &dyn Harness) {
     h.pause_node(NodeId(0), false);
 }
 
-/// Runs every future to completion on this thread with [`crate::block_on`] (std alone): the
-/// suite drives futures with it to show that completions wake any executor. Polls every
-/// unfinished future whenever one of them was woken.
+/// Runs every future to completion on this thread with [`crate::block_on`] and
+/// [`crate::join_all`] (std alone): the suite drives futures with it to show that completions
+/// wake any executor.
 pub fn run_all<F: std::future::Future>(futs: Vec<F>) -> Vec<F::Output> {
-    let mut futs: Vec<_> = futs.into_iter().map(Box::pin).collect();
-    let mut out: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
-    crate::block_on(std::future::poll_fn(|cx| {
-        for (f, o) in futs.iter_mut().zip(out.iter_mut()) {
-            if o.is_none() {
-                if let std::task::Poll::Ready(v) = f.as_mut().poll(cx) {
-                    *o = Some(v);
-                }
-            }
-        }
-        if out.iter().all(Option::is_some) {
-            std::task::Poll::Ready(())
-        } else {
-            std::task::Poll::Pending
-        }
-    }));
-    out.into_iter()
-        .map(|o| o.expect("every future finished"))
-        .collect()
+    crate::block_on(crate::join_all(futs))
 }
 
 /// Waits (bounded) until the endpoint's in-flight tables are empty, then asserts it.

@@ -108,6 +108,6 @@ pub use node::{MemoryNode, Peer, RpcHandler};
 pub use pending::timer::armed as armed_timeouts;
 /// An async sleep that needs no runtime (the verbs timer thread wakes the task).
 pub use pending::timer::sleep;
-pub use pending::{Pending, block_on};
+pub use pending::{Pending, block_on, join_all};
 pub use stats::{Stats, Tag, TagStats};
 pub use types::{Access, Media, NodeId, RKey, RegionDesc, RemoteAddr};

@@ -385,6 +385,34 @@ pub fn block_on<F: Future>(f: F) -> F::Output {
     }
 }
 
+/// Runs every future concurrently (each is polled whenever the joined future is); their
+/// outputs in order. Executor-neutral: what `block_on` or any runtime drives.
+pub async fn join_all<F: Future>(futs: Vec<F>) -> Vec<F::Output> {
+    let mut futs: Vec<Option<Pin<Box<F>>>> = futs.into_iter().map(|f| Some(Box::pin(f))).collect();
+    let mut out: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, o) in futs.iter_mut().zip(out.iter_mut()) {
+            if let Some(fut) = f {
+                match fut.as_mut().poll(cx) {
+                    Poll::Ready(v) => {
+                        *o = Some(v);
+                        *f = None;
+                    }
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter().flatten().collect()
+}
+
 // The future never pins its output in place: it is moved out when ready.
 impl<T> Unpin for Pending<T> {}
 
@@ -426,7 +454,8 @@ impl<T: Send + 'static> Future for Pending<T> {
                 this.armed = Some(timer::arm(
                     deadline,
                     Box::new(move || {
-                        if s.is_complete() {
+                        // (`delivered` stays set after the future took the result.)
+                        if s.delivered.load(Ordering::Acquire) {
                             return;
                         }
                         s.complete(Err(Error::Timeout { node, after }));

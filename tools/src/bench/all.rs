@@ -60,6 +60,7 @@ pub fn run(args: AllArgs) -> Result<(), CliError> {
         seconds: None,
         records: None,
         breakdown: false,
+        inflight: vec![1],
     })?;
     eprintln!("dmkit bench all: fusee modeled latencies (sim latency model)");
     super::fusee::run(super::fusee::FuseeArgs {
@@ -73,6 +74,7 @@ pub fn run(args: AllArgs) -> Result<(), CliError> {
         seconds: None,
         records: None,
         breakdown: false,
+        inflight: vec![1],
     })?;
     eprintln!("dmkit bench all: fusee measured latencies on tcp, beside their rounds replayed");
     super::fusee::run(super::fusee::FuseeArgs {
@@ -86,6 +88,7 @@ pub fn run(args: AllArgs) -> Result<(), CliError> {
         seconds: None,
         records: None,
         breakdown: true,
+        inflight: vec![1],
     })?;
     if !args.skip_resp {
         eprintln!("dmkit bench all: resp gateway vs redis-server");

@@ -79,6 +79,11 @@ pub struct FuseeArgs {
     /// (posting verbs, waiting, wake-ups, allocator, encoding, index).
     #[arg(long)]
     pub breakdown: bool,
+    /// Operations in flight per client, e.g. 1,32: one client thread runs that many async
+    /// operation loops at once (FUSEE's coroutines). With more than one count, the YCSB
+    /// workload also runs at each on one client; ratios `fusee_ycsb_<w>_inflight<n>_vs_<first>`.
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize])]
+    pub inflight: Vec<usize>,
 }
 
 /// What `--workload` runs.
@@ -127,6 +132,14 @@ pub fn run(args: FuseeArgs) -> Result<(), CliError> {
     {
         return Err(CliError::usage(
             "--clients takes client counts between 1 and 64, e.g. 1,2,4",
+        ));
+    }
+    if args.inflight.is_empty()
+        || args.inflight.contains(&0)
+        || args.inflight.iter().any(|&k| k > 1024)
+    {
+        return Err(CliError::usage(
+            "--inflight takes operation counts between 1 and 1024, e.g. 1,32",
         ));
     }
     let seconds = args.seconds.unwrap_or(if args.quick { 3.0 } else { 10.0 });
@@ -238,6 +251,36 @@ pub fn run(args: FuseeArgs) -> Result<(), CliError> {
             r,
             None,
         );
+    }
+    if args.inflight.len() > 1 {
+        report.config(
+            "inflight",
+            Value::from(args.inflight.iter().map(|&k| k as u64).collect::<Vec<_>>()),
+        );
+        let k0 = args.inflight[0];
+        for &k in &args.inflight {
+            let client = cluster.client(next_id).map_err(rt)?;
+            next_id += 1;
+            let seed = 6078 + k as u64;
+            let workload = Workload::new(spec.clone(), seed).map_err(rt)?;
+            let s = ycsb_inflight(
+                &client,
+                workload,
+                Duration::from_secs_f64(seconds),
+                letter,
+                k,
+            )?;
+            report.push(s);
+            client.flush().map_err(rt)?;
+        }
+        let at = |r: &Report, k: usize| {
+            r.result(&format!("ycsb_{letter}_1_client_inflight{k}"))
+                .map_or(f64::NAN, |m| m.ops_per_sec)
+        };
+        for &k in &args.inflight[1..] {
+            let r = at(&report, k) / at(&report, k0);
+            report.ratio(&format!("fusee_ycsb_{letter}_inflight{k}_vs_{k0}"), r, None);
+        }
     }
     if letter != 'c' {
         // The headline ratio is on YCSB-C: run it too, at the first client count.
@@ -463,6 +506,97 @@ fn ycsb(
         },
         per_thread,
     ))
+}
+
+/// The workload on one client with `k` operations in flight: one thread drives `k` async
+/// loops (each its own share of the stream) with `dmkit_verbs::block_on`.
+fn ycsb_inflight(
+    client: &Client,
+    workload: Workload,
+    run_for: Duration,
+    letter: char,
+    k: usize,
+) -> Result<Sample, CliError> {
+    let up = letter.to_ascii_uppercase();
+    let pb = progress(
+        run_for.as_secs().max(1),
+        &format!("FUSEE: YCSB-{up}, 1 client, {k} in flight"),
+    );
+    let stop = AtomicBool::new(false);
+    let before = client.endpoint().stats().total().round_trips;
+    let start = Instant::now();
+    let tallies = std::thread::scope(|s| {
+        let stop = &stop;
+        let h = s.spawn(move || {
+            let loops = workload.split(k).into_iter().map(|mut w| async move {
+                let mut t = Tally {
+                    hist: new_hist(),
+                    ops: 0,
+                    round_trips: 0,
+                };
+                while !stop.load(Ordering::Relaxed) {
+                    let op = w.next_op();
+                    let s0 = Instant::now();
+                    match op {
+                        Operation::Read { key } => {
+                            client.search_async(key.as_bytes()).await.map_err(rt)?;
+                        }
+                        Operation::Update { key, value } | Operation::Insert { key, value } => {
+                            client
+                                .upsert_async(key.as_bytes(), &value)
+                                .await
+                                .map_err(rt)?;
+                        }
+                        Operation::ReadModifyWrite { key, value } => {
+                            client.search_async(key.as_bytes()).await.map_err(rt)?;
+                            client
+                                .upsert_async(key.as_bytes(), &value)
+                                .await
+                                .map_err(rt)?;
+                        }
+                        Operation::Scan { .. } => {}
+                    }
+                    let _ = t.hist.record((s0.elapsed().as_nanos() as u64).max(1));
+                    t.ops += 1;
+                }
+                Ok::<_, CliError>(t)
+            });
+            dmkit_verbs::block_on(dmkit_verbs::join_all(loops.collect()))
+        });
+        while start.elapsed() < run_for {
+            std::thread::sleep(Duration::from_millis(100));
+            pb.set_position(start.elapsed().as_secs());
+        }
+        stop.store(true, Ordering::Relaxed);
+        h.join()
+            .map_err(|_| CliError::runtime("the client thread panicked"))
+    })?;
+    pb.finish_and_clear();
+    let secs = start.elapsed().as_secs_f64().max(1e-9);
+    let rtts = client.endpoint().stats().total().round_trips - before;
+    let mut hist = new_hist();
+    let mut ops = 0u64;
+    for t in tallies {
+        let t = t?;
+        let _ = hist.add(&t.hist);
+        ops += t.ops;
+    }
+    let mut m = Measurement {
+        name: format!("ycsb_{letter}_1_client_inflight{k}"),
+        ops_per_sec: ops as f64 / secs,
+        p50_us: hist.value_at_quantile(0.5) as f64 / 1000.0,
+        p99_us: hist.value_at_quantile(0.99) as f64 / 1000.0,
+        rtts_per_op: rtts as f64 / ops.max(1) as f64,
+        modeled: false,
+        extra: serde_json::Map::new(),
+    };
+    m.extra.insert("clients".into(), Value::from(1u64));
+    m.extra.insert("inflight".into(), Value::from(k as u64));
+    m.extra.insert("operations".into(), Value::from(ops));
+    Ok(Sample {
+        measurement: m,
+        hist,
+    })
 }
 
 /// The baseline: the same records and the same operation stream (same seed and split, the

@@ -39,9 +39,25 @@ pub trait KvBackend: Send + Sync {
     fn blocks(&self) -> bool {
         true
     }
-    /// GET as a future, for a backend with async reads: the gateway then runs it as a task
-    /// (no thread waits for it). `None`: use [`KvBackend::get`].
+    /// GET as a future, for a backend with async operations: the gateway polls it on the
+    /// connection's task (no thread waits for it). `None`: the gateway calls
+    /// [`KvBackend::get`] (on its blocking pool if [`KvBackend::blocks`]).
     fn get_async(&self, key: Vec<u8>) -> Option<BoxFuture<Result<Option<Vec<u8>>, String>>> {
+        let _ = key;
+        None
+    }
+    /// [`KvBackend::put`] as a future (see [`KvBackend::get_async`]).
+    fn put_async(
+        &self,
+        key: Vec<u8>,
+        value: Vec<u8>,
+        mode: PutMode,
+    ) -> Option<BoxFuture<Result<bool, String>>> {
+        let _ = (key, value, mode);
+        None
+    }
+    /// [`KvBackend::delete`] as a future (see [`KvBackend::get_async`]).
+    fn delete_async(&self, key: Vec<u8>) -> Option<BoxFuture<Result<bool, String>>> {
         let _ = key;
         None
     }
@@ -188,80 +204,61 @@ const MAX_PIPELINE_IN_FLIGHT: usize = 64;
 /// The keys a command reads or writes (`None`: it touches no key and runs inline).
 fn command_keys<'a>(name: &str, argv: &'a [Vec<u8>]) -> Option<Vec<&'a [u8]>> {
     match name {
-        "get" | "set" | "setnx" => argv.first().map(|k| vec![k.as_slice()]),
+        // (No key: the command still runs, to answer with its arity error.)
+        "get" | "set" | "setnx" => {
+            Some(argv.first().map(|k| vec![k.as_slice()]).unwrap_or_default())
+        }
         "del" | "unlink" | "exists" | "mget" => Some(argv.iter().map(Vec::as_slice).collect()),
         "mset" => Some(argv.iter().step_by(2).map(Vec::as_slice).collect()),
         _ => None,
     }
 }
 
-/// A backend command: a future polled by the connection's task when the backend reads
-/// asynchronously, else a call on the blocking pool.
-fn start_command(s: &Arc<Shared>, name: &str, args: Vec<Vec<u8>>) -> BoxFuture<Reply> {
-    if name == "get" && args.len() == 2 {
-        if let Some(get) = s.backend.get_async(args[1].clone()) {
-            s.commands.fetch_add(1, Ordering::Relaxed);
-            metrics::counter!("dmkit_resp_commands_total", "command" => "get").increment(1);
-            return Box::pin(async move {
-                match get.await {
-                    Ok(Some(v)) => Reply::Bulk(v),
-                    Ok(None) => Reply::Nil,
-                    Err(e) => {
-                        metrics::counter!("dmkit_resp_errors_total").increment(1);
-                        backend_err(e)
-                    }
-                }
-            });
-        }
+/// A backend call: awaited in place when the backend is async, on the blocking pool when it
+/// blocks, else run inline.
+async fn call<T: Send + 'static>(
+    s: &Arc<Shared>,
+    fut: Option<BoxFuture<Result<T, String>>>,
+    blocking: impl FnOnce(&dyn KvBackend) -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    if let Some(f) = fut {
+        return f.await;
+    }
+    if !s.backend.blocks() {
+        return blocking(s.backend.as_ref());
     }
     let s = s.clone();
-    let call = tokio::task::spawn_blocking(move || execute(&s, &args).0);
-    Box::pin(async move {
-        call.await.unwrap_or_else(|e| {
-            tracing::error!(error = %e, "RESP command task failed");
-            Reply::err("internal error while running the command")
-        })
-    })
+    tokio::task::spawn_blocking(move || blocking(s.backend.as_ref()))
+        .await
+        .unwrap_or_else(|e| Err(format!("internal error while running the command: {e}")))
 }
 
-/// Replies of everything in flight, in order, into `out`: the commands run concurrently
-/// (every one is polled whenever the connection's task wakes).
+async fn get(s: &Arc<Shared>, key: &[u8]) -> Result<Option<Vec<u8>>, String> {
+    let k = key.to_vec();
+    call(s, s.backend.get_async(k.clone()), move |b| b.get(&k)).await
+}
+
+async fn put(s: &Arc<Shared>, key: &[u8], value: &[u8], mode: PutMode) -> Result<bool, String> {
+    let (k, v) = (key.to_vec(), value.to_vec());
+    let fut = s.backend.put_async(k.clone(), v.clone(), mode);
+    call(s, fut, move |b| b.put(&k, &v, mode)).await
+}
+
+async fn delete(s: &Arc<Shared>, key: &[u8]) -> Result<bool, String> {
+    let k = key.to_vec();
+    call(s, s.backend.delete_async(k.clone()), move |b| b.delete(&k)).await
+}
+
+/// Replies of everything in flight, in order, into `out`: the commands run concurrently.
 async fn finish(running: &mut Vec<Running>, out: &mut Vec<u8>) {
-    let mut replies: Vec<Option<Reply>> = Vec::with_capacity(running.len());
-    let mut tasks: Vec<Option<BoxFuture<Reply>>> = Vec::with_capacity(running.len());
-    for r in running.drain(..) {
-        match r {
-            Running::Done(reply) => {
-                replies.push(Some(reply));
-                tasks.push(None);
-            }
-            Running::Task(t) => {
-                replies.push(None);
-                tasks.push(Some(t));
-            }
-        }
-    }
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (t, r) in tasks.iter_mut().zip(replies.iter_mut()) {
-            if let Some(f) = t {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(reply) => {
-                        *r = Some(reply);
-                        *t = None;
-                    }
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    for r in replies.into_iter().flatten() {
+    let tasks: Vec<BoxFuture<Reply>> = running
+        .drain(..)
+        .map(|r| match r {
+            Running::Done(reply) => Box::pin(std::future::ready(reply)) as BoxFuture<Reply>,
+            Running::Task(t) => t,
+        })
+        .collect();
+    for r in dmkit_verbs::join_all(tasks).await {
         r.encode(out);
     }
 }
@@ -283,7 +280,6 @@ async fn serve(s: Arc<Shared>, mut conn: tokio::net::TcpStream) {
     let mut chunk = vec![0u8; 16 << 10];
     let mut running: Vec<Running> = Vec::new();
     let mut busy: std::collections::HashSet<Vec<u8>> = std::collections::HashSet::new();
-    let blocks = s.backend.blocks();
     loop {
         // Start every complete command buffered; commands on keys already in flight wait
         // for those to finish (a connection sees its own writes, in order). Then send all
@@ -299,8 +295,8 @@ async fn serve(s: Arc<Shared>, mut conn: tokio::net::TcpStream) {
                     }
                     let name = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
                     let keys = command_keys(&name, &args[1..]);
-                    let Some(keys) = keys.filter(|_| blocks) else {
-                        let (reply, q) = execute(&s, &args);
+                    let Some(keys) = keys else {
+                        let (reply, q) = execute_local(&s, &args);
                         running.push(Running::Done(reply));
                         if q {
                             quit = true;
@@ -315,7 +311,10 @@ async fn serve(s: Arc<Shared>, mut conn: tokio::net::TcpStream) {
                         busy.clear();
                     }
                     busy.extend(keys.iter().map(|k| k.to_vec()));
-                    running.push(Running::Task(start_command(&s, &name, args)));
+                    let s2 = s.clone();
+                    running.push(Running::Task(Box::pin(async move {
+                        execute_keyed(&s2, &args).await
+                    })));
                 }
                 Ok(None) => break,
                 Err(e) => {
@@ -362,12 +361,25 @@ fn backend_err(e: String) -> Reply {
     Reply::err(format!("backend: {e}"))
 }
 
-/// Runs one command; the flag says the connection should close after the reply (QUIT).
-fn execute(s: &Shared, args: &[Vec<u8>]) -> (Reply, bool) {
+/// Counts a command (and its metric); its lower-case name.
+fn count(s: &Shared, args: &[Vec<u8>]) -> String {
     s.commands.fetch_add(1, Ordering::Relaxed);
     let name = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
     metrics::counter!("dmkit_resp_commands_total", "command" => command_label(&name)).increment(1);
-    let b = &s.backend;
+    name
+}
+
+fn counted_error(reply: Reply) -> Reply {
+    if matches!(reply, Reply::Error(_)) {
+        metrics::counter!("dmkit_resp_errors_total").increment(1);
+    }
+    reply
+}
+
+/// Runs a command that touches no key; the flag says the connection should close after the
+/// reply (QUIT).
+fn execute_local(s: &Shared, args: &[Vec<u8>]) -> (Reply, bool) {
+    let name = count(s, args);
     let argv = &args[1..];
     let reply = match name.as_str() {
         "ping" => match argv {
@@ -380,63 +392,6 @@ fn execute(s: &Shared, args: &[Vec<u8>]) -> (Reply, bool) {
             _ => arity("echo"),
         },
         "quit" => return (Reply::ok(), true),
-        "get" => match argv {
-            [k] => match b.get(k) {
-                Ok(Some(v)) => Reply::Bulk(v),
-                Ok(None) => Reply::Nil,
-                Err(e) => backend_err(e),
-            },
-            _ => arity("get"),
-        },
-        "set" => set(b.as_ref(), argv),
-        "setnx" => match argv {
-            [k, v] => match b.put(k, v, PutMode::IfAbsent) {
-                Ok(w) => Reply::Integer(i64::from(w)),
-                Err(e) => backend_err(e),
-            },
-            _ => arity("setnx"),
-        },
-        "del" | "unlink" if !argv.is_empty() => {
-            let mut n = 0;
-            for k in argv {
-                match b.delete(k) {
-                    Ok(true) => n += 1,
-                    Ok(false) => {}
-                    Err(e) => return (backend_err(e), false),
-                }
-            }
-            Reply::Integer(n)
-        }
-        "exists" if !argv.is_empty() => {
-            let mut n = 0;
-            for k in argv {
-                match b.get(k) {
-                    Ok(Some(_)) => n += 1,
-                    Ok(None) => {}
-                    Err(e) => return (backend_err(e), false),
-                }
-            }
-            Reply::Integer(n)
-        }
-        "mget" if !argv.is_empty() => {
-            let mut items = Vec::with_capacity(argv.len());
-            for k in argv {
-                match b.get(k) {
-                    Ok(Some(v)) => items.push(Reply::Bulk(v)),
-                    Ok(None) => items.push(Reply::Nil),
-                    Err(e) => return (backend_err(e), false),
-                }
-            }
-            Reply::Array(items)
-        }
-        "mset" if !argv.is_empty() && argv.len() % 2 == 0 => {
-            for kv in argv.chunks(2) {
-                if let Err(e) = b.put(&kv[0], &kv[1], PutMode::Upsert) {
-                    return (backend_err(e), false);
-                }
-            }
-            Reply::ok()
-        }
         "del" | "unlink" | "exists" | "mget" | "mset" => arity(&name),
         "info" => Reply::Bulk(info(s).into_bytes()),
         "command" => match argv.first().map(|a| a.to_ascii_lowercase()) {
@@ -460,10 +415,118 @@ fn execute(s: &Shared, args: &[Vec<u8>]) -> (Reply, bool) {
             Reply::err(m)
         }
     };
-    if matches!(reply, Reply::Error(_)) {
-        metrics::counter!("dmkit_resp_errors_total").increment(1);
+    (counted_error(reply), false)
+}
+
+/// Runs a command on keys (see [`command_keys`]); a multi-key command's keys go out
+/// concurrently.
+async fn execute_keyed(s: &Arc<Shared>, args: &[Vec<u8>]) -> Reply {
+    let name = count(s, args);
+    let argv = &args[1..];
+    let reply = match name.as_str() {
+        "get" => match argv {
+            [k] => match get(s, k).await {
+                Ok(Some(v)) => Reply::Bulk(v),
+                Ok(None) => Reply::Nil,
+                Err(e) => backend_err(e),
+            },
+            _ => arity("get"),
+        },
+        "set" => set(s, argv).await,
+        "setnx" => match argv {
+            [k, v] => match put(s, k, v, PutMode::IfAbsent).await {
+                Ok(w) => Reply::Integer(i64::from(w)),
+                Err(e) => backend_err(e),
+            },
+            _ => arity("setnx"),
+        },
+        "del" | "unlink" | "exists" | "mget" if argv.is_empty() => arity(&name),
+        "del" | "unlink" => {
+            let futs = distinct(argv)
+                .into_iter()
+                .map(|k| {
+                    let s = s.clone();
+                    Box::pin(async move { delete(&s, &k).await }) as BoxFuture<_>
+                })
+                .collect();
+            count_true(dmkit_verbs::join_all(futs).await)
+        }
+        "exists" | "mget" => {
+            let futs = argv
+                .iter()
+                .map(|k| {
+                    let (s, k) = (s.clone(), k.clone());
+                    Box::pin(async move { get(&s, &k).await }) as BoxFuture<_>
+                })
+                .collect();
+            let got: Vec<Result<Option<Vec<u8>>, String>> = dmkit_verbs::join_all(futs).await;
+            if name == "exists" {
+                count_true(got.into_iter().map(|r| r.map(|v| v.is_some())).collect())
+            } else {
+                let mut items = Vec::with_capacity(got.len());
+                for r in got {
+                    match r {
+                        Ok(Some(v)) => items.push(Reply::Bulk(v)),
+                        Ok(None) => items.push(Reply::Nil),
+                        Err(e) => return counted_error(backend_err(e)),
+                    }
+                }
+                Reply::Array(items)
+            }
+        }
+        "mset" if argv.is_empty() || argv.len() % 2 != 0 => arity("mset"),
+        "mset" => {
+            // The last value of a key given twice wins: each key is written once.
+            let mut last: Vec<(&Vec<u8>, &Vec<u8>)> = Vec::new();
+            for kv in argv.chunks(2) {
+                match last.iter_mut().find(|(k, _)| *k == &kv[0]) {
+                    Some(e) => e.1 = &kv[1],
+                    None => last.push((&kv[0], &kv[1])),
+                }
+            }
+            let futs = last
+                .into_iter()
+                .map(|(k, v)| {
+                    let (s, k, v) = (s.clone(), k.clone(), v.clone());
+                    Box::pin(async move { put(&s, &k, &v, PutMode::Upsert).await }) as BoxFuture<_>
+                })
+                .collect();
+            match dmkit_verbs::join_all(futs)
+                .await
+                .into_iter()
+                .find_map(Result::err)
+            {
+                Some(e) => backend_err(e),
+                None => Reply::ok(),
+            }
+        }
+        _ => Reply::err(format!("'{name}' is not a command on keys")),
+    };
+    counted_error(reply)
+}
+
+/// The keys once each, in first-seen order (DEL k k counts k once, as Redis does).
+fn distinct(keys: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    let mut out: Vec<Vec<u8>> = Vec::with_capacity(keys.len());
+    for k in keys {
+        if !out.contains(k) {
+            out.push(k.clone());
+        }
     }
-    (reply, false)
+    out
+}
+
+/// How many calls answered true; the first failure instead, if any.
+fn count_true(r: Vec<Result<bool, String>>) -> Reply {
+    let mut n = 0;
+    for x in r {
+        match x {
+            Ok(true) => n += 1,
+            Ok(false) => {}
+            Err(e) => return backend_err(e),
+        }
+    }
+    Reply::Integer(n)
 }
 
 const COMMANDS: [&str; 15] = [
@@ -479,7 +542,7 @@ fn command_label(name: &str) -> &'static str {
         .unwrap_or("other")
 }
 
-fn set(b: &dyn KvBackend, argv: &[Vec<u8>]) -> Reply {
+async fn set(s: &Arc<Shared>, argv: &[Vec<u8>]) -> Reply {
     let [k, v, opts @ ..] = argv else {
         return arity("set");
     };
@@ -497,7 +560,7 @@ fn set(b: &dyn KvBackend, argv: &[Vec<u8>]) -> Reply {
             _ => return Reply::err("syntax error"),
         }
     }
-    match b.put(k, v, mode) {
+    match put(s, k, v, mode).await {
         Ok(true) => Reply::ok(),
         Ok(false) => Reply::Nil,
         Err(e) => backend_err(e),
