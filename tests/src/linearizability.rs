@@ -62,6 +62,32 @@ pub fn apply_fusee(
     }
 }
 
+/// [`apply_fusee`] through the async API (many may be in flight on one client).
+pub async fn apply_fusee_async(
+    client: &dmkit_fusee::Client,
+    key: &[u8],
+    call: &Call,
+) -> dmkit_fusee::Result<Ret> {
+    use dmkit_fusee::{DeleteResult, InsertResult, UpdateResult};
+    match call {
+        Call::Get => client.search_async(key).await.map(Ret::Value),
+        Call::Put(v) => client.upsert_async(key, v).await.map(|()| Ret::Ok),
+        Call::Insert(v) => client
+            .insert_async(key, v)
+            .await
+            .map(|r| Ret::Flag(r == InsertResult::Inserted)),
+        Call::Update(v) => client
+            .update_async(key, v)
+            .await
+            .map(|r| Ret::Flag(r == UpdateResult::Updated)),
+        Call::Delete => client
+            .delete_async(key)
+            .await
+            .map(|r| Ret::Flag(r == DeleteResult::Deleted)),
+        Call::Swap(_) => unreachable!("not a FUSEE operation"),
+    }
+}
+
 /// What it got back.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Ret {

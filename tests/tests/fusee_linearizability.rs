@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use dmkit_fusee::{LocalCluster, LocalConfig};
-use dmkit_tests::linearizability::{Call, Event, apply_fusee, check};
+use dmkit_tests::linearizability::{Call, Event, apply_fusee, apply_fusee_async, check};
 use dmkit_verbs::NodeId;
 use parking_lot_free::Shared;
 use rand::{Rng, SeedableRng};
@@ -164,6 +164,116 @@ fn fusee_histories_with_crashes_are_linearizable() {
     }
     eprintln!(
         "{seeds} FUSEE histories linearizable (seeds {first}..{})",
+        first + seeds
+    );
+}
+
+/// Operations in flight per client in [`run_inflight_seed`].
+const INFLIGHT: u64 = 4;
+
+/// Two clients, each running [`INFLIGHT`] operation loops at once on one thread (async
+/// operations on one shared `Client`, as FUSEE's coroutines), on a few keys, with delayed work
+/// requests and (r >= 2) a memory node failed over, restarted and refilled mid-history.
+fn run_inflight_seed(seed: u64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x1f1f);
+    let r = 1 + (seed % 3) as usize;
+    let mut cfg = LocalConfig::new(3, r);
+    cfg.pool_bytes = 8 << 20;
+    cfg.block_size = 64 << 10;
+    cfg.cluster.index_bytes = 256 << 10;
+    let c = Arc::new(LocalCluster::start(cfg).unwrap());
+    if rng.random_bool(0.5) {
+        let node = NodeId(rng.random_range(0..3));
+        c.sim.delay(
+            Some(node),
+            Duration::from_micros(rng.random_range(50..500)),
+            Some(rng.random_range(1..20)),
+        );
+    }
+    let node_failure = (r >= 2 && rng.random_bool(1.0 / 3.0)).then(|| {
+        (
+            NodeId(rng.random_range(0..3)),
+            Duration::from_micros(rng.random_range(0..3000)),
+        )
+    });
+    let master = node_failure.map(|_| c.master().unwrap());
+    let clock = AtomicU64::new(0);
+    let events: Shared<Event> = Shared::default();
+    std::thread::scope(|s| {
+        if let (Some((node, after)), Some(master)) = (node_failure, &master) {
+            let c = c.clone();
+            s.spawn(move || {
+                std::thread::sleep(after);
+                c.sim.fail_node(node);
+                master.fail_over(&[node]).unwrap();
+                c.restart_node(node).unwrap();
+                master.rejoin(node).unwrap();
+            });
+        }
+        for t in 0..2u64 {
+            let c = c.clone();
+            let (clock, events) = (&clock, &events);
+            s.spawn(move || {
+                let client = c.client(20 + t).unwrap();
+                let loops = (0..INFLIGHT).map(|l| {
+                    let (client, clock, events) = (&client, clock, events);
+                    let mut trng = ChaCha8Rng::seed_from_u64(seed * 1000 + t * 100 + l);
+                    async move {
+                        for i in 0..OPS / 2 {
+                            let key = format!("k{}", trng.random_range(0..KEYS)).into_bytes();
+                            let val = format!("t{t}.{l}-{i}").into_bytes();
+                            let call = match trng.random_range(0..5) {
+                                0 => Call::Get,
+                                1 => Call::Put(val.clone()),
+                                2 => Call::Insert(val.clone()),
+                                3 => Call::Update(val.clone()),
+                                _ => Call::Delete,
+                            };
+                            let start = clock.fetch_add(1, Ordering::SeqCst);
+                            let r = apply_fusee_async(client, &key, &call).await;
+                            let end = clock.fetch_add(1, Ordering::SeqCst);
+                            let ret = r.unwrap_or_else(|e| {
+                                panic!("seed {seed}: client {t} loop {l} op {i} failed: {e}")
+                            });
+                            events.push(Event {
+                                key,
+                                call,
+                                ret: Some(ret),
+                                start,
+                                end,
+                            });
+                        }
+                    }
+                });
+                dmkit_verbs::block_on(dmkit_verbs::join_all(loops.collect()));
+                client.flush().unwrap();
+                assert_eq!(client.endpoint().in_flight(), 0);
+            });
+        }
+    });
+    let history = events.take();
+    if let Err(v) = check(&history, &HashMap::new()) {
+        panic!(
+            "seed {seed} (r = {r}, {INFLIGHT} in flight per client, memory node failure {node_failure:?}): {v}"
+        );
+    }
+}
+
+#[test]
+fn histories_with_operations_in_flight_are_linearizable() {
+    let seeds: u64 = std::env::var("DMKIT_LIN_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    let first: u64 = std::env::var("DMKIT_LIN_FIRST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
+    for seed in first..first + seeds {
+        run_inflight_seed(seed);
+    }
+    eprintln!(
+        "{seeds} FUSEE histories with {INFLIGHT} operations in flight per client linearizable (seeds {first}..{})",
         first + seeds
     );
 }

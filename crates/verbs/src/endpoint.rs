@@ -581,6 +581,7 @@ impl WriteConfirm {
 }
 
 fn wait_confirm(state: &ConfirmState) -> Result<()> {
+    crate::doorbell::ring_deferred();
     let mut g = state.result.lock();
     loop {
         if let Some(r) = g.as_ref() {

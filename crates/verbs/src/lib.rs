@@ -78,6 +78,7 @@
 mod batch;
 mod buf;
 mod conn;
+mod doorbell;
 mod endpoint;
 mod error;
 mod memory;
@@ -99,6 +100,7 @@ pub mod conformance;
 pub use batch::{Batch, BatchResult, OpIdx};
 pub use buf::{BufAllocator, ChunkOwner, HeapAllocator, MemBuf};
 pub use conn::{Connection, Connector, PostCtx};
+pub use doorbell::{Batched, batched};
 pub use endpoint::{Endpoint, EndpointConfig, WriteConfirm};
 pub use error::{AccessFault, Error, Result};
 pub use memory::{Backing, DramBacking, FnBacking, RegionMemory};

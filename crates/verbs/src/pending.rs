@@ -214,6 +214,8 @@ impl<T: Send + 'static> Pending<T> {
 
     /// Like [`Pending::wait`] with an explicit bound.
     pub fn wait_timeout(mut self, timeout: Duration) -> Result<T> {
+        // Nothing may wait on verbs this thread still holds back.
+        crate::doorbell::ring_deferred();
         match std::mem::replace(&mut self.state, State::Done) {
             State::Ready(r) => r,
             State::Done => Err(Error::InvalidArgument("completion already taken".into())),
@@ -348,13 +350,17 @@ pub fn block_on<F: Future>(f: F) -> F::Output {
     });
     let waker = Waker::from(unpark.clone());
     let mut cx = Context::from_waker(&waker);
-    let mut f = std::pin::pin!(f);
+    // The verbs of one poll (every operation it advances) share doorbells.
+    let mut f = std::pin::pin!(crate::doorbell::batched(f));
     loop {
         PROGRESS.with(|p| p.borrow_mut().take());
         if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
             return v;
         }
         let woken = || unpark.woken.swap(false, Ordering::Acquire);
+        // (Nested in a batched poll, this thread's deferred verbs must go out before it
+        // blocks: the outer poll would send them only after this wait.)
+        crate::doorbell::ring_deferred();
         match PROGRESS.with(|p| p.borrow_mut().take()) {
             None => {
                 while !woken() {

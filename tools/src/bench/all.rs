@@ -62,6 +62,20 @@ pub fn run(args: AllArgs) -> Result<(), CliError> {
         breakdown: false,
         inflight: vec![1],
     })?;
+    eprintln!("dmkit bench all: fusee on tcp, one client with 1 and 32 operations in flight");
+    super::fusee::run(super::fusee::FuseeArgs {
+        backend: Backend::Tcp,
+        quick: true,
+        json: Some(out("fusee-tcp-inflight-quick.json")),
+        plot: None,
+        clients: vec![1],
+        workload: super::fusee::BenchWorkload::C,
+        value_bytes: None,
+        seconds: None,
+        records: None,
+        breakdown: false,
+        inflight: vec![1, 32],
+    })?;
     eprintln!("dmkit bench all: fusee modeled latencies (sim latency model)");
     super::fusee::run(super::fusee::FuseeArgs {
         backend: Backend::Sim,
@@ -322,6 +336,28 @@ pub fn render(docs: &Path) -> Result<String, CliError> {
         ],
     );
 
+    md.push_str("## FUSEE: operations in flight on one client\n\n");
+    section(
+        &mut md,
+        docs,
+        "fusee-tcp-inflight-quick.json",
+        "`dmkit bench fusee --backend tcp --workload c --clients 1 --inflight 1,32 --quick`: \
+         YCSB-C on 3 memory nodes serving over loopback TCP (3 index and 3 data replicas), first \
+         with one blocking client thread (`ycsb_c_1_clients`), then with **one client and one \
+         thread running 1 and 32 async operation loops at once** (`..._inflight<n>`: FUSEE's \
+         coroutines; `dmkit_verbs::block_on` over `join_all`, whose polls share doorbells: the \
+         verbs the loops post in one poll go to each memory node in one frame). \
+         `fusee_ycsb_c_inflight32_vs_1` is the in-flight scaling of one client.\n",
+        &[],
+        &[
+            "backend",
+            "records",
+            "value_bytes",
+            "seconds_per_point",
+            "inflight",
+        ],
+    );
+
     md.push_str("## FUSEE: modeled one-client latency against the paper\n\n");
     md.push_str(
         "`dmkit bench fusee --workload micro --quick`: **modeled, not measured.** One client on an \
@@ -430,8 +466,9 @@ pub fn render(docs: &Path) -> Result<String, CliError> {
          commands per connection; the gateway runs a pipeline's commands on distinct keys \
          concurrently). `*_r1`: FUSEE with 1 index and 1 data replica. Ratios are requests/s \
          over Redis's in the same run. The gateway's connections are tasks on a two-thread tokio \
-         runtime; FUSEE's calls still block, so they run on its bounded blocking pool (64 \
-         threads) until FUSEE's operations are async. `RTTs/op` counts \
+         runtime; their commands on keys run as FUSEE's async operations in one dispatcher \
+         task, whose polls share doorbells (the verbs of concurrent commands go to each memory \
+         node in one frame). The index starts empty, so the SET runs include its splits. `RTTs/op` counts \
          the client's request-response exchanges; the JSON's `fusee_rtts_per_op` counts the \
          gateway's round trips to the memory nodes per request. The latency curves go through \
          redis-benchmark's reported percentiles (min, p50, p95, p99, max).\n",

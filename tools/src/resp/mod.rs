@@ -96,6 +96,55 @@ struct Shared {
     commands: AtomicU64,
     started: Instant,
     stop: AtomicBool,
+    /// Commands on keys, to the dispatcher (see [`dispatch`]).
+    jobs: tokio::sync::mpsc::UnboundedSender<Job>,
+}
+
+/// A command on keys for the dispatcher, and where its reply goes.
+struct Job {
+    run: BoxFuture<Reply>,
+    reply: tokio::sync::oneshot::Sender<Reply>,
+}
+
+/// Runs every connection's commands on keys as futures of one task, polled together under
+/// doorbell batching: the verbs of concurrent commands — from any connection — share frames
+/// to each memory node. (Each wake-up polls every command in flight.)
+async fn dispatch(mut jobs: tokio::sync::mpsc::UnboundedReceiver<Job>) {
+    let mut running: Vec<Job> = Vec::new();
+    dmkit_verbs::batched(std::future::poll_fn(move |cx| {
+        loop {
+            let mut closed = false;
+            while let std::task::Poll::Ready(j) = jobs.poll_recv(cx) {
+                match j {
+                    Some(j) => running.push(j),
+                    None => {
+                        closed = true;
+                        break;
+                    }
+                }
+            }
+            let before = running.len();
+            let mut i = 0;
+            while i < running.len() {
+                match running[i].run.as_mut().poll(cx) {
+                    std::task::Poll::Ready(r) => {
+                        let j = running.swap_remove(i);
+                        // (A connection that went away drops its receiver: nothing to do.)
+                        let _ = j.reply.send(r);
+                    }
+                    std::task::Poll::Pending => i += 1,
+                }
+            }
+            if closed && running.is_empty() {
+                return std::task::Poll::Ready(());
+            }
+            // Commands that finished may have let new ones in; look once more if so.
+            if running.len() == before || closed {
+                return std::task::Poll::Pending;
+            }
+        }
+    }))
+    .await
 }
 
 /// A running gateway; stops accepting when dropped (open connections finish their command).
@@ -134,6 +183,7 @@ impl RespServer {
             .thread_name("resp")
             .enable_all()
             .build()?;
+        let (jobs, rx) = tokio::sync::mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             backend,
             cfg,
@@ -141,7 +191,9 @@ impl RespServer {
             commands: AtomicU64::new(0),
             started: Instant::now(),
             stop: AtomicBool::new(false),
+            jobs,
         });
+        rt.spawn(dispatch(rx));
         let listener = {
             let _entered = rt.enter();
             tokio::net::TcpListener::from_std(l)?
@@ -249,6 +301,25 @@ async fn delete(s: &Arc<Shared>, key: &[u8]) -> Result<bool, String> {
     call(s, s.backend.delete_async(k.clone()), move |b| b.delete(&k)).await
 }
 
+/// Hands a command on keys to the dispatcher; the future of its reply.
+fn submit(s: &Arc<Shared>, args: Vec<Vec<u8>>) -> BoxFuture<Reply> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let s2 = s.clone();
+    let job = Job {
+        run: Box::pin(async move { execute_keyed(&s2, &args).await }),
+        reply: tx,
+    };
+    if s.jobs.send(job).is_err() {
+        return Box::pin(std::future::ready(Reply::err(
+            "the gateway is shutting down",
+        )));
+    }
+    Box::pin(async move {
+        rx.await
+            .unwrap_or_else(|_| Reply::err("the gateway is shutting down"))
+    })
+}
+
 /// Replies of everything in flight, in order, into `out`: the commands run concurrently.
 async fn finish(running: &mut Vec<Running>, out: &mut Vec<u8>) {
     let tasks: Vec<BoxFuture<Reply>> = running
@@ -307,19 +378,16 @@ async fn serve(s: Arc<Shared>, mut conn: tokio::net::TcpStream) {
                     if running.len() >= MAX_PIPELINE_IN_FLIGHT
                         || keys.iter().any(|k| busy.contains(*k))
                     {
-                        finish(&mut running, &mut out).await;
+                        dmkit_verbs::batched(finish(&mut running, &mut out)).await;
                         busy.clear();
                     }
                     busy.extend(keys.iter().map(|k| k.to_vec()));
-                    let s2 = s.clone();
-                    running.push(Running::Task(Box::pin(async move {
-                        execute_keyed(&s2, &args).await
-                    })));
+                    running.push(Running::Task(submit(&s, args)));
                 }
                 Ok(None) => break,
                 Err(e) => {
                     tracing::warn!(%peer, error = %e, "closing RESP connection");
-                    finish(&mut running, &mut out).await;
+                    dmkit_verbs::batched(finish(&mut running, &mut out)).await;
                     Reply::err(e).encode(&mut out);
                     let _ = conn.write_all(&out).await;
                     return;
@@ -327,7 +395,7 @@ async fn serve(s: Arc<Shared>, mut conn: tokio::net::TcpStream) {
             }
         }
         buf.drain(..used);
-        finish(&mut running, &mut out).await;
+        dmkit_verbs::batched(finish(&mut running, &mut out)).await;
         busy.clear();
         if !out.is_empty() {
             if conn.write_all(&out).await.is_err() {

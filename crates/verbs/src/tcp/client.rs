@@ -137,7 +137,14 @@ impl Shared {
     }
 
     /// Registers the waiter, then sends the frame: the response cannot overtake its waiter.
-    fn send(&self, req_id: u64, frame: &[u8], waiter: Waiter) -> std::result::Result<(), Error> {
+    /// Inside a batched poll ([`crate::batched`]) the frame waits in the outbox until the
+    /// poll ends, with the frames of the other operations the poll advanced.
+    fn send(
+        self: &Arc<Self>,
+        req_id: u64,
+        frame: &[u8],
+        waiter: Waiter,
+    ) -> std::result::Result<(), Error> {
         if !self.alive.load(Ordering::SeqCst) {
             waiter.fail(self.dead_error());
             return Ok(());
@@ -145,16 +152,27 @@ impl Shared {
         self.waiters.lock().insert(req_id, waiter);
         let mut ob = self.outbox.lock();
         ob.queued.extend_from_slice(frame);
+        if crate::doorbell::deferring() {
+            drop(ob);
+            crate::doorbell::defer(self.clone());
+            return Ok(());
+        }
+        self.write_queued(ob);
+        Ok(())
+    }
+
+    /// Sends the outbox, unless another thread is writing (it sends what queued meanwhile).
+    fn write_queued<'a>(&'a self, mut ob: parking_lot::MutexGuard<'a, Outbox>) {
         if ob.writing {
             // The thread writing now sends this frame next, with whatever else queued.
-            return Ok(());
+            return;
         }
         ob.writing = true;
         loop {
             let mut out = std::mem::take(&mut ob.queued);
             if out.is_empty() {
                 ob.writing = false;
-                return Ok(());
+                return;
             }
             drop(ob);
             let r = self.writer.lock().write_all(&out);
@@ -164,7 +182,7 @@ impl Shared {
                 ob.queued.clear();
                 drop(ob);
                 self.kill(format!("send failed: {e}"));
-                return Ok(());
+                return;
             }
             if ob.queued.is_empty() {
                 // Keep the allocation for the next frames.
@@ -172,6 +190,13 @@ impl Shared {
                 ob.queued = out;
             }
         }
+    }
+}
+
+impl crate::doorbell::Doorbell for Shared {
+    fn ring(&self) {
+        let ob = self.outbox.lock();
+        self.write_queued(ob);
     }
 }
 
