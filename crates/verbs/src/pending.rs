@@ -454,7 +454,13 @@ impl<T: Send + 'static> Future for Pending<T> {
             PROGRESS.with(|cell| *cell.borrow_mut() = Some(p.clone()));
         }
         if this.armed.is_none() {
-            if let Some(deadline) = Instant::now().checked_add(this.timeout) {
+            // Long timeouts (the connections') start from the timer's coarse clock.
+            let now = if this.timeout >= Duration::from_secs(1) {
+                timer::coarse_now()
+            } else {
+                Instant::now()
+            };
+            if let Some(deadline) = now.checked_add(this.timeout) {
                 let (node, after, hook) = (this.node, this.timeout, this.on_timeout.clone());
                 let s = slot.clone();
                 this.armed = Some(timer::arm(
@@ -488,20 +494,41 @@ pub(crate) mod timer {
     use parking_lot::{Condvar, Mutex};
 
     type Fire = Box<dyn FnOnce() + Send>;
-    /// Armed deadlines by (instant, sequence number), and the last sequence number.
-    type Due = (BTreeMap<(Instant, u64), Fire>, u64);
+
+    /// Armed deadlines by (instant, sequence number), the last sequence number, and when the
+    /// timer thread wakes next on its own.
+    struct Due {
+        armed: BTreeMap<(Instant, u64), Fire>,
+        seq: u64,
+        wakes_at: Instant,
+    }
 
     struct Timer {
         due: Mutex<Due>,
         cv: Condvar,
+        /// When the thread started, and nanoseconds since then as it last read the clock
+        /// (at most `TICK` ago): a clock read that costs no system call.
+        base: Instant,
+        now_ns: std::sync::atomic::AtomicU64,
     }
+
+    /// The timer thread wakes at least this often, so arming a deadline later than its next
+    /// wake-up (the common case: operations finish long before their timeout) never has to
+    /// wake it — no thread hand-off per awaited verb.
+    const TICK: std::time::Duration = std::time::Duration::from_millis(20);
 
     fn timer() -> &'static Timer {
         static T: OnceLock<&'static Timer> = OnceLock::new();
         T.get_or_init(|| {
             let t: &'static Timer = Box::leak(Box::new(Timer {
-                due: Mutex::new((BTreeMap::new(), 0)),
+                due: Mutex::new(Due {
+                    armed: BTreeMap::new(),
+                    seq: 0,
+                    wakes_at: Instant::now(),
+                }),
                 cv: Condvar::new(),
+                base: Instant::now(),
+                now_ns: std::sync::atomic::AtomicU64::new(0),
             }));
             // A failure to start the thread leaves futures without a timeout; say so.
             if let Err(e) = std::thread::Builder::new()
@@ -518,19 +545,24 @@ pub(crate) mod timer {
         let mut g = t.due.lock();
         loop {
             let now = Instant::now();
-            let first = g.0.keys().next().copied();
+            t.now_ns.store(
+                now.saturating_duration_since(t.base).as_nanos() as u64,
+                std::sync::atomic::Ordering::Relaxed,
+            );
+            let first = g.armed.keys().next().copied();
             match first {
-                None => t.cv.wait(&mut g),
                 Some(k) if k.0 <= now => {
-                    let fire = g.0.remove(&k);
+                    let fire = g.armed.remove(&k);
                     drop(g);
                     if let Some(f) = fire {
                         f();
                     }
                     g = t.due.lock();
                 }
-                Some(k) => {
-                    t.cv.wait_until(&mut g, k.0);
+                _ => {
+                    let until = first.map_or(now + TICK, |k| k.0.min(now + TICK));
+                    g.wakes_at = until;
+                    t.cv.wait_until(&mut g, until);
                 }
             }
         }
@@ -543,7 +575,7 @@ pub(crate) mod timer {
         fn drop(&mut self) {
             if let Some(k) = self.0.take() {
                 // (The closure is dropped after the lock is released.)
-                let fire = timer().due.lock().0.remove(&k);
+                let fire = timer().due.lock().armed.remove(&k);
                 drop(fire);
             }
         }
@@ -553,19 +585,29 @@ pub(crate) mod timer {
     pub(crate) fn arm(deadline: Instant, fire: Fire) -> Armed {
         let t = timer();
         let mut g = t.due.lock();
-        g.1 += 1;
-        let key = (deadline, g.1);
-        let earliest = g.0.keys().next().is_none_or(|k| *k > key);
-        g.0.insert(key, fire);
-        if earliest {
+        g.seq += 1;
+        let key = (deadline, g.seq);
+        g.armed.insert(key, fire);
+        if deadline < g.wakes_at {
+            // Due before the thread's next wake-up: wake it to sleep less.
+            g.wakes_at = deadline;
             t.cv.notify_one();
         }
         Armed(Some(key))
     }
 
+    /// The time as the timer thread last read it (at most `TICK` old): for deadlines far
+    /// enough away that `TICK` does not matter, without a clock read per verb (a system call
+    /// on emulated machines).
+    pub(crate) fn coarse_now() -> Instant {
+        let t = timer();
+        t.base
+            + std::time::Duration::from_nanos(t.now_ns.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
     /// Deadlines armed now (tests assert it returns to zero).
     pub fn armed() -> usize {
-        timer().due.lock().0.len()
+        timer().due.lock().armed.len()
     }
 
     /// Completes after `d` (on the timer thread's clock), whatever executor drives it.
