@@ -567,12 +567,21 @@ fn ours_latency(ep: &Endpoint, r: &RegionDesc, op: Op, n: u64) -> super::Sample 
         let s = rec.tick();
         let mut b = ep.batch(r.node);
         push(ep, &mut b, r, op, i, &data);
-        black_box(ep.execute(t, b).ok());
+        black_box(checked(ep.execute(t, b)));
         rec.record_since(s, 1);
     }
     rec.stop();
     let d = ep.stats().tag(t).since(&before);
     rec.sample(op.name(), d.round_trips as f64 / n as f64)
+}
+
+/// A measured verb's result: a failure would be timed as a (fast) operation, so it stops the
+/// bench instead.
+fn checked<T>(r: dmkit_verbs::Result<T>) -> T {
+    r.unwrap_or_else(|e| {
+        eprintln!("dmkit bench verbs: a measured verb failed: {e}");
+        std::process::exit(1)
+    })
 }
 
 /// Batches of 16, with `window` batches in flight (1: post, wait, post ...).
@@ -597,14 +606,14 @@ fn ours_batched(
             inflight.push_back((Instant::now(), ep.post(t, b)));
             if inflight.len() >= window {
                 let (s, p) = inflight.pop_front().expect("non-empty");
-                black_box(ep.wait(p).ok());
+                black_box(checked(ep.wait(p)));
                 if let Some(rec) = rec.as_deref_mut() {
                     rec.record(s.elapsed().as_nanos() as u64, BATCH as u64);
                 }
             }
         }
         for (s, p) in inflight {
-            black_box(ep.wait(p).ok());
+            black_box(checked(ep.wait(p)));
             if let Some(rec) = rec.as_deref_mut() {
                 rec.record(s.elapsed().as_nanos() as u64, BATCH as u64);
             }
