@@ -326,14 +326,20 @@ impl RaceIndex {
                         }
                     }
                     hooks.before_primary(expected)?;
-                    let (ok, _, _) = self.cas_primary(RESUME, pos, expected, new, &[])?;
+                    let (ok, _, _) = dmkit_verbs::block_on(self.cas_primary_async(
+                        RESUME,
+                        pos,
+                        expected,
+                        new,
+                        &[],
+                    ))?;
                     if ok {
                         return Ok(ResumeOutcome::Won { old: expected });
                     }
                     // The primary moved under us (a split, or the master): look again.
                 }
                 None => {
-                    self.wait_change(RESUME, pos, expected)?;
+                    dmkit_verbs::block_on(self.wait_change_async(RESUME, pos, expected))?;
                     return Ok(ResumeOutcome::Lost);
                 }
             }

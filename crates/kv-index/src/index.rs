@@ -98,34 +98,45 @@ impl Backoff {
         }
     }
 
+    /// The next wait: `None` once the deadline has passed, `Some(None)` to yield the CPU,
+    /// `Some(Some(d))` to sleep `d` (a little longer each time).
+    fn next_wait(&mut self) -> Option<Option<Duration>> {
+        if Instant::now() >= self.deadline {
+            return None;
+        }
+        let step = self.step;
+        self.step += 1;
+        Some((step >= 4).then(|| Duration::from_micros(1u64 << (step - 4).min(10))))
+    }
+
     /// Waits a little longer each time; false once the deadline has passed.
     pub fn pause(&mut self) -> bool {
-        if Instant::now() >= self.deadline {
-            return false;
+        match self.next_wait() {
+            None => false,
+            Some(None) => {
+                std::thread::yield_now();
+                true
+            }
+            Some(Some(d)) => {
+                std::thread::sleep(d);
+                true
+            }
         }
-        if self.step < 4 {
-            std::thread::yield_now();
-        } else {
-            let us = 1u64 << (self.step - 4).min(10);
-            std::thread::sleep(Duration::from_micros(us));
-        }
-        self.step += 1;
-        true
     }
 
     /// [`Backoff::pause`] for async operations: the longer waits do not hold the thread.
     pub async fn pause_async(&mut self) -> bool {
-        if Instant::now() >= self.deadline {
-            return false;
+        match self.next_wait() {
+            None => false,
+            Some(None) => {
+                std::thread::yield_now();
+                true
+            }
+            Some(Some(d)) => {
+                dmkit_verbs::sleep(d).await;
+                true
+            }
         }
-        if self.step < 4 {
-            std::thread::yield_now();
-        } else {
-            let us = 1u64 << (self.step - 4).min(10);
-            dmkit_verbs::sleep(Duration::from_micros(us)).await;
-        }
-        self.step += 1;
-        true
     }
 }
 
@@ -899,20 +910,7 @@ impl RaceIndex {
         key: &[u8],
         new: Slot,
     ) -> Result<Option<Modified>> {
-        let kh = self.hash(key);
-        if new.fingerprint() != kh.fp {
-            return Err(Error::InvalidSlot(
-                "the slot's fingerprint is not the key's".into(),
-            ));
-        }
-        dmkit_verbs::block_on(self.modify_async(
-            tags::UPDATE,
-            verifier,
-            key,
-            &kh,
-            new.raw(),
-            &NoHooks,
-        ))
+        self.update_hooked(verifier, key, new, &NoHooks)
     }
 
     /// UPDATE with the caller's [`WriteHooks`].
@@ -923,13 +921,7 @@ impl RaceIndex {
         new: Slot,
         hooks: &dyn WriteHooks,
     ) -> Result<Option<Modified>> {
-        let kh = self.hash(key);
-        if new.fingerprint() != kh.fp {
-            return Err(Error::InvalidSlot(
-                "the slot's fingerprint is not the key's".into(),
-            ));
-        }
-        dmkit_verbs::block_on(self.modify_async(tags::UPDATE, verifier, key, &kh, new.raw(), hooks))
+        dmkit_verbs::block_on(self.update_hooked_async(verifier, key, new, hooks))
     }
 
     /// [`Self::update_hooked`], awaited.

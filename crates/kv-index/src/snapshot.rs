@@ -106,23 +106,6 @@ fn record(outcome: &RawOutcome) {
 }
 
 impl RaceIndex {
-    /// [`Self::cas_primary_async`], blocking.
-    pub(crate) fn cas_primary(
-        &self,
-        tag: Tag,
-        pos: SlotPos,
-        expected: u64,
-        new: u64,
-        post: &[(RemoteAddr, usize)],
-    ) -> Result<(bool, u64, Vec<Vec<u8>>)> {
-        dmkit_verbs::block_on(self.cas_primary_async(tag, pos, expected, new, post))
-    }
-
-    /// [`Self::wait_change_async`], blocking.
-    pub(crate) fn wait_change(&self, tag: Tag, pos: SlotPos, expected: u64) -> Result<u64> {
-        dmkit_verbs::block_on(self.wait_change_async(tag, pos, expected))
-    }
-
     pub(crate) fn slot_addr(&self, replica: usize, pos: SlotPos) -> RemoteAddr {
         self.spaces[replica].at(self.layout.slot_off(pos))
     }

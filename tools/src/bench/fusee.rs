@@ -445,19 +445,8 @@ fn ycsb(
                     while !stop.load(Ordering::Relaxed) {
                         let op = w.next_op();
                         let s0 = Instant::now();
-                        match op {
-                            Operation::Read { key } => {
-                                c.search(key.as_bytes()).map_err(rt)?;
-                            }
-                            Operation::Update { key, value } | Operation::Insert { key, value } => {
-                                c.upsert(key.as_bytes(), &value).map_err(rt)?;
-                            }
-                            Operation::ReadModifyWrite { key, value } => {
-                                c.search(key.as_bytes()).map_err(rt)?;
-                                c.upsert(key.as_bytes(), &value).map_err(rt)?;
-                            }
-                            Operation::Scan { .. } => {}
-                        }
+                        // (The blocking API: `block_on` of the same operation.)
+                        dmkit_verbs::block_on(run_op(c, op))?;
                         let _ = t.hist.record((s0.elapsed().as_nanos() as u64).max(1));
                         t.ops += 1;
                     }
@@ -487,15 +476,7 @@ fn ycsb(
         ops += t.ops;
         rtts += t.round_trips;
     }
-    let mut m = Measurement {
-        name: format!("ycsb_{letter}_{n}_clients"),
-        ops_per_sec: ops as f64 / secs,
-        p50_us: hist.value_at_quantile(0.5) as f64 / 1000.0,
-        p99_us: hist.value_at_quantile(0.99) as f64 / 1000.0,
-        rtts_per_op: rtts as f64 / ops.max(1) as f64,
-        modeled: false,
-        extra: serde_json::Map::new(),
-    };
+    let mut m = measurement(format!("ycsb_{letter}_{n}_clients"), &hist, ops, secs, rtts);
     m.extra.insert("clients".into(), Value::from(n as u64));
     m.extra.insert("operations".into(), Value::from(ops));
     let per_thread = tallies.iter().map(|t| t.ops).collect();
@@ -506,6 +487,37 @@ fn ycsb(
         },
         per_thread,
     ))
+}
+
+/// A measured run: `ops` operations in `secs`, their latencies and round trips.
+fn measurement(name: String, hist: &Histogram<u64>, ops: u64, secs: f64, rtts: u64) -> Measurement {
+    Measurement {
+        name,
+        ops_per_sec: ops as f64 / secs,
+        p50_us: hist.value_at_quantile(0.5) as f64 / 1000.0,
+        p99_us: hist.value_at_quantile(0.99) as f64 / 1000.0,
+        rtts_per_op: rtts as f64 / ops.max(1) as f64,
+        modeled: false,
+        extra: serde_json::Map::new(),
+    }
+}
+
+/// One YCSB operation on FUSEE (updates and inserts are upserts; scans are skipped).
+async fn run_op(c: &Client, op: Operation) -> Result<(), CliError> {
+    match op {
+        Operation::Read { key } => {
+            c.search_async(key.as_bytes()).await.map_err(rt)?;
+        }
+        Operation::Update { key, value } | Operation::Insert { key, value } => {
+            c.upsert_async(key.as_bytes(), &value).await.map_err(rt)?;
+        }
+        Operation::ReadModifyWrite { key, value } => {
+            c.search_async(key.as_bytes()).await.map_err(rt)?;
+            c.upsert_async(key.as_bytes(), &value).await.map_err(rt)?;
+        }
+        Operation::Scan { .. } => {}
+    }
+    Ok(())
 }
 
 /// The workload on one client with `k` operations in flight: one thread drives `k` async
@@ -537,25 +549,7 @@ fn ycsb_inflight(
                 while !stop.load(Ordering::Relaxed) {
                     let op = w.next_op();
                     let s0 = Instant::now();
-                    match op {
-                        Operation::Read { key } => {
-                            client.search_async(key.as_bytes()).await.map_err(rt)?;
-                        }
-                        Operation::Update { key, value } | Operation::Insert { key, value } => {
-                            client
-                                .upsert_async(key.as_bytes(), &value)
-                                .await
-                                .map_err(rt)?;
-                        }
-                        Operation::ReadModifyWrite { key, value } => {
-                            client.search_async(key.as_bytes()).await.map_err(rt)?;
-                            client
-                                .upsert_async(key.as_bytes(), &value)
-                                .await
-                                .map_err(rt)?;
-                        }
-                        Operation::Scan { .. } => {}
-                    }
+                    run_op(client, op).await?;
                     let _ = t.hist.record((s0.elapsed().as_nanos() as u64).max(1));
                     t.ops += 1;
                 }
@@ -581,15 +575,13 @@ fn ycsb_inflight(
         let _ = hist.add(&t.hist);
         ops += t.ops;
     }
-    let mut m = Measurement {
-        name: format!("ycsb_{letter}_1_client_inflight{k}"),
-        ops_per_sec: ops as f64 / secs,
-        p50_us: hist.value_at_quantile(0.5) as f64 / 1000.0,
-        p99_us: hist.value_at_quantile(0.99) as f64 / 1000.0,
-        rtts_per_op: rtts as f64 / ops.max(1) as f64,
-        modeled: false,
-        extra: serde_json::Map::new(),
-    };
+    let mut m = measurement(
+        format!("ycsb_{letter}_1_client_inflight{k}"),
+        &hist,
+        ops,
+        secs,
+        rtts,
+    );
     m.extra.insert("clients".into(), Value::from(1u64));
     m.extra.insert("inflight".into(), Value::from(k as u64));
     m.extra.insert("operations".into(), Value::from(ops));
