@@ -50,6 +50,34 @@
 //! assert_eq!(kv.search(b"fruit")?, None);
 //! # Ok::<(), dmkit_fusee::Error>(())
 //! ```
+//!
+//! # Many operations in flight
+//!
+//! Every operation is written once, as async code (`search_async`, `insert_async`,
+//! `update_async`, `delete_async`, `upsert_async`); the blocking calls above are
+//! `dmkit_verbs::block_on` of them. One client (or its clones) serves many operations at once
+//! from any executor — tokio, or one thread with `block_on` — as FUSEE's coroutines do; the
+//! verbs that operations polled together post go to each memory node in one frame
+//! (`dmkit_verbs::batched`). Splits, their waits and SNAPSHOT losers' waits are async too,
+//! so no task blocks its thread on another task's round.
+//!
+//! ```
+//! use dmkit_fusee::{LocalCluster, LocalConfig};
+//!
+//! let cluster = LocalCluster::start(LocalConfig::new(3, 3))?;
+//! let kv = cluster.client(2)?;
+//! // 64 upserts in flight from this one thread, then 64 searches.
+//! let keys: Vec<String> = (0..64).map(|i| format!("key-{i}")).collect();
+//! let puts = keys.iter().map(|k| kv.upsert_async(k.as_bytes(), b"v"));
+//! for r in dmkit_verbs::block_on(dmkit_verbs::join_all(puts.collect())) {
+//!     r?;
+//! }
+//! let gets = keys.iter().map(|k| kv.search_async(k.as_bytes()));
+//! for v in dmkit_verbs::block_on(dmkit_verbs::join_all(gets.collect())) {
+//!     assert_eq!(v?.as_deref(), Some(&b"v"[..]));
+//! }
+//! # Ok::<(), dmkit_fusee::Error>(())
+//! ```
 
 pub mod alloc;
 mod client;
