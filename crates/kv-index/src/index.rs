@@ -275,7 +275,7 @@ impl RaceIndex {
                 layout.area_offset() + layout.subtable_bytes()
             )));
         }
-        let image = subtable_image(&layout, Header::normal(0, 0), &[]);
+        let image = subtable_image(&layout, Header::normal(0, 0), &[], None);
         let mut hdr = Vec::with_capacity(48);
         for w in [layout.params_word(), layout.seed, 0, 1, 0, layout.capacity] {
             hdr.extend_from_slice(&w.to_le_bytes());
@@ -1071,10 +1071,22 @@ pub(crate) fn words(bytes: &[u8]) -> Vec<u64> {
         .collect()
 }
 
-/// A subtable image: every bucket header `hdr`, slots from `slots` (word index → raw value).
-pub(crate) fn subtable_image(layout: &Layout, hdr: Header, slots: &[(usize, u64)]) -> Vec<u8> {
+/// A subtable image: every bucket header `hdr`, slots from `slots` (word index → raw value);
+/// the other slots empty: 0, or with `marked_by` the split markers of the split that
+/// allocated that subtable number ([`crate::slot::split_marker`]).
+pub(crate) fn subtable_image(
+    layout: &Layout,
+    hdr: Header,
+    slots: &[(usize, u64)],
+    marked_by: Option<u32>,
+) -> Vec<u8> {
     let n = (layout.subtable_bytes() / 8) as usize;
-    let mut w = vec![0u64; n];
+    let mut w: Vec<u64> = match marked_by {
+        None => vec![0; n],
+        Some(split) => (0..n)
+            .map(|i| crate::slot::split_marker(split, i))
+            .collect(),
+    };
     let h = hdr.encode();
     for b in 0..layout.buckets() as usize {
         w[b * 8 + HEADER_WORD] = h;

@@ -156,6 +156,19 @@ pub fn tombstone(replaced: u64) -> u64 {
     replaced & !FROZEN & !(0xFF << LEN_SHIFT)
 }
 
+/// The empty word a split leaves in slot word `word` of the subtable it splits (the split that
+/// allocated subtable `n`): empty (length class 0) and unlike every word the slot held before
+/// the split — 0, a real slot, a DELETE's tombstone (no key has fingerprint and node 0xFF
+/// with this pointer unless it is one), an older split's marker (another `n`). A SNAPSHOT
+/// CAS delayed across the split, expecting the empty word it saw before (0, say), then fails
+/// instead of landing on a slot the split rewrote: without it a writer whose backup CASes
+/// straddled a whole split won a round whose other backup the split had reset (A-B-A on 0).
+pub(crate) fn split_marker(n: u32, word: usize) -> u64 {
+    (0xFF << FP_SHIFT)
+        | (0xFF << NODE_SHIFT)
+        | ((u64::from(n) << 16 | (word as u64 & 0xFFFF)) & PTR_MASK)
+}
+
 /// Raw slot word with its frozen bit cleared, or 0.
 pub(crate) fn thaw(raw: u64) -> u64 {
     raw & !FROZEN

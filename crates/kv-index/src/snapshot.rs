@@ -423,6 +423,15 @@ impl RaceIndex {
                 return Ok(expected);
             }
             if !backoff.pause_async().await {
+                if dmkit_verbs::sim::trace::on() {
+                    for k in 0..self.spaces.len() {
+                        let a = self.slot_addr(k, pos);
+                        eprintln!("replica {k} ({} {:#x}):", a.node, a.addr);
+                        for line in dmkit_verbs::sim::trace::word_history(a.node, a.addr) {
+                            eprintln!("  {line}");
+                        }
+                    }
+                }
                 return Err(Error::SnapshotStalled {
                     waited: start.elapsed(),
                     state: format!(

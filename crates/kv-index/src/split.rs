@@ -400,8 +400,15 @@ impl RaceIndex {
                 stay.push((*i, s.raw()));
             }
         }
-        let n_img = subtable_image(&self.layout, Header::normal(l + 1, p | 1 << l), &moved);
-        let s_img = subtable_image(&self.layout, Header::normal(l + 1, p), &stay);
+        // N is new (no round can be under way in it); S's emptied slots get this split's
+        // markers, so no SNAPSHOT CAS from before the split can land on them.
+        let n_img = subtable_image(
+            &self.layout,
+            Header::normal(l + 1, p | 1 << l),
+            &moved,
+            None,
+        );
+        let s_img = subtable_image(&self.layout, Header::normal(l + 1, p), &stay, Some(n));
 
         // Where a resumed split stands: once the directory points at N, writers may have
         // written into N, so its image is not written again.

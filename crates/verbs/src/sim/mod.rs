@@ -713,16 +713,35 @@ fn run_batch(
     let sn = cluster.sim_node(node)?;
     let (node_id, ops, mut bufs) = batch.into_parts();
     let mut olds = vec![0u64; ops.len()];
+    let tracing_on = trace::on();
+    let batch_id = if tracing_on { trace::next_batch() } else { 0 };
     for (i, op) in ops.iter().enumerate().take(allowed) {
         let (data, dst): (&[u8], &mut [u8]) = match (op.kind, op.buf) {
             (crate::node::OpKind::Read, Some(b)) => (&[], &mut bufs[b][..]),
             (crate::node::OpKind::Write { .. }, Some(b)) => (&bufs[b][..], &mut []),
             _ => (&[], &mut []),
         };
-        match sn
+        let written = if tracing_on && matches!(op.kind, crate::node::OpKind::Write { .. }) {
+            data.to_vec()
+        } else {
+            Vec::new()
+        };
+        let r = sn
             .node
-            .execute(op.kind, op.rkey, op.addr, op.len, data, dst)
-        {
+            .execute(op.kind, op.rkey, op.addr, op.len, data, dst);
+        if tracing_on && !matches!(op.kind, crate::node::OpKind::Read) {
+            trace::record(trace::Entry {
+                batch: batch_id,
+                client: crash_client.unwrap_or(0),
+                node,
+                addr: op.addr,
+                len: op.len,
+                kind: op.kind,
+                old: *r.as_ref().unwrap_or(&0),
+                written,
+            });
+        }
+        match r {
             Ok(old) => olds[i] = old,
             Err(fault) => {
                 return Err(Error::RemoteAccess {
@@ -823,4 +842,81 @@ fn outcome_of<T: Send + 'static>(p: &Pending<T>, of: fn(&Result<T>) -> Outcome) 
     // A completed pending runs the callback at once, on this thread.
     p.on_complete(move |r| *o.lock() = of(r));
     out.lock().clone()
+}
+
+/// A trace of every modifying verb the sim executed (`DMKIT_SIM_TRACE=1`), to find who wrote
+/// a word: debugging aid for protocol anomalies (never on by default).
+pub mod trace {
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use parking_lot::Mutex;
+
+    use crate::node::OpKind;
+    use crate::types::NodeId;
+
+    /// One executed WRITE, CAS or FAA.
+    #[derive(Debug, Clone)]
+    pub struct Entry {
+        pub batch: u64,
+        pub client: u64,
+        pub node: NodeId,
+        pub addr: u64,
+        pub len: u32,
+        pub kind: OpKind,
+        pub old: u64,
+        pub written: Vec<u8>,
+    }
+
+    fn log() -> &'static Mutex<Vec<Entry>> {
+        static L: OnceLock<Mutex<Vec<Entry>>> = OnceLock::new();
+        L.get_or_init(|| Mutex::new(Vec::new()))
+    }
+
+    /// Whether tracing is on (`DMKIT_SIM_TRACE` set).
+    pub fn on() -> bool {
+        static ON: OnceLock<bool> = OnceLock::new();
+        *ON.get_or_init(|| std::env::var_os("DMKIT_SIM_TRACE").is_some())
+    }
+
+    pub(crate) fn next_batch() -> u64 {
+        static N: AtomicU64 = AtomicU64::new(1);
+        N.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(crate) fn record(e: Entry) {
+        log().lock().push(e);
+    }
+
+    /// The history of the 8-byte word at `addr` on `node`, one line per verb, oldest first.
+    pub fn word_history(node: NodeId, addr: u64) -> Vec<String> {
+        let l = log().lock();
+        l.iter()
+            .filter(|e| e.node == node && e.addr <= addr && addr + 8 <= e.addr + u64::from(e.len))
+            .map(|e| match e.kind {
+                OpKind::Cas { expect, new } => format!(
+                    "batch {} client {:#x}: CAS {expect:#x} -> {new:#x} (old {:#x}){}",
+                    e.batch,
+                    e.client,
+                    e.old,
+                    if e.old == expect { " won" } else { "" }
+                ),
+                OpKind::Write { .. } => {
+                    let at = (addr - e.addr) as usize;
+                    let w = e
+                        .written
+                        .get(at..at + 8)
+                        .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
+                    format!(
+                        "batch {} client {:#x}: WRITE {} bytes at {:#x}: word {w:#x}",
+                        e.batch, e.client, e.len, e.addr
+                    )
+                }
+                OpKind::Faa { add } => {
+                    format!("batch {} client {:#x}: FAA {add}", e.batch, e.client)
+                }
+                OpKind::Read => String::new(),
+            })
+            .collect()
+    }
 }
