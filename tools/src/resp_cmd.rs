@@ -140,3 +140,67 @@ pub fn run(args: RespArgs) -> Result<(), CliError> {
         std::thread::park();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use dmkit_fusee::{LocalCluster, LocalConfig};
+    use dmkit_tools::resp::{RespConfig, RespServer};
+
+    use super::FuseeBackend;
+
+    /// A Redis client that drops mid-pipeline over FUSEE: the other clients are served, the
+    /// operations it started finish (nothing is left in flight), and the gateway forgets it.
+    #[test]
+    fn a_dropped_pipeline_leaves_fusee_with_nothing_in_flight() {
+        // Over tcp memory nodes: the connections' in-flight tables are real.
+        let cluster = LocalCluster::start_tcp(LocalConfig::new(3, 3)).unwrap();
+        let client = cluster.client(9).unwrap();
+        let s = RespServer::start(
+            "127.0.0.1:0",
+            Arc::new(FuseeBackend(client.clone())),
+            RespConfig::default(),
+        )
+        .unwrap();
+        {
+            let mut c = TcpStream::connect(s.local_addr()).unwrap();
+            let mut input = Vec::new();
+            for i in 0..200 {
+                input.extend_from_slice(format!("SET k{i} v{i}\r\nGET k{i}\r\n").as_bytes());
+            }
+            c.write_all(&input).unwrap();
+        }
+        let mut c = TcpStream::connect(s.local_addr()).unwrap();
+        c.write_all(b"SET other 1\r\nGET other\r\n").unwrap();
+        let want = b"+OK\r\n$1\r\n1\r\n";
+        let mut got = Vec::new();
+        let mut buf = [0u8; 256];
+        while got.len() < want.len() {
+            let n = c.read(&mut buf).unwrap();
+            assert!(n > 0, "the gateway closed a healthy connection");
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert_eq!(got, want);
+        drop(c);
+        let t = Instant::now();
+        while (s.clients() > 0 || client.endpoint().in_flight() > 0)
+            && t.elapsed() < Duration::from_secs(10)
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(s.clients(), 0);
+        assert_eq!(client.endpoint().in_flight(), 0);
+        // Every write the dropped client started either happened or not, whole.
+        for i in 0..200 {
+            let v = client.search(format!("k{i}").as_bytes()).unwrap();
+            assert!(
+                v.is_none() || v == Some(format!("v{i}").into_bytes()),
+                "key k{i}: {v:?}"
+            );
+        }
+    }
+}

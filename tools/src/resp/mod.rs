@@ -875,4 +875,31 @@ mod tests {
         }
         assert_eq!(s.clients(), 0, "closed connections are forgotten");
     }
+
+    #[test]
+    fn a_client_dropping_mid_pipeline_leaves_the_others_served() {
+        let (s, b) = slow_server(5);
+        {
+            let mut c = TcpStream::connect(s.local_addr()).unwrap();
+            let mut input = Vec::new();
+            for i in 0..100 {
+                input.extend_from_slice(format!("SET gone{i} v\r\nGET gone{i}\r\n").as_bytes());
+            }
+            c.write_all(&input).unwrap();
+            // Gone before any reply.
+        }
+        roundtrip(&s, b"SET k v\r\nGET k\r\n", b"+OK\r\n$1\r\nv\r\n");
+        let t = Instant::now();
+        while (s.clients() > 0 || b.running.load(Ordering::SeqCst) > 0)
+            && t.elapsed() < std::time::Duration::from_secs(10)
+        {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(s.clients(), 0, "the dropped connection is forgotten");
+        assert_eq!(
+            b.running.load(Ordering::SeqCst),
+            0,
+            "no backend call is left running"
+        );
+    }
 }
