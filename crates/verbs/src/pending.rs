@@ -431,8 +431,9 @@ impl<T: Send + 'static> Future for Pending<T> {
     /// wait: the verbs still execute, and their completion is discarded.
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
         let this = &mut *self;
-        let slot = match &this.state {
-            State::Waiting(slot) => slot.clone(),
+        // (The slot is cloned only to arm the timeout, once: not on every poll.)
+        let got = match &this.state {
+            State::Waiting(slot) => slot.poll_take(cx.waker()),
             State::Ready(_) => {
                 let State::Ready(r) = std::mem::replace(&mut this.state, State::Done) else {
                     unreachable!("matched Ready above")
@@ -445,7 +446,7 @@ impl<T: Send + 'static> Future for Pending<T> {
                 )));
             }
         };
-        if let Some(r) = slot.poll_take(cx.waker()) {
+        if let Some(r) = got {
             this.state = State::Done;
             this.armed = None;
             return Poll::Ready(r);
@@ -460,7 +461,9 @@ impl<T: Send + 'static> Future for Pending<T> {
             } else {
                 Instant::now()
             };
-            if let Some(deadline) = now.checked_add(this.timeout) {
+            if let (Some(deadline), State::Waiting(slot)) =
+                (now.checked_add(this.timeout), &this.state)
+            {
                 let (node, after, hook) = (this.node, this.timeout, this.on_timeout.clone());
                 let s = slot.clone();
                 this.armed = Some(timer::arm(
