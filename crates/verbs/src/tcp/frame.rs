@@ -311,3 +311,98 @@ mod tests {
         assert!(decode_regions(&mut c, NodeId(0)).is_err());
     }
 }
+
+/// A connection's receive buffer: bytes read from the socket, cut into whole frames. Every
+/// frame already received is taken before the next read, so a peer's burst of frames is
+/// handled (and answered) together.
+#[derive(Debug)]
+pub(crate) struct RxBuf {
+    buf: Vec<u8>,
+    /// Start of the first byte not yet taken.
+    start: usize,
+    /// Bytes a read may add at a time (the buffer grows past it for a larger frame).
+    chunk: usize,
+}
+
+impl RxBuf {
+    pub(crate) fn new(chunk: usize) -> Self {
+        Self {
+            buf: Vec::with_capacity(chunk),
+            start: 0,
+            chunk,
+        }
+    }
+
+    /// The next whole frame received: its header and where its payload lies (valid until the
+    /// next `next` or read). `Ok(None)` when the rest of a frame has not arrived yet.
+    pub(crate) fn next(
+        &mut self,
+        max: usize,
+    ) -> Result<Option<(Header, std::ops::Range<usize>)>, FrameError> {
+        let have = &self.buf[self.start..];
+        let Some(h) = have.get(..HEADER_LEN) else {
+            return Ok(None);
+        };
+        let hdr = decode_header(h.try_into().expect("HEADER_LEN bytes"), max)?;
+        let end = HEADER_LEN + hdr.len as usize;
+        if have.len() < end {
+            return Ok(None);
+        }
+        let at = self.start + HEADER_LEN;
+        self.start += end;
+        Ok(Some((hdr, at..at + hdr.len as usize)))
+    }
+
+    pub(crate) fn bytes(&self, r: std::ops::Range<usize>) -> &[u8] {
+        &self.buf[r]
+    }
+
+    /// Whether bytes of an unfinished frame are buffered.
+    pub(crate) fn partial(&self) -> bool {
+        self.start < self.buf.len()
+    }
+
+    /// Reads once from `stream` (waiting until it is readable): the bytes read, 0 at EOF.
+    pub(crate) async fn fill(&mut self, stream: &tokio::net::TcpStream) -> io::Result<usize> {
+        // Move what is left of an unfinished frame to the front, then make room.
+        if self.start > 0 {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        self.buf.reserve(self.chunk);
+        loop {
+            stream.readable().await?;
+            // (Reads into the spare capacity: nothing is zeroed first.)
+            match stream.try_read_buf(&mut self.buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                r => return r,
+            }
+        }
+    }
+}
+
+/// Writes all of `bytes` to a tokio stream shared by reference.
+pub(crate) async fn write_all(stream: &tokio::net::TcpStream, mut bytes: &[u8]) -> io::Result<()> {
+    while !bytes.is_empty() {
+        stream.writable().await?;
+        match stream.try_write(bytes) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// One whole frame, encoded.
+pub(crate) fn encode_frame(kind: Kind, req_id: u64, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+    let at = encode_header(&mut out, kind, req_id);
+    out.extend_from_slice(payload);
+    // Handshake frames are small: their length always fits.
+    let _ = finish(&mut out, at);
+    out
+}
