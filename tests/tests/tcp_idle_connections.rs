@@ -66,7 +66,7 @@ fn ten_thousand_idle_connections_cost_a_memnode_no_threads() {
 
     // It still serves, on a fresh connection and on an old one.
     let ep = Endpoint::connect(&cfg, &[(NodeId(4), node.addr.clone())]).expect("endpoint");
-    let region = ep.regions(NodeId(4)).expect("regions")[0].clone();
+    let region = ep.regions(NodeId(4)).expect("regions")[0];
     ep.write("w", region.at(0), b"idle").expect("write");
     assert_eq!(ep.read("r", region.at(0), 4).expect("read"), b"idle");
     assert_eq!(
