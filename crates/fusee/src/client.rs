@@ -940,11 +940,19 @@ impl Client {
         dmkit_verbs::block_on(self.upsert_async(key, value))
     }
 
-    /// [`Client::upsert`], awaited.
+    /// [`Client::upsert`], awaited. A key whose address is cached is most likely present:
+    /// it is updated first (the rounds of an UPDATE). Any other key is inserted first, which
+    /// for a new key takes the rounds of an INSERT (an UPDATE first would spend a round to
+    /// find it absent); a present key answers the INSERT's first round, and is updated.
     pub async fn upsert_async(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        let mut update_first = self.inner.cache.contains(&key.to_vec());
         loop {
-            if self.update_async(key, value).await? == UpdateResult::Updated {
-                return Ok(());
+            if update_first {
+                if self.update_async(key, value).await? == UpdateResult::Updated {
+                    return Ok(());
+                }
+            } else {
+                update_first = true;
             }
             if self.insert_async(key, value).await? == InsertResult::Inserted {
                 return Ok(());

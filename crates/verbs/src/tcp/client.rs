@@ -492,7 +492,7 @@ impl Read for Bounded<'_> {
 /// The receive task: delivers each response to its waiter, every frame already received
 /// before the next read.
 async fn receive(shared: Arc<Shared>) {
-    let mut rx = RxBuf::new(64 << 10);
+    let mut rx = RxBuf::new(16 << 10);
     loop {
         loop {
             let (h, at) = match rx.next(shared.max_frame) {

@@ -317,29 +317,31 @@ mod tests {
 /// handled (and answered) together.
 #[derive(Debug)]
 pub(crate) struct RxBuf {
+    /// Always initialized to its length; `start..end` holds bytes not yet taken.
     buf: Vec<u8>,
-    /// Start of the first byte not yet taken.
     start: usize,
-    /// Bytes a read may add at a time (the buffer grows past it for a larger frame).
+    end: usize,
+    /// The size it starts with and returns to after a large frame.
     chunk: usize,
 }
 
 impl RxBuf {
     pub(crate) fn new(chunk: usize) -> Self {
         Self {
-            buf: Vec::with_capacity(chunk),
+            buf: vec![0; chunk],
             start: 0,
+            end: 0,
             chunk,
         }
     }
 
     /// The next whole frame received: its header and where its payload lies (valid until the
-    /// next `next` or read). `Ok(None)` when the rest of a frame has not arrived yet.
+    /// next read). `Ok(None)` when the rest of a frame has not arrived yet.
     pub(crate) fn next(
         &mut self,
         max: usize,
     ) -> Result<Option<(Header, std::ops::Range<usize>)>, FrameError> {
-        let have = &self.buf[self.start..];
+        let have = &self.buf[self.start..self.end];
         let Some(h) = have.get(..HEADER_LEN) else {
             return Ok(None);
         };
@@ -359,24 +361,57 @@ impl RxBuf {
 
     /// Whether bytes of an unfinished frame are buffered.
     pub(crate) fn partial(&self) -> bool {
-        self.start < self.buf.len()
+        self.start < self.end
     }
 
     /// Reads once from `stream` (waiting until it is readable): the bytes read, 0 at EOF.
     pub(crate) async fn fill(&mut self, stream: &tokio::net::TcpStream) -> io::Result<usize> {
         // Move what is left of an unfinished frame to the front, then make room.
         if self.start > 0 {
-            self.buf.drain(..self.start);
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
             self.start = 0;
         }
-        self.buf.reserve(self.chunk);
+        if self.end == self.buf.len() {
+            // A frame larger than the buffer: grow (by doubling) until it fits.
+            let grown = (self.buf.len() * 2).max(4096);
+            self.buf.resize(grown, 0);
+        } else if self.buf.len() > 4 * self.chunk && self.end <= self.chunk {
+            // The large frame is gone: give the memory back.
+            self.buf.truncate(self.chunk);
+            self.buf.shrink_to_fit();
+        }
+        let room = self.buf.len() - self.end;
         loop {
             stream.readable().await?;
-            // (Reads into the spare capacity: nothing is zeroed first.)
-            match stream.try_read_buf(&mut self.buf) {
+            let mut got = 0;
+            let r = stream.try_io(tokio::io::Interest::READABLE, || {
+                let n = io::Read::read(
+                    &mut &*socket2::SockRef::from(stream),
+                    &mut self.buf[self.end..],
+                )?;
+                got = n;
+                if n > 0 && n < room {
+                    // A short read emptied the socket: tell the runtime it is not readable
+                    // now (as a failed read would, with the readiness seen before this
+                    // read, so data that arrived since is not missed), which saves the
+                    // read that would only say so.
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                Ok(n)
+            });
+            match r {
+                Ok(n) => {
+                    self.end += n;
+                    return Ok(n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && got > 0 => {
+                    self.end += got;
+                    return Ok(got);
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                r => return r,
+                Err(e) => return Err(e),
             }
         }
     }

@@ -39,7 +39,7 @@ impl std::fmt::Debug for TcpServerConfig {
 pub(crate) const DEFAULT_MAX_FRAME: usize = 64 << 20;
 
 /// Bytes a connection reads at a time.
-const RX_CHUNK: usize = 64 << 10;
+const RX_CHUNK: usize = 16 << 10;
 
 /// Verbs served, for `dmkit_memnode_verbs_served_total{op}`.
 struct Served {
