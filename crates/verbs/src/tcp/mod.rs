@@ -31,4 +31,4 @@ pub mod frame;
 mod server;
 
 pub use client::{TcpConnection, TcpConnector};
-pub use server::{TcpServer, TcpServerConfig, serve_frame};
+pub use server::{TcpServer, TcpServerConfig, TcpTraffic, serve_frame};

@@ -96,6 +96,23 @@ struct Shared {
     conns: Mutex<HashMap<u64, (Arc<tokio::net::TcpStream>, tokio::task::AbortHandle)>>,
     next_conn: AtomicU64,
     served: Served,
+    /// Request frames executed, all connections.
+    frames: AtomicU64,
+    /// Socket reads that brought requests, and writes of responses, all connections.
+    reads: AtomicU64,
+    writes: AtomicU64,
+}
+
+/// What a tcp memory node received and sent, over all its connections.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TcpTraffic {
+    /// Request frames executed (a batch of verbs, an RPC or a region query is one frame).
+    pub frames: u64,
+    /// Socket reads that brought request bytes (frames a client sent in one write mostly
+    /// arrive in one read).
+    pub reads: u64,
+    /// Writes of responses (the responses to the frames of one read go out in one write).
+    pub writes: u64,
 }
 
 /// A memory node served over TCP. Connections are tasks on the process's I/O runtime
@@ -145,6 +162,9 @@ impl TcpServer {
             conns: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(1),
             served: Served::new(),
+            frames: AtomicU64::new(0),
+            reads: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
         });
         let accept = rt.spawn(accept_loop(shared.clone(), listener));
         tracing::info!(addr = %local, node = %shared.node.id(), "memory node serving over tcp");
@@ -162,6 +182,17 @@ impl TcpServer {
 
     pub fn node(&self) -> &Arc<MemoryNode> {
         &self.shared.node
+    }
+
+    /// Frames, reads and writes so far, over all connections: with
+    /// [`crate::Endpoint::stats`], how well the verbs of concurrent operations share system
+    /// calls and segments.
+    pub fn traffic(&self) -> TcpTraffic {
+        TcpTraffic {
+            frames: self.shared.frames.load(Ordering::Relaxed),
+            reads: self.shared.reads.load(Ordering::Relaxed),
+            writes: self.shared.writes.load(Ordering::Relaxed),
+        }
     }
 
     /// Open client connections.
@@ -356,6 +387,7 @@ async fn serve(
                 return Ok(());
             }
             let payload = rx.bytes(at);
+            shared.frames.fetch_add(1, Ordering::Relaxed);
             match h.kind {
                 Kind::Batch => {
                     let at = frame::encode_header(&mut out, Kind::BatchResp, h.req_id);
@@ -394,6 +426,7 @@ async fn serve(
         }
         if !out.is_empty() {
             frame::write_all(stream, &out).await?;
+            shared.writes.fetch_add(1, Ordering::Relaxed);
             out.clear();
             if out.capacity() > 4 * RX_CHUNK {
                 out.shrink_to(4096);
@@ -405,6 +438,7 @@ async fn serve(
             }
             return Ok(());
         }
+        shared.reads.fetch_add(1, Ordering::Relaxed);
     }
 }
 
