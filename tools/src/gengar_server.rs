@@ -123,8 +123,12 @@ fn open_or_create(path: &std::path::Path, size: Option<u64>) -> Result<(Pool, bo
                     format_size(s)
                 )));
             }
-            let pool = Pool::open(path)
-                .map_err(|e| CliError::usage(format!("cannot open pool {shown}: {e}")))?;
+            let pool = Pool::open(path).map_err(|e| match e {
+                dmkit_pmem_pool::Error::Locked { holder, .. } => {
+                    crate::memnode::pool_in_use(path, holder)
+                }
+                e => CliError::usage(format!("cannot open pool {shown}: {e}")),
+            })?;
             Ok((pool, false))
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
