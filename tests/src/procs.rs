@@ -183,6 +183,25 @@ impl Daemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits up to `timeout` for it to exit by itself: its exit code (`None` if it still
+    /// runs, then it is left running, or was killed by a signal).
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return st.code();
+            }
+            if std::time::Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 impl Drop for Daemon {
@@ -375,6 +394,11 @@ impl Proc {
             .expect("still running")
             .wait_with_output()
             .expect("wait for the child")
+    }
+
+    /// Its stderr as lines (it must have been spawned with stderr piped; once).
+    pub fn stderr_lines(&mut self) -> mpsc::Receiver<String> {
+        lines(self.0.as_mut().expect("still running"))
     }
 
     /// SIGKILL, and wait for it to be gone.

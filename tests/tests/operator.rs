@@ -4,9 +4,9 @@
 //! id, values over the limit, empty keys. Each test starts `dmkit` processes and checks
 //! what an operator sees: the exit status and the one line on stderr.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use dmkit_tests::procs::{Memnode, run_dmkit};
+use dmkit_tests::procs::{Daemon, Memnode, ProcCluster, run_dmkit};
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -110,4 +110,117 @@ fn dmkit_tools_size(s: &str) -> u64 {
         "10MB" => 10_000_000,
         _ => unreachable!(),
     }
+}
+
+/// The master of `c` is the one its `ProcCluster` started; a second one (another port, the
+/// same cluster file) is refused naming it; a `--standby` waits and takes over once the first
+/// is gone; a first one frozen past its claim exits when it wakes, never acting beside the
+/// standby that took over.
+#[test]
+fn one_master_per_cluster_and_a_standby_takes_over() {
+    let mut c = ProcCluster::start(3, 1, "16MiB");
+    let first_addr = c.master.addr();
+    let (code, _, err) = dmkit(&["master", "--listen", "127.0.0.1:0", "--cluster", &c.file]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("another master holds this cluster"), "{err}");
+    assert!(err.contains(&first_addr), "{err}");
+    assert!(err.contains("--standby"), "{err}");
+    // A standby waits, saying for whom.
+    let standby = std::process::Command::new(dmkit_tests::procs::dmkit_bin())
+        .args(["master", "--listen", "127.0.0.1:0", "--cluster", &c.file])
+        .args(["--standby", "--claim-ms", "1000"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut standby = dmkit_tests::procs::Proc::new(standby);
+    let lines = standby.stderr_lines();
+    let waiting = lines.recv_timeout(Duration::from_secs(20)).unwrap();
+    assert!(waiting.contains("standby"), "{waiting}");
+    assert!(waiting.contains(&first_addr), "{waiting}");
+    // Still waiting while the first one is alive.
+    assert!(
+        lines.recv_timeout(Duration::from_secs(4)).is_err(),
+        "the standby acted while the first master was alive"
+    );
+    let t = Instant::now();
+    c.master.kill9();
+    let mut took_over = false;
+    while let Ok(l) = lines.recv_timeout(Duration::from_secs(15)) {
+        if l.contains("serving on") {
+            took_over = true;
+            break;
+        }
+    }
+    assert!(took_over, "the standby did not take over");
+    // The default claim is 3 s: gone after at most that, plus a renewal period.
+    assert!(t.elapsed() < Duration::from_secs(6), "{:?}", t.elapsed());
+    // The cluster works under the new master.
+    let (code, _, err) = dmkit(&["kv", "--cluster", &c.file, "put", "k", "v"]);
+    assert_eq!(code, 0, "{err}");
+    standby.kill();
+}
+
+/// A master frozen (SIGSTOP) past its claim: a standby takes over, and when the first wakes it
+/// exits at once instead of acting beside it.
+#[test]
+fn a_master_that_lost_its_claim_exits_when_it_wakes() {
+    let c = ProcCluster::start(3, 1, "16MiB");
+    let mut c = c;
+    c.master.kill9();
+    // (A standby: the killed master's claim still runs for up to 3 s.)
+    let first = Daemon::start(
+        &[
+            "master",
+            "--listen",
+            "127.0.0.1:0",
+            "--cluster",
+            &c.file,
+            "--claim-ms",
+            "1000",
+            "--standby",
+        ],
+        "serving on",
+    );
+    let second = Daemon::start(
+        &[
+            "master",
+            "--listen",
+            "127.0.0.1:0",
+            "--cluster",
+            &c.file,
+            "--claim-ms",
+            "1000",
+            "--standby",
+        ],
+        "standby",
+    );
+    let pid = first.pid().to_string();
+    let st = std::process::Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let l = second
+            .stderr
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .expect("the standby took over");
+        if l.contains("serving on") {
+            break;
+        }
+    }
+    let _ = std::process::Command::new("kill")
+        .args(["-CONT", &pid])
+        .status();
+    let mut first = first;
+    let code = first.wait_exit(Duration::from_secs(5));
+    assert_eq!(code, Some(1), "the old master did not exit");
+    let said: Vec<String> = first.stderr.try_iter().collect();
+    assert!(
+        said.iter().any(|l| l.contains("could not renew its claim")),
+        "{said:?}"
+    );
 }
