@@ -224,3 +224,138 @@ fn a_master_that_lost_its_claim_exits_when_it_wakes() {
         "{said:?}"
     );
 }
+
+/// `dmkit kv --cluster FILE ARGS`: (exit code, stdout, stderr, how long it took).
+fn kv(file: &str, args: &[&str]) -> (i32, String, String, Duration) {
+    let mut a = vec!["kv", "--cluster", file];
+    a.extend_from_slice(args);
+    let t = Instant::now();
+    let (code, out, err) = dmkit(&a);
+    (code, out, err, t.elapsed())
+}
+
+/// A copy of the cluster file with memory node `id`'s address replaced by `addr`.
+fn file_with_addr(c: &ProcCluster, id: usize, addr: &str, name: &str) -> String {
+    let text = std::fs::read_to_string(&c.file).unwrap();
+    let text = text.replace(&c.memnodes[id].addr, addr);
+    let p = c.dir.path().join(name);
+    std::fs::write(&p, text).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+#[test]
+fn a_dead_memnode_address_is_reported_within_seconds_naming_the_node() {
+    let c = ProcCluster::start(3, 3, "16MiB");
+    assert_eq!(kv(&c.file, &["put", "fruit", "apple"]).0, 0);
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let bad = file_with_addr(&c, 2, &dead, "dead.toml");
+    let (code, out, err, took) = kv(&bad, &["get", "fruit"]);
+    eprintln!("kv get with node 2 unreachable, {took:?}: {err}");
+    // Node 2 is alive and a member (the master reaches it): this client cannot go on, and says
+    // at once which node, at which address, and why.
+    assert_eq!(code, 3, "{err}");
+    assert!(out.is_empty());
+    assert!(took < Duration::from_secs(10), "{took:?}: {err}");
+    assert!(
+        err.contains("memory node 2") && err.contains(&dead),
+        "{err}"
+    );
+    assert!(
+        !err.contains("\u{1b}["),
+        "ANSI codes in a log to a pipe: {err:?}"
+    );
+    let last = err.trim().lines().last().unwrap();
+    assert!(last.contains("does not answer"), "{last}");
+    assert!(last.contains(&dead), "{last}");
+
+    // Node 2 really down: the master fails it over and the command goes on with the two
+    // replicas that answer, saying which node it went on without.
+    let mut c = c;
+    let gone = c.memnodes[2].addr.clone();
+    c.memnodes[2].kill9();
+    let (code, _, err, took) = kv(&c.file, &["put", "fruit", "cherry"]);
+    eprintln!("kv put with node 2 killed, {took:?}: {err}");
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("memory node 2") && err.contains(&gone),
+        "{err}"
+    );
+    assert!(took < Duration::from_secs(8), "{took:?}");
+    let (code, out, err, _) = kv(&c.file, &["get", "fruit"]);
+    assert_eq!((code, out.as_str()), (0, "cherry\n"), "{err}");
+}
+
+#[test]
+fn a_memnode_address_that_is_the_master_says_so() {
+    let c = ProcCluster::start(3, 1, "16MiB");
+    let master = c.master.addr();
+    let bad = file_with_addr(&c, 1, &master, "master.toml");
+    let (code, _, err, took) = kv(&bad, &["get", "x"]);
+    eprintln!("kv get with node 1 at the master's address, {took:?}: {err}");
+    assert_eq!(code, 3, "{err}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    assert!(
+        err.contains("is a dmkit master, not a memory node"),
+        "{err}"
+    );
+    assert!(err.contains("memory node 1"), "{err}");
+    assert!(!err.contains("65535"), "{err}");
+}
+
+#[test]
+fn bad_arguments_to_kv_are_usage_errors() {
+    let c = ProcCluster::start(3, 1, "16MiB");
+    let big = "v".repeat(20_000);
+    let cases: [(&[&str], &str); 5] = [
+        (&["put", "", "v"], "must not be empty"),
+        (&["get", ""], "must not be empty"),
+        (&["put", "big", &big], "largest object"),
+        (&["put", "k"], "VALUE"),
+        (&["frobnicate", "k"], "frobnicate"),
+    ];
+    for (args, expect) in cases {
+        let (code, out, err, _) = kv(&c.file, args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(out.is_empty());
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(expect), "{args:?}: {err}");
+    }
+    // A value that fits with its key, but not with the object header: still usage.
+    let near = "v".repeat(dmkit_fusee::alloc::MAX_OBJECT - 1);
+    let (code, _, err, _) = kv(&c.file, &["put", "k", &near]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("exceeds the largest object"), "{err}");
+    // Nothing was half written.
+    assert_eq!(kv(&c.file, &["get", "big"]).0, 1);
+    assert_eq!(kv(&c.file, &["get", "k"]).0, 1);
+}
+
+#[test]
+fn two_clusters_on_one_host_with_the_default_client_id() {
+    let a = ProcCluster::start(3, 1, "16MiB");
+    let b = ProcCluster::start(3, 1, "16MiB");
+    // A long-running client with the default id on each cluster at once (the gateway holds
+    // its id for its lifetime).
+    let ga = Daemon::start(
+        &["resp", "--listen", "127.0.0.1:0", "--cluster", &a.file],
+        "serving Redis clients on",
+    );
+    let gb = Daemon::start(
+        &["resp", "--listen", "127.0.0.1:0", "--cluster", &b.file],
+        "serving Redis clients on",
+    );
+    // A second one on the same cluster is refused, naming --client-id.
+    let (code, _, err) = dmkit(&["resp", "--listen", "127.0.0.1:0", "--cluster", &a.file]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--client-id"), "{err}");
+    assert!(err.contains(&format!("process {}", ga.pid())), "{err}");
+    // Another id on the same cluster is fine.
+    assert_eq!(kv(&a.file, &["--client-id", "9", "put", "k", "a"]).0, 0);
+    assert_eq!(kv(&b.file, &["--client-id", "9", "put", "k", "b"]).0, 0);
+    drop((ga, gb));
+    assert_eq!(kv(&a.file, &["get", "k"]).1, "a\n");
+    assert_eq!(kv(&b.file, &["get", "k"]).1, "b\n");
+}

@@ -465,7 +465,7 @@ impl Memnode {
                         .as_ref()
                         .is_some_and(|m| m.is_member(self.node.id()));
                     if member {
-                        tracing::warn!("the master is back: serving again");
+                        tracing::info!("the master is back: serving again");
                         self.node.set_fenced(false);
                     }
                 }
