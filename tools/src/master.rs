@@ -152,6 +152,13 @@ pub fn run(args: MasterArgs) -> Result<(), CliError> {
             .map(|m| (NodeId(m.id), m.addr.clone()))
             .collect(),
     });
+    // Exported from the start (the failure detector updates them on every change).
+    {
+        let ms = master.membership();
+        metrics::gauge!("dmkit_fusee_membership_epoch").set(ms.epoch as f64);
+        metrics::gauge!("dmkit_fusee_members").set(ms.members.len() as f64);
+        metrics::gauge!("dmkit_fusee_cluster_nodes").set(view.nodes.len() as f64);
+    }
     let m = master.clone();
     let cfg = MasterConfig {
         heartbeat: std::time::Duration::from_millis(args.heartbeat_ms),
@@ -353,7 +360,13 @@ impl Claim {
                     std::thread::sleep(me.lease / 4);
                     let t0 = std::time::Instant::now();
                     let r = me.round(me.lease);
-                    if r.granted >= me.majority() {
+                    let ok = r.granted >= me.majority();
+                    metrics::counter!(
+                        "dmkit_fusee_master_claim_renewals_total",
+                        "result" => if ok { "granted" } else { "short" }
+                    )
+                    .increment(1);
+                    if ok {
                         v.store(nanos(t0 + me.lease), Ordering::Release);
                         if short {
                             tracing::info!("the master's claim is renewed by a majority again");

@@ -130,6 +130,11 @@ pub fn run(args: MemnodeArgs) -> Result<(), CliError> {
     };
     let memnode = dmkit_fusee::memnode::Memnode::new(NodeId(args.id), pool)
         .map_err(|e| CliError::runtime(e.to_string()))?;
+    publish_memory(
+        &memnode,
+        args.id,
+        if args.pool.is_some() { "pool" } else { "dram" },
+    )?;
     let node = memnode.node().clone();
     let has_secret = secret.is_some();
     let (_server, addr, how) = match args.backend {
@@ -189,6 +194,40 @@ pub fn run(args: MemnodeArgs) -> Result<(), CliError> {
     loop {
         std::thread::park();
     }
+}
+
+/// `dmkit_memnode_memory_bytes{node, medium, state}` (used and free bytes of the served
+/// memory) and `dmkit_memnode_up`, refreshed every second.
+fn publish_memory(
+    memnode: &std::sync::Arc<dmkit_fusee::memnode::Memnode>,
+    id: u16,
+    medium: &'static str,
+) -> Result<(), CliError> {
+    let node = id.to_string();
+    metrics::gauge!("dmkit_memnode_up", "node" => node.clone()).set(1.0);
+    let used = metrics::gauge!("dmkit_memnode_memory_bytes", "node" => node.clone(), "medium" => medium, "state" => "used");
+    let free = metrics::gauge!("dmkit_memnode_memory_bytes", "node" => node, "medium" => medium, "state" => "free");
+    let pool = std::sync::Arc::downgrade(memnode.pool());
+    let update = move || -> bool {
+        let Some(p) = pool.upgrade() else {
+            return false;
+        };
+        let total = p.data_len() as u64;
+        let f = p.free_bytes().min(total);
+        used.set((total - f) as f64);
+        free.set(f as f64);
+        true
+    };
+    update();
+    std::thread::Builder::new()
+        .name("memnode-metrics".into())
+        .spawn(move || {
+            while update() {
+                std::thread::sleep(std::time::Duration::from_secs(1));
+            }
+        })
+        .map_err(|e| CliError::runtime(format!("cannot start the metrics thread: {e}")))?;
+    Ok(())
 }
 
 /// How the lease keeper reaches its peers: over the node's own backend, with short bounds

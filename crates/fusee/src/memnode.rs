@@ -38,6 +38,29 @@ pub(crate) mod tag {
     pub const MASTER_CLAIM: u8 = 16;
 }
 
+/// The `kind` label of a FUSEE RPC's latency.
+fn rpc_kind(tag: Option<u8>) -> &'static str {
+    match tag {
+        Some(tag::ALLOC_STRIPE) => "alloc_stripe",
+        Some(tag::ALLOC_AT) => "alloc_at",
+        Some(tag::FREE_BLOCK) => "free_block",
+        Some(tag::BLOCKS_OF) => "blocks_of",
+        Some(tag::STAT) => "stat",
+        Some(tag::RESERVE) => "reserve",
+        Some(tag::MEMBERSHIP_GET) => "membership_get",
+        Some(tag::MEMBERSHIP_SET) => "membership_set",
+        Some(tag::REKEY) => "rekey",
+        Some(tag::BLOCK_TABLE) => "block_table",
+        Some(tag::SET_BLOCK) => "set_block",
+        Some(tag::SET_FENCED) => "set_fenced",
+        Some(tag::HEARTBEAT) => "heartbeat",
+        Some(tag::VOUCH) => "vouch",
+        Some(tag::CLAIM_DELETE) => "claim_delete",
+        Some(tag::MASTER_CLAIM) => "master_claim",
+        _ => "other",
+    }
+}
+
 /// "No owner" in a SET_BLOCK request.
 pub(crate) const NO_OWNER: u64 = u64::MAX;
 
@@ -297,6 +320,14 @@ impl Memnode {
     }
 
     fn handle(&self, peer: &Peer, req: &[u8]) -> Vec<u8> {
+        let t = std::time::Instant::now();
+        let r = self.handle_untimed(peer, req);
+        metrics::histogram!("dmkit_memnode_rpc_seconds", "kind" => rpc_kind(req.first().copied()))
+            .record(t.elapsed().as_secs_f64());
+        r
+    }
+
+    fn handle_untimed(&self, peer: &Peer, req: &[u8]) -> Vec<u8> {
         match self.dispatch(req) {
             Ok(v) => v,
             Err(e) => {

@@ -339,7 +339,10 @@ impl Pool {
             objects.free_slots[class.index].extend(free);
         }
         let pool = Pool {
-            metrics: PoolMetrics::new(PoolUuid(sb.uuid).to_string()),
+            metrics: PoolMetrics::new(
+                PoolUuid(sb.uuid).to_string(),
+                medium.kind() != MediumKind::Dram,
+            ),
             uuid: PoolUuid(sb.uuid),
             geometry: g,
             location,
