@@ -29,7 +29,7 @@ pub struct GengarServerArgs {
     /// The NVM pool file (created if missing, with --size; opened with recovery otherwise).
     #[arg(long)]
     pub pool: std::path::PathBuf,
-    /// Size of a pool file to create, e.g. 256MiB.
+    /// Size of a pool file to create (the file's size on disk), e.g. 256MiB.
     #[arg(long, value_parser = crate::size::parse_size)]
     pub size: Option<u64>,
     /// DRAM buffer for hot objects, e.g. 16MiB (0 turns the DRAM cache off).

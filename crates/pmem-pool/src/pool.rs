@@ -192,13 +192,30 @@ impl Pool {
             },
             e => e,
         })?;
-        let medium = backend_medium_create(path, size, opts.backend)?;
+        let medium = match backend_medium_create(path, size, opts.backend) {
+            Ok(m) => m,
+            Err(e) => {
+                // A file this call created (it did unless creating it failed: it existed)
+                // goes again, so that a full disk leaves no half-made pool behind.
+                if !matches!(&e, Error::Io { op: "create", .. } | Error::Libpmem { .. }) {
+                    let _ = std::fs::remove_file(path);
+                }
+                return Err(e);
+            }
+        };
         // Locked before it is formatted: an open racing the creation is told who has it,
         // not that the file is no pool.
         let lock = lock_file(path)?;
-        let mut pool = Pool::format(medium, geometry)?;
-        pool._file_lock = Some(lock);
-        Ok(pool)
+        match Pool::format(medium, geometry) {
+            Ok(mut pool) => {
+                pool._file_lock = Some(lock);
+                Ok(pool)
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(path);
+                Err(e)
+            }
+        }
     }
 
     /// Opens the pool file at `path` with the default backend, recovering it after a crash.
