@@ -359,3 +359,46 @@ fn two_clusters_on_one_host_with_the_default_client_id() {
     assert_eq!(kv(&a.file, &["get", "k"]).1, "a\n");
     assert_eq!(kv(&b.file, &["get", "k"]).1, "b\n");
 }
+
+/// A gateway killed (SIGKILL) and restarted while a memory node failed too: it says which
+/// node it waits for and listens again within seconds, not after half a minute of silence.
+#[test]
+fn a_gateway_restarted_after_sigkill_with_a_memnode_down_listens_within_seconds() {
+    let mut c = ProcCluster::start(3, 3, "16MiB");
+    let listen = dmkit_tests::procs::free_addr();
+    let mut gw = Daemon::start(
+        &["resp", "--listen", &listen, "--cluster", &c.file],
+        "serving Redis clients on",
+    );
+    gw.kill9();
+    let node = c.memnodes[1].addr.clone();
+    c.memnodes[1].kill9();
+    let t = Instant::now();
+    let child = std::process::Command::new(dmkit_tests::procs::dmkit_bin())
+        .args(["resp", "--listen", &listen, "--cluster", &c.file])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut gw = dmkit_tests::procs::Proc::new(child);
+    let lines = gw.stderr_lines();
+    let mut said = Vec::new();
+    loop {
+        let l = lines
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|_| panic!("not listening after {:?}: {said:?}", t.elapsed()));
+        if l.contains("serving Redis clients on") {
+            break;
+        }
+        said.push(l);
+    }
+    let took = t.elapsed();
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    assert!(
+        said.iter()
+            .any(|l| l.contains("memory node 1") && l.contains(&node)),
+        "it did not say which node it waited for: {said:?}"
+    );
+    gw.kill();
+}
