@@ -118,6 +118,11 @@ pub fn run(args: MasterArgs) -> Result<(), CliError> {
             let mut cfg =
                 ClusterConfig::new(nodes.clone(), file.index_replicas, file.data_replicas);
             cfg.index_bytes = file.index_mib << 20;
+            let _p = crate::Progress::start(format!(
+                "formatting the cluster ({} memory nodes, {} MiB of index per replica)",
+                nodes.len(),
+                file.index_mib
+            ));
             let v = cluster::format(&ep, &cfg)
                 .map_err(|e| CliError::runtime(format!("cannot format the cluster: {e}")))?;
             (v, true)
