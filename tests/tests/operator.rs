@@ -403,3 +403,33 @@ fn a_gateway_restarted_after_sigkill_with_a_memnode_down_listens_within_seconds(
     );
     gw.kill();
 }
+
+/// A master stopped with SIGTERM gives its claim up: it exits 0 and the next master starts at
+/// once, without waiting for the claim to run out.
+#[test]
+fn a_master_stopped_with_sigterm_releases_the_cluster() {
+    let c = ProcCluster::start(3, 1, "16MiB");
+    let mut c = c;
+    let pid = c.master.pid().to_string();
+    let st = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let code = c.master.wait_exit(Duration::from_secs(10));
+    assert_eq!(code, Some(0), "the master did not stop cleanly");
+    let said: Vec<String> = c.master.stderr.try_iter().collect();
+    assert!(
+        said.iter().any(|l| l.contains("claim is released")),
+        "{said:?}"
+    );
+    let t = Instant::now();
+    let next = Daemon::start(
+        &["master", "--listen", "127.0.0.1:0", "--cluster", &c.file],
+        "serving on",
+    );
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    assert!(next.ready_line.contains("opened"), "{}", next.ready_line);
+    let (code, _, err) = dmkit(&["kv", "--cluster", &c.file, "put", "k", "v"]);
+    assert_eq!(code, 0, "{err}");
+}

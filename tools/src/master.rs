@@ -110,6 +110,9 @@ pub fn run(args: MasterArgs) -> Result<(), CliError> {
         std::time::Duration::from_millis(args.claim_ms),
     )?);
     let held_until = claim.acquire(args.standby)?;
+    // From here SIGTERM and SIGINT stop the master cleanly, giving the claim up (until here
+    // they just end the process: it holds nothing).
+    let _ = stop_requested();
     claim.clone().keep(held_until)?;
     let ep = crate::connect::endpoint(&file)?;
     let (view, formatted) = match cluster::open(&ep, &nodes) {
@@ -170,9 +173,11 @@ pub fn run(args: MasterArgs) -> Result<(), CliError> {
         miss_limit: args.miss_limit,
         auto_rejoin: !args.no_rejoin,
     };
-    std::thread::Builder::new()
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let detector = std::thread::Builder::new()
         .name("fusee-master".into())
-        .spawn(move || m.run(cfg, Arc::new(std::sync::atomic::AtomicBool::new(false))))
+        .spawn(move || m.run(cfg, stop2))
         .map_err(|e| CliError::runtime(format!("cannot start the failure detector: {e}")))?;
     // Status over RPC: the shape and the current membership.
     let shape = (view.nodes.clone(), view.index_replicas, view.data_replicas);
@@ -192,9 +197,37 @@ pub fn run(args: MasterArgs) -> Result<(), CliError> {
         view.data_replicas,
         server.local_addr()
     );
-    loop {
-        std::thread::park();
+    // Until SIGTERM or SIGINT: then stop acting (the detector finishes what it is doing),
+    // give the claim up, and exit 0, so that the next master starts at once.
+    while !stop_requested() {
+        std::thread::sleep(std::time::Duration::from_millis(50));
     }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = detector.join();
+    claim.release();
+    eprintln!("dmkit master: stopped; the cluster's claim is released");
+    Ok(())
+}
+
+static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_stop_signal(_: libc::c_int) {
+    STOP.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether SIGTERM or SIGINT arrived (the handlers are installed on the first call).
+fn stop_requested() -> bool {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        for sig in [libc::SIGTERM, libc::SIGINT] {
+            // SAFETY: the handler only stores to an atomic, which is async-signal-safe; the
+            // function pointer has the signature `signal` expects.
+            unsafe {
+                libc::signal(sig, on_stop_signal as *const () as libc::sighandler_t);
+            }
+        }
+    });
+    STOP.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// This master's claim on the cluster (see `dmkit_fusee::memnode::claim_master`): granted by
@@ -207,6 +240,10 @@ struct Claim {
     nodes: Vec<(NodeId, String)>,
     connector: Arc<dyn dmkit_verbs::Connector>,
     conns: parking_lot::Mutex<std::collections::HashMap<NodeId, Arc<dyn dmkit_verbs::Connection>>>,
+    /// Set when the claim is given up: the keeper stops renewing.
+    released: std::sync::atomic::AtomicBool,
+    /// Held for a renewal round, so that giving the claim up never races one in flight.
+    renewing: parking_lot::Mutex<()>,
 }
 
 /// What one round of claim requests found.
@@ -237,6 +274,8 @@ impl Claim {
                 .collect(),
             connector: crate::connect::connector_bounded(file, Some(bound))?,
             conns: Default::default(),
+            released: Default::default(),
+            renewing: Default::default(),
         })
     }
 
@@ -344,6 +383,15 @@ impl Claim {
         }
     }
 
+    /// Gives the claim up (the process stops acting first): the next master need not wait
+    /// for it to run out.
+    fn release(&self) {
+        let _g = self.renewing.lock();
+        self.released
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.round(std::time::Duration::ZERO);
+    }
+
     /// Renews the claim in the background; exits the process (status 1) when it could not
     /// be renewed by a majority for long enough that it may run out.
     fn keep(self: Arc<Self>, until: std::time::Instant) -> Result<(), CliError> {
@@ -363,6 +411,10 @@ impl Claim {
                 let mut short = false;
                 loop {
                     std::thread::sleep(me.lease / 4);
+                    let _g = me.renewing.lock();
+                    if me.released.load(Ordering::SeqCst) {
+                        return;
+                    }
                     let t0 = std::time::Instant::now();
                     let r = me.round(me.lease);
                     let ok = r.granted >= me.majority();
