@@ -224,7 +224,7 @@ fn metrics_endpoints_answer_questions_and_the_dashboard_finds_its_series() {
         }
         std::thread::sleep(Duration::from_millis(200));
     };
-    for op in ["search", "upsert", "delete"] {
+    for op in ["search", "insert", "delete"] {
         assert!(
             gw_body.contains(&format!(
                 "dmkit_fusee_op_seconds_bucket{{op=\"{op}\",le=\"0.001\"}}"

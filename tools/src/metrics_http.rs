@@ -402,7 +402,7 @@ fn zero_counters(role: Role) {
         Role::Client => {
             zero("dmkit_fusee_failover_retries_total");
             zero("dmkit_resp_errors_total");
-            for op in ["search", "insert", "update", "upsert", "delete"] {
+            for op in ["search", "insert", "update", "delete"] {
                 metrics::counter!("dmkit_fusee_op_errors_total", "op" => op).absolute(0);
             }
         }

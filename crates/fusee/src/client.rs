@@ -336,8 +336,8 @@ impl WriteHooks for Hooks<'_> {
 }
 
 /// Runs one client operation, recording its latency in `dmkit_fusee_op_seconds{op}` and a
-/// failure in `dmkit_fusee_op_errors_total{op}` (an upsert also records the update and
-/// insert it is made of).
+/// failure in `dmkit_fusee_op_errors_total{op}` (an upsert records the update and insert it
+/// is made of).
 async fn op_timed<T>(
     op: &'static str,
     f: impl std::future::Future<Output = Result<T>>,
@@ -965,17 +965,14 @@ impl Client {
 
     /// [`Client::upsert`], awaited.
     pub async fn upsert_async(&self, key: &[u8], value: &[u8]) -> Result<()> {
-        op_timed("upsert", async move {
-            loop {
-                if self.update_async(key, value).await? == UpdateResult::Updated {
-                    return Ok(());
-                }
-                if self.insert_async(key, value).await? == InsertResult::Inserted {
-                    return Ok(());
-                }
+        loop {
+            if self.update_async(key, value).await? == UpdateResult::Updated {
+                return Ok(());
             }
-        })
-        .await
+            if self.insert_async(key, value).await? == InsertResult::Inserted {
+                return Ok(());
+            }
+        }
     }
 }
 
