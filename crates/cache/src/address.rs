@@ -264,6 +264,12 @@ impl<K: Hash + Eq + Clone, V: Clone> AddressCache<K, V> {
         found
     }
 
+    /// Whether `key` is cached, without counting a lookup or marking it used (to choose how
+    /// to go about an operation before doing it).
+    pub fn contains(&self, key: &K) -> bool {
+        self.shard(key).lock().index.contains_key(key)
+    }
+
     /// Caches `value` for `key`, evicting an entry not used recently if the shard is full.
     pub fn insert(&self, key: K, value: V) {
         if self.shard(&key).lock().insert(key, value) {
@@ -396,6 +402,16 @@ mod tests {
         assert_eq!(c.get(&1), Some(10));
         let s = c.stats();
         assert_eq!((s.hits, s.misses), (1, 1));
+    }
+
+    #[test]
+    fn contains_counts_no_lookup() {
+        let c = cache(64);
+        c.insert(1, 10);
+        assert!(c.contains(&1));
+        assert!(!c.contains(&2));
+        let s = c.stats();
+        assert_eq!((s.hits, s.misses), (0, 0));
     }
 
     #[test]

@@ -22,6 +22,7 @@
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::Duration;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
 use dmkit_cache::{AddressCache, AddressCacheConfig};
 use dmkit_kv_index::{
@@ -230,11 +231,11 @@ pub(crate) struct Inner {
     pub(crate) nodes: Vec<NodeId>,
     pub free: Mutex<FreeLists>,
     cache: AddressCache<Vec<u8>, CachedAddr>,
-    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    jobs: Mutex<Option<UnboundedSender<Job>>>,
     allocs: std::sync::atomic::AtomicU64,
     cfg: ClientConfig,
     /// One block acquisition at a time.
-    pub(crate) block_lock: Mutex<u64>,
+    pub(crate) block_lock: tokio::sync::Mutex<u64>,
     /// Reconnects to memory nodes that restarted (set by the process that knows addresses).
     reconnect: Mutex<Option<crate::failover::Reconnect>>,
 }
@@ -363,7 +364,7 @@ impl Client {
         ep: Endpoint,
         nodes: &[NodeId],
         cfg: ClientConfig,
-    ) -> Result<(Client, mpsc::Receiver<Job>)> {
+    ) -> Result<(Client, UnboundedReceiver<Job>)> {
         if cfg.id >= MAX_CLIENT_ID {
             return Err(Error::Config(format!(
                 "client id {} is reserved (use ids below {MAX_CLIENT_ID})",
@@ -400,7 +401,7 @@ impl Client {
         };
         let cache =
             AddressCache::new(cfg.cache.clone()).map_err(|e| Error::Config(e.to_string()))?;
-        let (tx, rx) = mpsc::channel();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let reconnect = cfg.reconnect.clone();
         let inner = Arc::new(Inner {
             id: cfg.id,
@@ -412,19 +413,17 @@ impl Client {
             jobs: Mutex::new(Some(tx)),
             allocs: std::sync::atomic::AtomicU64::new(0),
             cfg,
-            block_lock: Mutex::new(0),
+            block_lock: tokio::sync::Mutex::new(0),
             reconnect: Mutex::new(reconnect),
         });
         Ok((Client { inner }, rx))
     }
 
-    /// Starts the background thread (cleanup, prefetch, reclaim).
-    pub(crate) fn start_worker(&self, rx: mpsc::Receiver<Job>) {
+    /// Starts the background task (cleanup, prefetch, reclaim) on the I/O runtime: a client
+    /// costs no thread of its own.
+    pub(crate) fn start_worker(&self, rx: UnboundedReceiver<Job>) {
         let weak = Arc::downgrade(&self.inner);
-        std::thread::Builder::new()
-            .name(format!("fusee-bg-{}", self.inner.id))
-            .spawn(move || worker(weak, rx))
-            .expect("spawn the FUSEE background thread");
+        dmkit_verbs::runtime::io_runtime().spawn(worker(weak, rx));
     }
 
     pub fn id(&self) -> u64 {
@@ -472,13 +471,13 @@ impl Client {
         if !self.inner.send(Job::Flush(tx)) {
             return Ok(());
         }
-        rx.recv_timeout(Duration::from_secs(60))
-            .map_err(|_| Error::Config("the background thread did not answer".into()))?
+        dmkit_verbs::runtime::blocking(|| rx.recv_timeout(Duration::from_secs(60)))
+            .map_err(|_| Error::Config("the background task did not answer".into()))?
     }
 
     /// Takes back freed objects now (normally done every `reclaim_every` allocations).
     pub fn reclaim(&self) -> Result<usize> {
-        self.inner.reclaim()
+        dmkit_verbs::block_on(self.inner.reclaim())
     }
 
     fn check_key(key: &[u8]) -> Result<()> {
@@ -589,9 +588,11 @@ impl Client {
         last: &Mutex<Option<Attempt>>,
     ) -> Result<InsertResult> {
         let inner = &self.inner;
-        let a = timed("fusee.alloc", || {
-            inner.allocate_attempt(object::object_len(key.len(), value.len()), false, last)
-        })?;
+        let a = timed_async(
+            "fusee.alloc",
+            inner.allocate_attempt(object::object_len(key.len(), value.len()), false, last),
+        )
+        .await?;
         let res = async {
             let bytes = timed("fusee.encode", || {
                 object::encode(key, value, a.next, a.prev, a.generation, Op::Insert)
@@ -653,9 +654,11 @@ impl Client {
         last: &Mutex<Option<Attempt>>,
     ) -> Result<UpdateResult> {
         let inner = &self.inner;
-        let a = timed("fusee.alloc", || {
-            inner.allocate_attempt(object::object_len(key.len(), value.len()), false, last)
-        })?;
+        let a = timed_async(
+            "fusee.alloc",
+            inner.allocate_attempt(object::object_len(key.len(), value.len()), false, last),
+        )
+        .await?;
         let bytes = timed("fusee.encode", || {
             object::encode(key, value, a.next, a.prev, a.generation, Op::Update)
         })?;
@@ -727,9 +730,11 @@ impl Client {
         let inner = &self.inner;
         loop {
             // The log entry of a DELETE lives in a temporary object holding the key.
-            let a = timed("fusee.alloc", || {
-                inner.allocate_attempt(object::object_len(key.len(), 0), true, last)
-            })?;
+            let a = timed_async(
+                "fusee.alloc",
+                inner.allocate_attempt(object::object_len(key.len(), 0), true, last),
+            )
+            .await?;
             let bytes = timed("fusee.encode", || {
                 object::encode(key, &[], a.next, a.prev, a.generation, Op::Delete)
             })?;
@@ -963,11 +968,19 @@ impl Client {
         dmkit_verbs::block_on(self.upsert_async(key, value))
     }
 
-    /// [`Client::upsert`], awaited.
+    /// [`Client::upsert`], awaited. A key whose address is cached is most likely present:
+    /// it is updated first (the rounds of an UPDATE). Any other key is inserted first, which
+    /// for a new key takes the rounds of an INSERT (an UPDATE first would spend a round to
+    /// find it absent); a present key answers the INSERT's first round, and is updated.
     pub async fn upsert_async(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        let mut update_first = self.inner.cache.contains(&key.to_vec());
         loop {
-            if self.update_async(key, value).await? == UpdateResult::Updated {
-                return Ok(());
+            if update_first {
+                if self.update_async(key, value).await? == UpdateResult::Updated {
+                    return Ok(());
+                }
+            } else {
+                update_first = true;
             }
             if self.insert_async(key, value).await? == InsertResult::Inserted {
                 return Ok(());
@@ -1179,13 +1192,13 @@ impl Inner {
 
     /// Allocates the object of a write attempt and remembers the attempt in `last` (to settle
     /// it if a membership change cuts it short).
-    fn allocate_attempt(
+    async fn allocate_attempt(
         &self,
         len: usize,
         delete: bool,
         last: &Mutex<Option<Attempt>>,
     ) -> Result<Allocation> {
-        let a = self.allocate(len)?;
+        let a = self.allocate(len).await?;
         *last.lock() = Some(Attempt::of(&a, len, self, delete));
         Ok(a)
     }
@@ -1292,7 +1305,7 @@ impl Inner {
 
     fn send(&self, j: Job) -> bool {
         if self.cfg.inline_jobs {
-            self.run_job(j);
+            dmkit_verbs::block_on(self.run_job(j));
             return true;
         }
         match self.jobs.lock().as_ref() {
@@ -1534,7 +1547,7 @@ impl Inner {
     }
 
     /// One object for `len` bytes, from the local free lists (fetching a block if empty).
-    fn allocate(&self, len: usize) -> Result<Allocation> {
+    async fn allocate(&self, len: usize) -> Result<Allocation> {
         let class = alloc::class_of(len)?;
         let n = self
             .allocs
@@ -1557,7 +1570,7 @@ impl Inner {
                     return Ok(a);
                 }
             }
-            self.acquire_block(class)?;
+            self.acquire_block(class).await?;
         }
     }
 }
@@ -1565,22 +1578,23 @@ impl Inner {
 /// Cleanups taken off the queue together at most (their verbs go out as two round trips).
 const CLEANUP_BATCH: usize = 64;
 
-/// The background thread: cleanups in order, prefetches, reclaims. Cleanups that queued up
-/// while it worked (operations from several threads, or faster than their cleanups) run
-/// together: every free in one round trip, every log entry's finish mark in a second.
-fn worker(inner: std::sync::Weak<Inner>, rx: mpsc::Receiver<Job>) {
+/// The background task (one per client, on the I/O runtime): cleanups in order, prefetches,
+/// reclaims. Cleanups that queued up while it worked (operations from several tasks, or faster
+/// than their cleanups) run together: every free in one round trip, every log entry's finish
+/// mark in a second.
+async fn worker(inner: std::sync::Weak<Inner>, mut rx: UnboundedReceiver<Job>) {
     let mut next = None;
     loop {
         let job = match next.take() {
             Some(j) => j,
-            None => match rx.recv() {
-                Ok(j) => j,
-                Err(_) => return,
+            None => match rx.recv().await {
+                Some(j) => j,
+                None => return,
             },
         };
         let Some(inner) = inner.upgrade() else { return };
         if !matches!(job, Job::Cleanup(_)) {
-            inner.run_job(job);
+            inner.run_job(job).await;
             continue;
         }
         let mut batch = vec![job];
@@ -1595,9 +1609,9 @@ fn worker(inner: std::sync::Weak<Inner>, rx: mpsc::Receiver<Job>) {
             }
         }
         if batch.len() == 1 {
-            inner.run_job(batch.pop().expect("one"));
+            inner.run_job(batch.pop().expect("one")).await;
         } else {
-            inner.run_cleanups(batch);
+            inner.run_cleanups(batch).await;
         }
     }
 }
@@ -1605,7 +1619,7 @@ fn worker(inner: std::sync::Weak<Inner>, rx: mpsc::Receiver<Job>) {
 impl Inner {
     /// Runs several cleanups together (see [`worker`]). Like a single one, a batch cut short
     /// is not retried: a free may have landed, and a second would free a neighbour.
-    fn run_cleanups(&self, jobs: Vec<Job>) {
+    async fn run_cleanups(&self, jobs: Vec<Job>) {
         let items: Vec<_> = jobs
             .into_iter()
             .filter_map(|j| match j {
@@ -1613,24 +1627,24 @@ impl Inner {
                 _ => None,
             })
             .collect();
-        if let Err(e) = self.cleanup_many(&items) {
+        if let Err(e) = self.cleanup_many(&items).await {
             tracing::warn!(client = self.id, error = %e, cleanups = items.len(), "FUSEE background cleanups failed");
         }
     }
 
-    /// Runs one background job (on the background thread, or inline with `inline_jobs`).
-    fn run_job(&self, job: Job) {
+    /// Runs one background job (on the background task, or inline with `inline_jobs`).
+    async fn run_job(&self, job: Job) {
         let seen = self.view().epoch;
-        let r = match self.run_job_once(&job) {
+        let r = match self.run_job_once(&job).await {
             // A membership change cut the job short: once more in the next epoch. Not a
             // cleanup: its free (an FAA) may have landed, and a second one would free a
             // neighbour; a cut-short cleanup leaks the replaced object instead.
             Err(e)
                 if needs_membership(&e)
                     && !matches!(job, Job::Cleanup(_))
-                    && self.refresh(seen).is_ok() =>
+                    && dmkit_verbs::runtime::blocking(|| self.refresh(seen)).is_ok() =>
             {
-                self.run_job_once(&job)
+                self.run_job_once(&job).await
             }
             r => r,
         };
@@ -1639,18 +1653,18 @@ impl Inner {
         }
     }
 
-    fn run_job_once(&self, job: &Job) -> Result<()> {
+    async fn run_job_once(&self, job: &Job) -> Result<()> {
         match job {
-            Job::Cleanup(it) => self.cleanup_many(std::slice::from_ref(it)),
+            Job::Cleanup(it) => self.cleanup_many(std::slice::from_ref(it)).await,
             Job::Prefetch(class) => {
                 let low = self.free.lock().len(*class) < self.cfg.prefetch_below;
                 if low {
-                    self.acquire_block(*class)
+                    self.acquire_block(*class).await
                 } else {
                     Ok(())
                 }
             }
-            Job::Reclaim => self.reclaim().map(drop),
+            Job::Reclaim => self.reclaim().await.map(drop),
             Job::Flush(tx) => {
                 let _ = tx.send(Ok(()));
                 Ok(())

@@ -244,8 +244,14 @@ impl Master {
 
     /// Probes every node once, in parallel (the heartbeat, carrying the lease):
     /// `(node, answered, says it is fenced, its epoch)`.
-    pub fn probe(&self) -> Vec<(NodeId, bool, bool, u64)> {
-        let req = match &self.leases {
+    pub fn probe(self: &Arc<Self>) -> Vec<(NodeId, bool, bool, u64)> {
+        dmkit_verbs::block_on(self.probe_async())
+    }
+
+    /// [`Master::probe`], awaited: one task per node on the I/O runtime, so a node that is
+    /// slow to answer (or to reconnect to) delays no other node's heartbeat.
+    pub async fn probe_async(self: &Arc<Self>) -> Vec<(NodeId, bool, bool, u64)> {
+        let req = Arc::new(match &self.leases {
             Some(l) => {
                 let w = Writer::new()
                     .u8(tag::HEARTBEAT)
@@ -257,34 +263,41 @@ impl Master {
                     .finish()
             }
             None => Writer::new().u8(tag::MEMBERSHIP_GET).finish(),
+        });
+        let rt = dmkit_verbs::runtime::io_runtime();
+        let asks: Vec<_> = self
+            .nodes
+            .iter()
+            .map(|&n| {
+                let (m, req) = (self.clone(), req.clone());
+                (n, rt.spawn(async move { m.ask(n, &req).await }))
+            })
+            .collect();
+        let mut out = Vec::with_capacity(asks.len());
+        for (n, ask) in asks {
+            out.push(match ask.await {
+                Ok(Ok(q)) => (n, true, q.fenced, q.record.map_or(0, |r| r.epoch)),
+                _ => (n, false, false, 0),
+            });
+        }
+        out
+    }
+
+    /// One node's heartbeat; reconnects once (a blocking connect, moved off the runtime's
+    /// worker) when the connection is gone.
+    async fn ask(&self, n: NodeId, req: &[u8]) -> Result<membership::NodeMembership> {
+        let reply = match self.ep.rpc_async(TAG, n, req).await {
+            Ok(r) => r,
+            Err(e) => {
+                let Some(rc) = &self.reconnect else {
+                    return Err(e.into());
+                };
+                let conn = dmkit_verbs::runtime::blocking(|| rc(n))?;
+                self.ep.add_connection(conn);
+                self.ep.rpc_async(TAG, n, req).await?
+            }
         };
-        let ask = |n: NodeId| -> Result<membership::NodeMembership> {
-            let reply = match self.ep.rpc(TAG, n, &req) {
-                Ok(r) => r,
-                Err(e) => {
-                    let Some(rc) = &self.reconnect else {
-                        return Err(e.into());
-                    };
-                    self.ep.add_connection(rc(n)?);
-                    self.ep.rpc(TAG, n, &req)?
-                }
-            };
-            membership::parse_reply(n, &reply)
-        };
-        std::thread::scope(|s| {
-            let handles: Vec<_> = self
-                .nodes
-                .iter()
-                .map(|n| (*n, s.spawn(move || ask(*n))))
-                .collect();
-            handles
-                .into_iter()
-                .map(|(n, h)| match h.join() {
-                    Ok(Ok(q)) => (n, true, q.fenced, q.record.map_or(0, |r| r.epoch)),
-                    _ => (n, false, false, 0),
-                })
-                .collect()
-        })
+        membership::parse_reply(n, &reply)
     }
 
     /// Fences the members in `members` with fresh rkeys; returns the new (node, rkey) list.
@@ -757,32 +770,31 @@ impl Master {
         }
     }
 
-    /// Runs the failure detector until `stop` is set: heartbeats every node (on a thread of
-    /// its own, so leases stay fresh during a repair), fails over members silent for
+    /// Runs the failure detector until `stop` is set: heartbeats every node (a task of its
+    /// own on the I/O runtime, so leases stay fresh during a repair), fails over members silent for
     /// `miss_limit` heartbeats, refills restarted nodes.
     pub fn run(self: &Arc<Self>, cfg: MasterConfig, stop: Arc<std::sync::atomic::AtomicBool>) {
         type Seen = HashMap<NodeId, (Instant, bool, u64)>;
         let seen: Arc<Mutex<Seen>> = Arc::new(Mutex::new(HashMap::new()));
         let start = Instant::now();
+        // The heartbeat is a task on the I/O runtime (its probes one task per node), apart
+        // from this loop, so leases stay fresh during a repair.
         let beat = {
             let (m, seen, stop) = (self.clone(), seen.clone(), stop.clone());
             let hb = cfg.heartbeat;
-            std::thread::Builder::new()
-                .name("fusee-heartbeat".into())
-                .spawn(move || {
-                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        let t = Instant::now();
-                        for (n, answered, _fenced, epoch) in m.probe() {
-                            if answered {
-                                seen.lock().insert(n, (Instant::now(), true, epoch));
-                            }
-                        }
-                        if let Some(rest) = hb.checked_sub(t.elapsed()) {
-                            std::thread::sleep(rest);
+            dmkit_verbs::runtime::io_runtime().spawn(async move {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let t = Instant::now();
+                    for (n, answered, _fenced, epoch) in m.probe_async().await {
+                        if answered {
+                            seen.lock().insert(n, (Instant::now(), true, epoch));
                         }
                     }
-                })
-                .expect("spawn the heartbeat thread")
+                    if let Some(rest) = hb.checked_sub(t.elapsed()) {
+                        dmkit_verbs::sleep(rest).await;
+                    }
+                }
+            })
         };
         let silent_for = cfg.heartbeat * cfg.miss_limit;
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
@@ -832,6 +844,6 @@ impl Master {
                 }
             }
         }
-        let _ = beat.join();
+        let _ = dmkit_verbs::block_on(beat);
     }
 }

@@ -17,7 +17,15 @@ use crate::verifier::slot_addr;
 
 impl Inner {
     pub(crate) fn block_rpc(&self, node: NodeId, req: Vec<u8>) -> Result<(u8, Vec<u8>)> {
-        let reply = self.ep.rpc(tags::BLOCKS, node, &req)?;
+        dmkit_verbs::block_on(self.block_rpc_async(node, req))
+    }
+
+    pub(crate) async fn block_rpc_async(
+        &self,
+        node: NodeId,
+        req: Vec<u8>,
+    ) -> Result<(u8, Vec<u8>)> {
+        let reply = self.ep.rpc_async(tags::BLOCKS, node, &req).await?;
         let Some((&st, rest)) = reply.split_first() else {
             return Err(Error::Node {
                 node,
@@ -32,8 +40,8 @@ impl Inner {
 
     /// Fetches a block for `class` (stripe of the next node in turn), mirrors it on the data
     /// replicas, writes its header and zeroes it there, and lists its objects as free.
-    pub(crate) fn acquire_block(&self, class: usize) -> Result<()> {
-        let mut turn = self.block_lock.lock();
+    pub(crate) async fn acquire_block(&self, class: usize) -> Result<()> {
+        let mut turn = self.block_lock.lock().await;
         if self.free.lock().len(class) >= 2.max(self.cfg_prefetch_below()) {
             return Ok(());
         }
@@ -54,7 +62,7 @@ impl Inner {
                 .u16(pos as u16)
                 .u64(view.first_data_block())
                 .finish();
-            let (st, rest) = match self.block_rpc(node, req) {
+            let (st, rest) = match self.block_rpc_async(node, req).await {
                 Ok(r) => r,
                 Err(e) => {
                     last_err = Some(e);
@@ -76,7 +84,7 @@ impl Inner {
                 reason: e.to_string(),
             })?;
             *turn += 1;
-            return self.install_block(block, class);
+            return self.install_block(block, class).await;
         }
         Err(last_err.unwrap_or_else(|| Error::OutOfMemory("no memory nodes".into())))
     }
@@ -85,7 +93,7 @@ impl Inner {
         self.cfg().prefetch_below
     }
 
-    fn install_block(&self, block: u64, class: usize) -> Result<()> {
+    async fn install_block(&self, block: u64, class: usize) -> Result<()> {
         // One epoch throughout: if the membership changes meanwhile, the writes below are
         // refused (rotated rkeys) instead of missing a node that rejoined.
         let view = self.view();
@@ -96,7 +104,7 @@ impl Inner {
                 .u64(self.id)
                 .u64(block)
                 .finish();
-            let (st, _) = self.block_rpc(*node, req)?;
+            let (st, _) = self.block_rpc_async(*node, req).await?;
             if st != status::OK {
                 return Err(Error::Node {
                     node: *node,
@@ -118,7 +126,7 @@ impl Inner {
                 Some(b)
             })
             .collect();
-        for r in self.ep.execute_many(tags::BLOCKS, batches) {
+        for r in self.ep.execute_many_async(tags::BLOCKS, batches).await {
             r?;
         }
         let g = BlockGeometry::new(bs, class);
@@ -143,7 +151,7 @@ impl Inner {
     /// Reads the free bitmaps of this client's blocks and takes the freed objects back:
     /// marks each reclaimed (so a crash cannot resurrect it), learns its generation, clears its
     /// bit. Two round trips for all blocks. Returns how many objects came back.
-    pub(crate) fn reclaim(&self) -> Result<usize> {
+    pub(crate) async fn reclaim(&self) -> Result<usize> {
         let blocks = self.free.lock().blocks.clone();
         if blocks.is_empty() {
             return Ok(0);
@@ -178,7 +186,7 @@ impl Inner {
             batches.push(b);
             plan.push((*node, p));
         }
-        let results = self.ep.execute_many(tags::RECLAIM, batches);
+        let results = self.ep.execute_many_async(tags::RECLAIM, batches).await;
         // Round 2: per node, read each freed object's header, mark it reclaimed, clear bits.
         let mut batches = Vec::new();
         let mut found = Vec::new();
@@ -227,7 +235,8 @@ impl Inner {
         let mut n = 0;
         for (res, items) in self
             .ep
-            .execute_many(tags::RECLAIM, batches)
+            .execute_many_async(tags::RECLAIM, batches)
+            .await
             .into_iter()
             .zip(found)
         {
@@ -279,7 +288,7 @@ impl Inner {
     /// [`Self::cleanup`] for several won writes at once: every replaced object marked and
     /// freed in one round trip (one batch per node), then every log entry marked finished in
     /// a second — each entry still after its own free.
-    pub(crate) fn cleanup_many(&self, items: &[CleanupItem]) -> Result<()> {
+    pub(crate) async fn cleanup_many(&self, items: &[CleanupItem]) -> Result<()> {
         let view = self.view();
         let mut frees: Vec<Batch> = Vec::new();
         let mut finishes: Vec<Batch> = Vec::new();
@@ -296,11 +305,11 @@ impl Inner {
             )?;
         }
         if !frees.is_empty() {
-            for r in self.ep.execute_many(tags::CLEANUP, frees) {
+            for r in self.ep.execute_many_async(tags::CLEANUP, frees).await {
                 r?;
             }
         }
-        for r in self.ep.execute_many(tags::CLEANUP, finishes) {
+        for r in self.ep.execute_many_async(tags::CLEANUP, finishes).await {
             r?;
         }
         let mut free = self.free.lock();

@@ -84,14 +84,20 @@ impl Confirm {
 
     /// Waits for every part; the first failure.
     pub fn wait(&self) -> Result<()> {
+        dmkit_verbs::block_on(self.confirmed())
+    }
+
+    /// [`Confirm::wait`], awaited.
+    pub async fn confirmed(&self) -> Result<()> {
         for c in self.0.iter() {
-            c.wait()?;
+            c.confirmed().await?;
         }
         Ok(())
     }
 }
 
-/// A Gengar client.
+/// A Gengar client. Share it (in an `Arc`) between threads or tasks: every operation has an
+/// `_async` form, and many may be in flight at once; the blocking forms wait for theirs.
 #[derive(Debug)]
 pub struct GengarClient {
     ep: Endpoint,
@@ -103,6 +109,11 @@ pub struct GengarClient {
     /// Outstanding proxied writes per object, oldest first.
     confirms: Mutex<HashMap<GlobalAddr, VecDeque<Confirm>>>,
     accesses: AtomicU64,
+    /// Application locks are the client's (its id holds them at the server): among the
+    /// threads and tasks sharing the client, the one holding the object's local lock is the
+    /// holder.
+    local_locks: Mutex<HashMap<GlobalAddr, Arc<tokio::sync::Mutex<()>>>>,
+    held: Mutex<HashMap<GlobalAddr, tokio::sync::OwnedMutexGuard<()>>>,
 }
 
 fn fail(node: NodeId, r: &mut Reader<'_>) -> String {
@@ -149,9 +160,11 @@ impl GengarClient {
             table: Mutex::new(HashMap::new()),
             confirms: Mutex::new(HashMap::new()),
             accesses: AtomicU64::new(0),
+            local_locks: Mutex::new(HashMap::new()),
+            held: Mutex::new(HashMap::new()),
         };
         for node in c.servers.keys().copied().collect::<Vec<_>>() {
-            c.call(tags::ALLOC, node, Writer::tagged(tag::STAT).finish())?;
+            dmkit_verbs::block_on(c.call(tags::ALLOC, node, Writer::tagged(tag::STAT).finish()))?;
         }
         Ok(c)
     }
@@ -170,9 +183,9 @@ impl GengarClient {
     }
 
     /// One RPC; returns the status and the rest of the reply, after noting free capacity.
-    fn call(&self, t: Tag, node: NodeId, req: Vec<u8>) -> Result<(Status, Vec<u8>)> {
+    async fn call(&self, t: Tag, node: NodeId, req: Vec<u8>) -> Result<(Status, Vec<u8>)> {
         let s = self.server(node)?;
-        let reply = self.ep.rpc(t, node, &req)?;
+        let reply = self.ep.rpc_async(t, node, &req).await?;
         let mut r = Reader::new(&reply);
         let ReplyHead {
             status,
@@ -198,15 +211,22 @@ impl GengarClient {
 
     /// Allocates an object of `size` bytes (zero-filled) on the server with the most free NVM.
     pub fn alloc(&self, size: usize) -> Result<GlobalAddr> {
+        dmkit_verbs::block_on(self.alloc_async(size))
+    }
+
+    /// [`GengarClient::alloc`], awaited.
+    pub async fn alloc_async(&self, size: usize) -> Result<GlobalAddr> {
         let size32 = u32::try_from(size).map_err(|_| Error::OutOfSpace { size })?;
         let mut order: Vec<_> = self.free_nvm();
         order.sort_by_key(|(n, f)| (std::cmp::Reverse(*f), *n));
         for (node, _) in order {
-            let (st, rest) = self.call(
-                tags::ALLOC,
-                node,
-                Writer::tagged(tag::ALLOC).u32(size32).finish(),
-            )?;
+            let (st, rest) = self
+                .call(
+                    tags::ALLOC,
+                    node,
+                    Writer::tagged(tag::ALLOC).u32(size32).finish(),
+                )
+                .await?;
             let mut r = Reader::new(&rest);
             match st {
                 Status::Ok => {
@@ -240,15 +260,22 @@ impl GengarClient {
     /// it through a cached address afterwards; reads through stale addresses fail with
     /// [`Error::Freed`].
     pub fn free(&self, addr: GlobalAddr) -> Result<()> {
-        self.wait_confirms(addr)?;
-        let (st, rest) = self.call(
-            tags::FREE,
-            addr.server,
-            Writer::tagged(tag::FREE)
-                .u64(addr.offset)
-                .u32(addr.generation)
-                .finish(),
-        )?;
+        dmkit_verbs::block_on(self.free_async(addr))
+    }
+
+    /// [`GengarClient::free`], awaited.
+    pub async fn free_async(&self, addr: GlobalAddr) -> Result<()> {
+        self.wait_confirms(addr).await?;
+        let (st, rest) = self
+            .call(
+                tags::FREE,
+                addr.server,
+                Writer::tagged(tag::FREE)
+                    .u64(addr.offset)
+                    .u32(addr.generation)
+                    .finish(),
+            )
+            .await?;
         self.table.lock().remove(&addr);
         match st {
             Status::Ok => Ok(()),
@@ -261,7 +288,7 @@ impl GengarClient {
     }
 
     /// A valid lease for `addr`, from the table or (one more round trip) from its server.
-    fn entry(&self, t: Tag, addr: GlobalAddr) -> Result<Entry> {
+    async fn entry(&self, t: Tag, addr: GlobalAddr) -> Result<Entry> {
         if let Some(e) = self.table.lock().get(&addr) {
             if e.lease.is_valid(self.clock.now()) {
                 return Ok(*e);
@@ -270,15 +297,17 @@ impl GengarClient {
         let deadline = Instant::now() + self.cfg.lock_timeout;
         loop {
             let requested_at = self.clock.now();
-            let (st, rest) = self.call(
-                t,
-                addr.server,
-                Writer::tagged(tag::LEASE)
-                    .u64(self.id)
-                    .u64(addr.offset)
-                    .u32(addr.generation)
-                    .finish(),
-            )?;
+            let (st, rest) = self
+                .call(
+                    t,
+                    addr.server,
+                    Writer::tagged(tag::LEASE)
+                        .u64(self.id)
+                        .u64(addr.offset)
+                        .u32(addr.generation)
+                        .finish(),
+                )
+                .await?;
             let mut r = Reader::new(&rest);
             match st {
                 Status::Ok => {
@@ -306,7 +335,7 @@ impl GengarClient {
                 }
                 Status::Busy if Instant::now() < deadline => {
                     // Fenced while the server promotes, evicts or frees the object.
-                    std::thread::sleep(self.cfg.busy_retry);
+                    dmkit_verbs::sleep(self.cfg.busy_retry).await;
                 }
                 _ => {
                     return Err(Error::Server {
@@ -318,19 +347,24 @@ impl GengarClient {
         }
     }
 
-    fn record_access(&self, addr: GlobalAddr) -> Result<()> {
+    async fn record_access(&self, addr: GlobalAddr) -> Result<()> {
         if let Ok(s) = self.server(addr.server) {
             s.counter.record(addr.offset);
         }
         let n = self.accesses.fetch_add(1, Ordering::Relaxed) + 1;
         if n % self.cfg.report_every == 0 {
-            self.report_hot()?;
+            self.report_hot_async().await?;
         }
         Ok(())
     }
 
     /// Sends each server this client's hot objects of the window that just ended.
     pub fn report_hot(&self) -> Result<()> {
+        dmkit_verbs::block_on(self.report_hot_async())
+    }
+
+    /// [`GengarClient::report_hot`], awaited.
+    pub async fn report_hot_async(&self) -> Result<()> {
         for (node, s) in &self.servers {
             let rep = s.counter.end_window(self.id);
             if rep.entries.is_empty() {
@@ -344,7 +378,7 @@ impl GengarClient {
             for e in &rep.entries {
                 w = w.u64(e.obj).u64(e.count);
             }
-            self.call(tags::REPORT, *node, w.finish())?;
+            self.call(tags::REPORT, *node, w.finish()).await?;
         }
         Ok(())
     }
@@ -354,11 +388,21 @@ impl GengarClient {
         self.read_at(addr, 0, addr.size as usize)
     }
 
+    /// [`GengarClient::read`], awaited.
+    pub async fn read_async(&self, addr: GlobalAddr) -> Result<Vec<u8>> {
+        self.read_at_async(addr, 0, addr.size as usize).await
+    }
+
     /// Reads `len` bytes at `at` inside the object.
     pub fn read_at(&self, addr: GlobalAddr, at: usize, len: usize) -> Result<Vec<u8>> {
+        dmkit_verbs::block_on(self.read_at_async(addr, at, len))
+    }
+
+    /// [`GengarClient::read_at`], awaited.
+    pub async fn read_at_async(&self, addr: GlobalAddr, at: usize, len: usize) -> Result<Vec<u8>> {
         let s = self.server(addr.server)?;
         for _ in 0..8 {
-            let e = self.entry(tags::READ, addr)?;
+            let e = self.entry(tags::READ, addr).await?;
             check_range(addr, at, len, e.size)?;
             // The header word precedes the payload: read it with the data, in one READ, and
             // check the generation so a freed or reused slot is never returned as the object.
@@ -369,12 +413,12 @@ impl GengarClient {
             let mut b = self.ep.batch(addr.server);
             let hdr = b.read(remote, 8);
             let data = b.read(remote.add(8 + at as u64), len);
-            let res = self.ep.execute(tags::READ, b)?;
+            let res = self.ep.execute_async(tags::READ, b).await?;
             let h = ObjectHeader::from_word(u64::from_le_bytes(
                 res.read(hdr).try_into().expect("8 bytes"),
             ));
             if h.allocated && h.generation == want_gen {
-                self.record_access(addr)?;
+                self.record_access(addr).await?;
                 return Ok(res.read(data).to_vec());
             }
             // The lease was stale (it should not be: count it) — refresh and retry.
@@ -408,7 +452,12 @@ impl GengarClient {
     /// Writes `data` at `at` inside the object and returns when every copy is updated (NVM
     /// durably): one round trip with a valid lease, two without.
     pub fn write(&self, addr: GlobalAddr, at: usize, data: &[u8]) -> Result<()> {
-        let e = self.entry(tags::WRITE, addr)?;
+        dmkit_verbs::block_on(self.write_async(addr, at, data))
+    }
+
+    /// [`GengarClient::write`], awaited.
+    pub async fn write_async(&self, addr: GlobalAddr, at: usize, data: &[u8]) -> Result<()> {
+        let e = self.entry(tags::WRITE, addr).await?;
         let parts = self.write_batches(addr, at, data, &e)?;
         let mut b = self.ep.batch(addr.server);
         for (remote, durable) in parts {
@@ -418,7 +467,7 @@ impl GengarClient {
                 b.write(remote, data);
             }
         }
-        self.ep.execute(tags::WRITE, b)?;
+        self.ep.execute_async(tags::WRITE, b).await?;
         Ok(())
     }
 
@@ -426,11 +475,25 @@ impl GengarClient {
     /// server completed every copy. Staging is bounded (the endpoint's), so a fast writer waits
     /// rather than growing memory.
     pub fn write_proxied(&self, addr: GlobalAddr, at: usize, data: &[u8]) -> Result<Confirm> {
-        let e = self.entry(tags::WRITE, addr)?;
+        dmkit_verbs::block_on(self.write_proxied_async(addr, at, data))
+    }
+
+    /// [`GengarClient::write_proxied`], awaited: waiting for staging room is awaited too.
+    pub async fn write_proxied_async(
+        &self,
+        addr: GlobalAddr,
+        at: usize,
+        data: &[u8],
+    ) -> Result<Confirm> {
+        let e = self.entry(tags::WRITE, addr).await?;
         let parts = self.write_batches(addr, at, data, &e)?;
         let mut confirms = Vec::with_capacity(parts.len());
         for (remote, durable) in parts {
-            confirms.push(self.ep.proxied_write(tags::WRITE, remote, data, durable)?);
+            confirms.push(
+                self.ep
+                    .proxied_write_async(tags::WRITE, remote, data, durable)
+                    .await?,
+            );
         }
         let c = Confirm(Arc::new(confirms));
         let mut all = self.confirms.lock();
@@ -447,37 +510,76 @@ impl GengarClient {
 
     /// Waits until every proxied write so far is confirmed.
     pub fn flush(&self) -> Result<()> {
-        self.ep.flush()?;
+        dmkit_verbs::block_on(self.flush_async())
+    }
+
+    /// [`GengarClient::flush`], awaited.
+    pub async fn flush_async(&self) -> Result<()> {
+        self.ep.flush_async().await?;
         self.confirms.lock().clear();
         Ok(())
     }
 
-    fn wait_confirms(&self, addr: GlobalAddr) -> Result<()> {
+    async fn wait_confirms(&self, addr: GlobalAddr) -> Result<()> {
         let pending = self.confirms.lock().remove(&addr).unwrap_or_default();
         for c in pending {
-            c.wait()?;
+            c.confirmed().await?;
         }
         Ok(())
     }
 
     /// Takes the application lock of a shared object, waiting (up to the lock timeout) while
-    /// another client holds it.
+    /// another client — or another thread or task of this client — holds it.
     pub fn lock(&self, addr: GlobalAddr) -> Result<()> {
+        dmkit_verbs::block_on(self.lock_async(addr))
+    }
+
+    /// [`GengarClient::lock`], awaited (the waits between tries are awaited too).
+    pub async fn lock_async(&self, addr: GlobalAddr) -> Result<()> {
         let deadline = Instant::now() + self.cfg.lock_timeout;
         let mut backoff = Duration::from_micros(50);
+        // First among the callers sharing this client.
+        let local = self
+            .local_locks
+            .lock()
+            .entry(addr)
+            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())))
+            .clone();
+        let guard = loop {
+            match local.clone().try_lock_owned() {
+                Ok(g) => break g,
+                Err(_) if Instant::now() < deadline => {
+                    dmkit_verbs::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(5));
+                }
+                Err(_) => return Err(Error::LockTimeout(addr)),
+            }
+        };
+        let r = self.lock_remote(addr, deadline).await;
+        if r.is_ok() {
+            self.held.lock().insert(addr, guard);
+        }
+        r
+    }
+
+    /// The server's lock, for this client's id.
+    async fn lock_remote(&self, addr: GlobalAddr, deadline: Instant) -> Result<()> {
+        let mut backoff = Duration::from_micros(50);
         loop {
-            let (st, rest) = self.call(
-                tags::LOCK,
-                addr.server,
-                Writer::tagged(tag::LOCK)
-                    .u64(self.id)
-                    .u64(addr.offset)
-                    .finish(),
-            )?;
+            let (st, rest) = self
+                .call(
+                    tags::LOCK,
+                    addr.server,
+                    Writer::tagged(tag::LOCK)
+                        .u64(self.id)
+                        .u64(addr.offset)
+                        .finish(),
+                )
+                .await?;
             match st {
                 Status::Ok => return Ok(()),
                 Status::Busy if Instant::now() < deadline => {
-                    std::thread::sleep(backoff);
+                    dmkit_verbs::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_millis(5));
                 }
                 Status::Busy => return Err(Error::LockTimeout(addr)),
@@ -494,15 +596,34 @@ impl GengarClient {
     /// Releases the lock, after every proxied write this client made to the object is
     /// confirmed — so the next holder sees them.
     pub fn unlock(&self, addr: GlobalAddr) -> Result<()> {
-        self.wait_confirms(addr)?;
-        let (st, rest) = self.call(
-            tags::LOCK,
-            addr.server,
-            Writer::tagged(tag::UNLOCK)
-                .u64(self.id)
-                .u64(addr.offset)
-                .finish(),
-        )?;
+        dmkit_verbs::block_on(self.unlock_async(addr))
+    }
+
+    /// [`GengarClient::unlock`], awaited.
+    pub async fn unlock_async(&self, addr: GlobalAddr) -> Result<()> {
+        let r = self.unlock_remote(addr).await;
+        // Whatever the server said, the caller no longer holds it here.
+        if self.held.lock().remove(&addr).is_some() {
+            let mut locks = self.local_locks.lock();
+            if locks.get(&addr).is_some_and(|l| Arc::strong_count(l) == 1) {
+                locks.remove(&addr);
+            }
+        }
+        r
+    }
+
+    async fn unlock_remote(&self, addr: GlobalAddr) -> Result<()> {
+        self.wait_confirms(addr).await?;
+        let (st, rest) = self
+            .call(
+                tags::LOCK,
+                addr.server,
+                Writer::tagged(tag::UNLOCK)
+                    .u64(self.id)
+                    .u64(addr.offset)
+                    .finish(),
+            )
+            .await?;
         match st {
             Status::Ok => Ok(()),
             Status::NotHolder => Err(Error::NotLockHolder(addr)),

@@ -19,6 +19,10 @@
 //!   object waits for the object's outstanding confirms.
 //! - **Stale addresses** are detected by generation: a read never returns a freed or
 //!   re-allocated object's bytes.
+//! - **Many operations in flight.** Every operation has an `_async` form; one client (in an
+//!   `Arc`) is shared by threads and tasks, as FUSEE's coroutines share theirs. A lock is
+//!   held by one caller of the client at a time (not re-entrant): another task of the same
+//!   client waits for the unlock, as another client does.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -40,6 +44,14 @@
 //! assert_eq!(&client.read_at(obj, 0, 20)?, b"hello, hybrid memory");
 //! client.free(obj)?;
 //! assert!(client.read(obj).is_err());
+//!
+//! // Awaited: operations on several objects in flight at once from one thread.
+//! let objs: Vec<_> = (0..8).map(|_| client.alloc(16)).collect::<Result<_, _>>()?;
+//! let c = &client;
+//! let written = dmkit_verbs::block_on(dmkit_verbs::join_all(
+//!     objs.iter().map(|&o| async move { c.write_async(o, 0, b"in flight").await }).collect(),
+//! ));
+//! assert!(written.iter().all(Result::is_ok));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 

@@ -359,11 +359,84 @@ fn bad_addresses_and_lock_misuse_are_clear_errors() {
     let b = c.alloc(8).unwrap();
     assert!(matches!(c.unlock(b), Err(Error::NotLockHolder(_))));
     c.lock(b).unwrap();
-    c.lock(b)
-        .unwrap_or_else(|e| panic!("re-locking by the holder: {e}"));
     c.unlock(b).unwrap();
+    // Not re-entrant: through one client (shared by threads or tasks), a held lock is not
+    // taken again — the second locker waits for the unlock, here past the lock timeout.
+    let short = ClientConfig {
+        lock_timeout: Duration::from_millis(100),
+        ..ClientConfig::default()
+    };
+    let shared = GengarClient::new(cluster.endpoint(2).unwrap(), 2, short, clock()).unwrap();
+    shared.lock(b).unwrap();
+    let t = Instant::now();
+    assert!(
+        matches!(shared.lock(b), Err(Error::LockTimeout(_))),
+        "a held lock is not taken twice through one client"
+    );
+    assert!(t.elapsed() >= Duration::from_millis(100));
+    shared.unlock(b).unwrap();
     assert!(matches!(c.unlock(b), Err(Error::NotLockHolder(_))));
     // The pool is unharmed by all of that.
     c.write(b, 0, b"12345678").unwrap();
     assert_eq!(&c.read(b).unwrap(), b"12345678");
+}
+
+/// One client shared by many operations in flight at once, from one thread (as FUSEE's
+/// coroutines share theirs), over tcp: locked increments lose nothing, proxied and direct
+/// writes read back, and nothing is left in flight.
+#[test]
+fn one_client_keeps_many_operations_in_flight_over_tcp() {
+    use dmkit_verbs::tcp::{TcpConnector, TcpServer, TcpServerConfig};
+    const TASKS: usize = 48;
+    const ROUNDS: usize = 5;
+    let nvm = Pool::create_dram(16 << 20, PoolOptions::default().block_size(64 << 10)).unwrap();
+    let server = GengarServer::new(NodeId(0), nvm, ServerConfig::default(), clock()).unwrap();
+    let tcp = TcpServer::start(
+        "127.0.0.1:0",
+        server.node().clone(),
+        TcpServerConfig::default(),
+    )
+    .unwrap();
+    let ep = dmkit_verbs::Endpoint::connect(
+        &TcpConnector::default(),
+        &[(NodeId(0), tcp.local_addr().to_string())],
+    )
+    .unwrap();
+    let c = GengarClient::new(ep, 7, ClientConfig::default(), clock()).unwrap();
+    let counter = c.alloc(8).unwrap();
+    let c = &c;
+    let outcomes = dmkit_verbs::block_on(dmkit_verbs::join_all(
+        (0..TASKS)
+            .map(|t| async move {
+                let own = c.alloc_async(64).await?;
+                for r in 0..ROUNDS {
+                    let v = format!("task {t} round {r}");
+                    if r % 2 == 0 {
+                        c.write_async(own, 0, v.as_bytes()).await?;
+                    } else {
+                        c.write_proxied_async(own, 0, v.as_bytes())
+                            .await?
+                            .confirmed()
+                            .await?;
+                    }
+                    let back = c.read_at_async(own, 0, v.len()).await?;
+                    assert_eq!(back, v.as_bytes());
+                    c.lock_async(counter).await?;
+                    let n = u64::from_le_bytes(
+                        c.read_async(counter).await?.try_into().expect("8 bytes"),
+                    );
+                    c.write_async(counter, 0, &(n + 1).to_le_bytes()).await?;
+                    c.unlock_async(counter).await?;
+                }
+                c.free_async(own).await
+            })
+            .collect(),
+    ));
+    for o in outcomes {
+        o.unwrap();
+    }
+    let total = u64::from_le_bytes(c.read(counter).unwrap().try_into().unwrap());
+    assert_eq!(total, (TASKS * ROUNDS) as u64);
+    c.flush().unwrap();
+    assert_eq!(c.endpoint().in_flight(), 0);
 }

@@ -84,6 +84,7 @@ mod error;
 mod memory;
 mod node;
 mod pending;
+pub mod runtime;
 mod stats;
 mod types;
 

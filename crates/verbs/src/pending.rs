@@ -213,7 +213,15 @@ impl<T: Send + 'static> Pending<T> {
     }
 
     /// Like [`Pending::wait`] with an explicit bound.
-    pub fn wait_timeout(mut self, timeout: Duration) -> Result<T> {
+    pub fn wait_timeout(self, timeout: Duration) -> Result<T> {
+        if let State::Ready(_) = self.state {
+            return self.wait_inner(timeout);
+        }
+        // (On a runtime's worker, the wait moves off it: see `runtime::blocking`.)
+        crate::runtime::blocking(move || self.wait_inner(timeout))
+    }
+
+    fn wait_inner(mut self, timeout: Duration) -> Result<T> {
         // Nothing may wait on verbs this thread still holds back.
         crate::doorbell::ring_deferred();
         match std::mem::replace(&mut self.state, State::Done) {
@@ -329,8 +337,13 @@ thread_local! {
 /// executor for simple callers. Needs no runtime. While `f` waits on completions whose backend
 /// is polled (rdma), this thread polls the completion queue itself for a while, as a blocking
 /// [`Pending::wait`] does, instead of sleeping until another thread wakes it; otherwise it
-/// parks until woken.
+/// parks until woken. Called on a worker of a multi-threaded tokio runtime, the worker's other
+/// tasks move to another thread while it blocks (see [`crate::runtime::blocking`]).
 pub fn block_on<F: Future>(f: F) -> F::Output {
+    crate::runtime::blocking(move || block_on_here(f))
+}
+
+fn block_on_here<F: Future>(f: F) -> F::Output {
     struct Unpark {
         woken: AtomicBool,
         thread: std::thread::Thread,

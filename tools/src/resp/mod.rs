@@ -72,7 +72,10 @@ pub struct RespConfig {
     pub limits: Limits,
     /// Connections beyond this are refused with Redis's "max number of clients" error.
     pub max_clients: usize,
-    /// Threads that run connections' protocol work.
+    /// Threads that run connections' protocol work: 0 (the default) shares the process's
+    /// I/O runtime with its memory-node connections (`dmkit_verbs::runtime`, sized by
+    /// `DMKIT_IO_THREADS`), so a completion wakes the command that awaits it on the thread
+    /// that read it; more gives the gateway a runtime of its own with that many workers.
     pub io_threads: usize,
     /// Backend calls running at once, at most (the blocking pool's threads).
     pub backend_threads: usize,
@@ -83,7 +86,7 @@ impl Default for RespConfig {
         Self {
             limits: Limits::default(),
             max_clients: 10_000,
-            io_threads: 2,
+            io_threads: 0,
             backend_threads: 64,
         }
     }
@@ -98,6 +101,11 @@ struct Shared {
     stop: AtomicBool,
     /// Commands on keys, to the dispatcher (see [`dispatch`]).
     jobs: tokio::sync::mpsc::UnboundedSender<Job>,
+    /// Blocking backend calls running at once, at most `backend_threads`.
+    blocking: tokio::sync::Semaphore,
+    /// Open connections' tasks, to end them when the gateway is dropped.
+    conns: parking_lot::Mutex<std::collections::HashMap<u64, tokio::task::AbortHandle>>,
+    next_conn: AtomicU64,
 }
 
 /// A command on keys for the dispatcher, and where its reply goes.
@@ -156,7 +164,10 @@ async fn dispatch(mut jobs: tokio::sync::mpsc::UnboundedReceiver<Job>) {
 pub struct RespServer {
     addr: SocketAddr,
     shared: Arc<Shared>,
+    /// Its own runtime, when `io_threads` asked for one.
     rt: Option<tokio::runtime::Runtime>,
+    /// The accept loop and the dispatcher.
+    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for RespServer {
@@ -177,32 +188,45 @@ impl RespServer {
         let l = TcpListener::bind(addr)?;
         l.set_nonblocking(true)?;
         let local = l.local_addr()?;
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(cfg.io_threads.max(1))
-            .max_blocking_threads(cfg.backend_threads.max(1))
-            .thread_name("resp")
-            .enable_all()
-            .build()?;
+        let rt = if cfg.io_threads == 0 {
+            None
+        } else {
+            Some(
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(cfg.io_threads)
+                    .max_blocking_threads(cfg.backend_threads.max(1))
+                    .thread_name("resp")
+                    .enable_all()
+                    .build()?,
+            )
+        };
+        let handle = rt
+            .as_ref()
+            .map_or_else(dmkit_verbs::runtime::io_handle, |rt| rt.handle().clone());
         let (jobs, rx) = tokio::sync::mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             backend,
+            blocking: tokio::sync::Semaphore::new(cfg.backend_threads.max(1)),
             cfg,
             clients: AtomicUsize::new(0),
             commands: AtomicU64::new(0),
             started: Instant::now(),
             stop: AtomicBool::new(false),
             jobs,
+            conns: parking_lot::Mutex::new(std::collections::HashMap::new()),
+            next_conn: AtomicU64::new(0),
         });
-        rt.spawn(dispatch(rx));
+        let dispatcher = handle.spawn(dispatch(rx));
         let listener = {
-            let _entered = rt.enter();
+            let _entered = handle.enter();
             tokio::net::TcpListener::from_std(l)?
         };
-        rt.spawn(accept_loop(shared.clone(), listener));
+        let accept = handle.spawn(accept_loop(shared.clone(), listener));
         Ok(RespServer {
             addr: local,
             shared,
-            rt: Some(rt),
+            rt,
+            tasks: vec![accept, dispatcher],
         })
     }
 
@@ -219,6 +243,12 @@ impl RespServer {
 impl Drop for RespServer {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
+        for t in &self.tasks {
+            t.abort();
+        }
+        for (_, c) in self.shared.conns.lock().drain() {
+            c.abort();
+        }
         if let Some(rt) = self.rt.take() {
             rt.shutdown_background();
         }
@@ -232,7 +262,15 @@ async fn accept_loop(s: Arc<Shared>, l: tokio::net::TcpListener) {
                 if s.stop.load(Ordering::SeqCst) {
                     return;
                 }
-                tokio::spawn(serve(s.clone(), conn));
+                let id = s.next_conn.fetch_add(1, Ordering::Relaxed);
+                let s2 = s.clone();
+                // The map is updated under its lock before the task can remove its entry.
+                let mut conns = s.conns.lock();
+                let task = tokio::spawn(async move {
+                    serve(s2.clone(), conn).await;
+                    s2.conns.lock().remove(&id);
+                });
+                conns.insert(id, task.abort_handle());
             }
             Err(e) => {
                 // Out of descriptors and the like: back off, keep serving the others.
@@ -279,6 +317,9 @@ async fn call<T: Send + 'static>(
     if !s.backend.blocks() {
         return blocking(s.backend.as_ref());
     }
+    let Ok(_permit) = s.blocking.acquire().await else {
+        return Err("the gateway is shutting down".into());
+    };
     let s = s.clone();
     tokio::task::spawn_blocking(move || blocking(s.backend.as_ref()))
         .await

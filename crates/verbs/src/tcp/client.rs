@@ -1,17 +1,19 @@
-//! The client side of the `tcp` backend: a connection is a socket with one writer (posting
-//! takes a short lock) and one reader thread that delivers completions by request id.
+//! The client side of the `tcp` backend: a connection is a socket that posting threads write
+//! to directly (taking turns through the outbox) and a receive task on the process's I/O
+//! runtime ([`crate::runtime`]) that delivers completions by request id. A connection costs no
+//! thread of its own.
 
 use std::collections::HashMap;
-use std::io::{BufReader, Read, Write};
+use std::io::{BufReader, Read};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
 use super::auth;
-use super::frame::{self, Cursor, FrameError, Kind, op};
+use super::frame::{self, Cursor, FrameError, Kind, RxBuf, op};
 use super::server::DEFAULT_MAX_FRAME;
 use crate::batch::{Batch, BatchResult, Op};
 use crate::buf::MemBuf;
@@ -95,8 +97,10 @@ impl Waiter {
 struct Shared {
     node: NodeId,
     peer: String,
-    stream: TcpStream,
-    writer: Mutex<TcpStream>,
+    /// The socket, registered with the I/O runtime (reads by the receive task, writes by
+    /// whoever holds the outbox's turn).
+    io: tokio::net::TcpStream,
+    me: Weak<Shared>,
     /// Frames posted while another thread is writing: that thread sends them with its own in
     /// one write (concurrent posters share system calls and TCP segments).
     outbox: Mutex<Outbox>,
@@ -114,7 +118,7 @@ impl Shared {
         if self.alive.swap(false, Ordering::SeqCst) {
             tracing::debug!(node = %self.node, peer = %self.peer, %reason, "tcp connection down");
             *self.dead_reason.lock() = Some(reason.clone());
-            let _ = self.stream.shutdown(Shutdown::Both);
+            let _ = socket2::SockRef::from(&self.io).shutdown(Shutdown::Both);
         }
         let drained: Vec<_> = self.waiters.lock().drain().map(|(_, w)| w).collect();
         for w in drained {
@@ -162,6 +166,8 @@ impl Shared {
     }
 
     /// Sends the outbox, unless another thread is writing (it sends what queued meanwhile).
+    /// Never blocks: when the socket is full, a task of the I/O runtime sends the rest as
+    /// the node reads.
     fn write_queued<'a>(&'a self, mut ob: parking_lot::MutexGuard<'a, Outbox>) {
         if ob.writing {
             // The thread writing now sends this frame next, with whatever else queued.
@@ -175,20 +181,75 @@ impl Shared {
                 return;
             }
             drop(ob);
-            let r = self.writer.lock().write_all(&out);
+            let r = self.try_write_all(&out);
             ob = self.outbox.lock();
-            if let Err(e) = r {
-                ob.writing = false;
-                ob.queued.clear();
-                drop(ob);
-                self.kill(format!("send failed: {e}"));
-                return;
+            match r {
+                Err(e) => {
+                    ob.writing = false;
+                    ob.queued.clear();
+                    drop(ob);
+                    self.kill(format!("send failed: {e}"));
+                    return;
+                }
+                Ok(sent) if sent < out.len() => {
+                    // The rest goes first, then whatever queued meanwhile; the task keeps
+                    // the turn (`writing`) until the outbox is empty.
+                    let later = std::mem::take(&mut ob.queued);
+                    out.drain(..sent);
+                    out.extend_from_slice(&later);
+                    ob.queued = out;
+                    drop(ob);
+                    if let Some(me) = self.me.upgrade() {
+                        crate::runtime::io_runtime().spawn(drain_outbox(me));
+                    }
+                    return;
+                }
+                Ok(_) => {}
             }
             if ob.queued.is_empty() {
                 // Keep the allocation for the next frames.
                 out.clear();
                 ob.queued = out;
             }
+        }
+    }
+
+    /// Writes what the socket takes now: the bytes sent.
+    fn try_write_all(&self, bytes: &[u8]) -> std::io::Result<usize> {
+        let mut sent = 0;
+        while sent < bytes.len() {
+            match self.io.try_write(&bytes[sent..]) {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(sent)
+    }
+}
+
+/// Sends the outbox as the socket drains, then gives the turn back.
+async fn drain_outbox(s: Arc<Shared>) {
+    loop {
+        let out = {
+            let mut ob = s.outbox.lock();
+            let out = std::mem::take(&mut ob.queued);
+            if out.is_empty() {
+                ob.writing = false;
+                return;
+            }
+            out
+        };
+        if let Err(e) = frame::write_all(&s.io, &out).await {
+            {
+                let mut ob = s.outbox.lock();
+                ob.writing = false;
+                ob.queued.clear();
+            }
+            s.kill(format!("send failed: {e}"));
+            return;
         }
     }
 }
@@ -364,15 +425,28 @@ impl TcpConnection {
         }
         let regions = frame::decode_regions(&mut c, node).map_err(parse)?;
         c.end().map_err(parse)?;
+        if !reader.buffer().is_empty() {
+            return Err(Error::Protocol {
+                peer: addr.to_string(),
+                reason: "data after the handshake before any request".into(),
+            });
+        }
+        drop(reader);
+        drop(writer);
         stream.set_read_timeout(None)?;
-        stream.set_write_timeout(Some(cfg.op_timeout))?;
-
-        let shared = Arc::new(Shared {
+        stream.set_write_timeout(None)?;
+        stream.set_nonblocking(true)?;
+        let rt = crate::runtime::io_runtime();
+        let io = {
+            let _in = rt.enter();
+            tokio::net::TcpStream::from_std(stream)?
+        };
+        let shared = Arc::new_cyclic(|me| Shared {
             node,
             peer: addr.to_string(),
-            writer: Mutex::new(stream.try_clone()?),
+            io,
+            me: me.clone(),
             outbox: Mutex::new(Outbox::default()),
-            stream,
             waiters: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             alive: AtomicBool::new(true),
@@ -381,10 +455,7 @@ impl TcpConnection {
             op_timeout: cfg.op_timeout,
             max_frame: cfg.max_frame,
         });
-        let s = shared.clone();
-        std::thread::Builder::new()
-            .name(format!("dmkit-tcp-rx-{node}"))
-            .spawn(move || reader_loop(&s, reader))?;
+        rt.spawn(receive(shared.clone()));
         Ok(TcpConnection { shared })
     }
 
@@ -418,26 +489,36 @@ impl Read for Bounded<'_> {
     }
 }
 
-fn reader_loop(shared: &Shared, mut reader: BufReader<TcpStream>) {
-    let mut payload = Vec::new();
+/// The receive task: delivers each response to its waiter, every frame already received
+/// before the next read.
+async fn receive(shared: Arc<Shared>) {
+    let mut rx = RxBuf::new(16 << 10);
     loop {
-        let h = match frame::read_frame(&mut reader, &mut payload, shared.max_frame) {
-            Ok(Some(h)) => h,
-            Ok(None) => return shared.kill("the memory node closed the connection".into()),
-            Err(e) => return shared.kill(format!("receive failed: {e}")),
-        };
-        if h.kind == Kind::Error {
-            return shared.kill(format!(
-                "the memory node reported: {}",
-                String::from_utf8_lossy(&payload)
-            ));
+        loop {
+            let (h, at) = match rx.next(shared.max_frame) {
+                Ok(Some(f)) => f,
+                Ok(None) => break,
+                Err(e) => return shared.kill(format!("receive failed: {e}")),
+            };
+            let payload = rx.bytes(at);
+            if h.kind == Kind::Error {
+                return shared.kill(format!(
+                    "the memory node reported: {}",
+                    String::from_utf8_lossy(payload)
+                ));
+            }
+            let Some(w) = shared.waiters.lock().remove(&h.req_id) else {
+                // A response to a request that timed out: ignore.
+                continue;
+            };
+            if let Err(e) = deliver(&shared, h.kind, payload, w) {
+                return shared.kill(format!("bad response: {e}"));
+            }
         }
-        let Some(w) = shared.waiters.lock().remove(&h.req_id) else {
-            // A response to a request that timed out: ignore.
-            continue;
-        };
-        if let Err(e) = deliver(shared, h.kind, &payload, w) {
-            return shared.kill(format!("bad response: {e}"));
+        match rx.fill(&shared.io).await {
+            Ok(0) => return shared.kill("the memory node closed the connection".into()),
+            Ok(_) => {}
+            Err(e) => return shared.kill(format!("receive failed: {e}")),
         }
     }
 }

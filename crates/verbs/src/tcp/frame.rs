@@ -311,3 +311,133 @@ mod tests {
         assert!(decode_regions(&mut c, NodeId(0)).is_err());
     }
 }
+
+/// A connection's receive buffer: bytes read from the socket, cut into whole frames. Every
+/// frame already received is taken before the next read, so a peer's burst of frames is
+/// handled (and answered) together.
+#[derive(Debug)]
+pub(crate) struct RxBuf {
+    /// Always initialized to its length; `start..end` holds bytes not yet taken.
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+    /// The size it starts with and returns to after a large frame.
+    chunk: usize,
+}
+
+impl RxBuf {
+    pub(crate) fn new(chunk: usize) -> Self {
+        Self {
+            buf: vec![0; chunk],
+            start: 0,
+            end: 0,
+            chunk,
+        }
+    }
+
+    /// The next whole frame received: its header and where its payload lies (valid until the
+    /// next read). `Ok(None)` when the rest of a frame has not arrived yet.
+    pub(crate) fn next(
+        &mut self,
+        max: usize,
+    ) -> Result<Option<(Header, std::ops::Range<usize>)>, FrameError> {
+        let have = &self.buf[self.start..self.end];
+        let Some(h) = have.get(..HEADER_LEN) else {
+            return Ok(None);
+        };
+        let hdr = decode_header(h.try_into().expect("HEADER_LEN bytes"), max)?;
+        let end = HEADER_LEN + hdr.len as usize;
+        if have.len() < end {
+            return Ok(None);
+        }
+        let at = self.start + HEADER_LEN;
+        self.start += end;
+        Ok(Some((hdr, at..at + hdr.len as usize)))
+    }
+
+    pub(crate) fn bytes(&self, r: std::ops::Range<usize>) -> &[u8] {
+        &self.buf[r]
+    }
+
+    /// Whether bytes of an unfinished frame are buffered.
+    pub(crate) fn partial(&self) -> bool {
+        self.start < self.end
+    }
+
+    /// Reads once from `stream` (waiting until it is readable): the bytes read, 0 at EOF.
+    pub(crate) async fn fill(&mut self, stream: &tokio::net::TcpStream) -> io::Result<usize> {
+        // Move what is left of an unfinished frame to the front, then make room.
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        if self.end == self.buf.len() {
+            // A frame larger than the buffer: grow (by doubling) until it fits.
+            let grown = (self.buf.len() * 2).max(4096);
+            self.buf.resize(grown, 0);
+        } else if self.buf.len() > 4 * self.chunk && self.end <= self.chunk {
+            // The large frame is gone: give the memory back.
+            self.buf.truncate(self.chunk);
+            self.buf.shrink_to_fit();
+        }
+        let room = self.buf.len() - self.end;
+        loop {
+            stream.readable().await?;
+            let mut got = 0;
+            let r = stream.try_io(tokio::io::Interest::READABLE, || {
+                let n = io::Read::read(
+                    &mut &*socket2::SockRef::from(stream),
+                    &mut self.buf[self.end..],
+                )?;
+                got = n;
+                if n > 0 && n < room {
+                    // A short read emptied the socket: tell the runtime it is not readable
+                    // now (as a failed read would, with the readiness seen before this
+                    // read, so data that arrived since is not missed), which saves the
+                    // read that would only say so.
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                Ok(n)
+            });
+            match r {
+                Ok(n) => {
+                    self.end += n;
+                    return Ok(n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && got > 0 => {
+                    self.end += got;
+                    return Ok(got);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// Writes all of `bytes` to a tokio stream shared by reference.
+pub(crate) async fn write_all(stream: &tokio::net::TcpStream, mut bytes: &[u8]) -> io::Result<()> {
+    while !bytes.is_empty() {
+        stream.writable().await?;
+        match stream.try_write(bytes) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// One whole frame, encoded.
+pub(crate) fn encode_frame(kind: Kind, req_id: u64, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+    let at = encode_header(&mut out, kind, req_id);
+    out.extend_from_slice(payload);
+    // Handshake frames are small: their length always fits.
+    let _ = finish(&mut out, at);
+    out
+}

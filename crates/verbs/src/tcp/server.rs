@@ -2,19 +2,19 @@
 //! the node's registered memory. No application logic runs here except the node's RPC handler.
 
 use std::collections::HashMap;
-use std::io::{BufReader, BufWriter, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use tokio::task::JoinHandle;
 
 use super::auth;
-use super::frame::{self, Cursor, FrameError, Kind, op};
+use super::frame::{self, Cursor, FrameError, Kind, RxBuf, op};
 use crate::error::{AccessFault, Error, Result};
 use crate::node::{MemoryNode, OpKind, Peer};
+use crate::runtime;
 
 /// Settings of a tcp memory node.
 #[derive(Clone, Default)]
@@ -38,18 +38,70 @@ impl std::fmt::Debug for TcpServerConfig {
 
 pub(crate) const DEFAULT_MAX_FRAME: usize = 64 << 20;
 
+/// Bytes a connection reads at a time.
+const RX_CHUNK: usize = 16 << 10;
+
+/// Verbs served, for `dmkit_memnode_verbs_served_total{op}`.
+struct Served {
+    read: metrics::Counter,
+    write: metrics::Counter,
+    cas: metrics::Counter,
+    faa: metrics::Counter,
+    rpc: metrics::Counter,
+}
+
+impl Served {
+    fn new() -> Self {
+        let c =
+            |op: &'static str| metrics::counter!("dmkit_memnode_verbs_served_total", "op" => op);
+        Self {
+            read: c("read"),
+            write: c("write"),
+            cas: c("cas"),
+            faa: c("faa"),
+            rpc: c("rpc"),
+        }
+    }
+
+    fn add(&self, t: &Tally) {
+        for (c, n) in [
+            (&self.read, t.read),
+            (&self.write, t.write),
+            (&self.cas, t.cas),
+            (&self.faa, t.faa),
+        ] {
+            if n > 0 {
+                c.increment(n);
+            }
+        }
+    }
+}
+
+/// Verbs executed, by kind.
+#[derive(Default)]
+struct Tally {
+    read: u64,
+    write: u64,
+    cas: u64,
+    faa: u64,
+}
+
 struct Shared {
     node: Arc<MemoryNode>,
     cfg: TcpServerConfig,
     max_frame: usize,
     stop: AtomicBool,
     paused: AtomicBool,
-    conns: Mutex<HashMap<u64, TcpStream>>,
+    /// Open connections: a handle on each socket (to close it at once at shutdown) and its task.
+    conns: Mutex<HashMap<u64, (Arc<tokio::net::TcpStream>, tokio::task::AbortHandle)>>,
     next_conn: AtomicU64,
+    served: Served,
 }
 
-/// A memory node served over TCP. Dropping it (or [`TcpServer::shutdown`]) stops accepting and
-/// closes every connection, as a crash would from the clients' point of view.
+/// A memory node served over TCP. Connections are tasks on the process's I/O runtime
+/// ([`crate::runtime`]): an idle connection costs a socket and a little memory, no thread.
+/// Dropping it (or [`TcpServer::shutdown`]) stops accepting and closes every connection, as a
+/// crash would from the clients' point of view.
 pub struct TcpServer {
     shared: Arc<Shared>,
     addr: SocketAddr,
@@ -66,17 +118,24 @@ impl std::fmt::Debug for TcpServer {
 }
 
 impl TcpServer {
-    /// Binds `addr` and starts serving `node` on background threads (one per connection).
+    /// Binds `addr` and starts serving `node` (a task per connection on the I/O runtime).
     pub fn start(
         addr: impl ToSocketAddrs + std::fmt::Display,
         node: Arc<MemoryNode>,
         cfg: TcpServerConfig,
     ) -> Result<TcpServer> {
-        let listener = TcpListener::bind(&addr).map_err(|e| Error::Listen {
+        let listen_err = |e: std::io::Error| Error::Listen {
             addr: addr.to_string(),
             reason: e.to_string(),
-        })?;
+        };
+        let listener = std::net::TcpListener::bind(&addr).map_err(listen_err)?;
+        listener.set_nonblocking(true).map_err(listen_err)?;
         let local = listener.local_addr()?;
+        let rt = runtime::io_runtime();
+        let listener = {
+            let _in = rt.enter();
+            tokio::net::TcpListener::from_std(listener).map_err(listen_err)?
+        };
         let shared = Arc::new(Shared {
             node,
             max_frame: cfg.max_frame.unwrap_or(DEFAULT_MAX_FRAME),
@@ -85,11 +144,9 @@ impl TcpServer {
             paused: AtomicBool::new(false),
             conns: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(1),
+            served: Served::new(),
         });
-        let s = shared.clone();
-        let accept = std::thread::Builder::new()
-            .name(format!("dmkit-memnode-accept-{}", s.node.id()))
-            .spawn(move || accept_loop(&s, listener))?;
+        let accept = rt.spawn(accept_loop(shared.clone(), listener));
         tracing::info!(addr = %local, node = %shared.node.id(), "memory node serving over tcp");
         Ok(TcpServer {
             shared,
@@ -118,18 +175,20 @@ impl TcpServer {
         self.shared.paused.store(paused, Ordering::SeqCst);
     }
 
-    /// Stops accepting and closes every connection.
+    /// Stops accepting and closes every connection. When it returns the port is free and no
+    /// further request is executed.
     pub fn shutdown(&mut self) {
         if self.shared.stop.swap(true, Ordering::SeqCst) {
             return;
         }
-        // Wake the blocking accept.
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
-        for (_, s) in self.shared.conns.lock().drain() {
-            let _ = s.shutdown(Shutdown::Both);
-        }
         if let Some(h) = self.accept.take() {
-            let _ = h.join();
+            h.abort();
+            // The listener closes when its task is dropped.
+            let _ = runtime::blocking(|| crate::block_on(h));
+        }
+        for (_, (s, task)) in self.shared.conns.lock().drain() {
+            let _ = socket2::SockRef::from(&*s).shutdown(Shutdown::Both);
+            task.abort();
         }
     }
 }
@@ -140,169 +199,211 @@ impl Drop for TcpServer {
     }
 }
 
-fn accept_loop(shared: &Arc<Shared>, listener: TcpListener) {
-    for stream in listener.incoming() {
-        if shared.stop.load(Ordering::SeqCst) {
-            return;
-        }
-        let stream = match stream {
+async fn accept_loop(shared: Arc<Shared>, listener: tokio::net::TcpListener) {
+    loop {
+        let (stream, peer) = match listener.accept().await {
             Ok(s) => s,
             Err(e) => {
+                // Out of descriptors or a connection reset before it was accepted: go on.
                 tracing::warn!(error = %e, "accept failed");
-                std::thread::sleep(Duration::from_millis(10));
+                tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
             }
         };
-        let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
-        let peer = stream
-            .peer_addr()
-            .map(|a| a.to_string())
-            .unwrap_or_else(|_| "?".into());
-        match stream.try_clone() {
-            Ok(c) => {
-                shared.conns.lock().insert(id, c);
-            }
-            Err(e) => {
-                tracing::warn!(%peer, error = %e, "cannot track connection");
-                continue;
-            }
+        if shared.stop.load(Ordering::SeqCst) {
+            return;
         }
+        let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
+        let stream = Arc::new(stream);
+        let handle = stream.clone();
         let s = shared.clone();
-        let spawned = std::thread::Builder::new()
-            .name(format!("dmkit-memnode-conn-{id}"))
-            .spawn(move || {
-                let p = Peer {
-                    conn_id: id,
-                    addr: peer.clone(),
-                };
-                match serve(&s, stream, &p) {
-                    Ok(()) => tracing::debug!(%peer, "connection closed"),
-                    Err(e) if s.stop.load(Ordering::SeqCst) => {
-                        tracing::debug!(%peer, error = %e, "connection ended at shutdown")
-                    }
-                    Err(e) => tracing::warn!(%peer, error = %e, "closing connection"),
+        // The task waits for its entry before it serves, so it always finds it to remove.
+        let (go, ready) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let _ = ready.await;
+            let p = Peer {
+                conn_id: id,
+                addr: peer.to_string(),
+            };
+            match serve(&s, &stream, &p).await {
+                Ok(()) => tracing::debug!(%peer, "connection closed"),
+                Err(e) if s.stop.load(Ordering::SeqCst) => {
+                    tracing::debug!(%peer, error = %e, "connection ended at shutdown")
                 }
-                if let Some(c) = s.conns.lock().remove(&id) {
-                    let _ = c.shutdown(Shutdown::Both);
-                }
-            });
-        if let Err(e) = spawned {
-            tracing::warn!(error = %e, "cannot spawn a connection thread");
-            shared.conns.lock().remove(&id);
+                Err(e) => tracing::warn!(%peer, error = %e, "closing connection"),
+            }
+            if let Some((c, _)) = s.conns.lock().remove(&id) {
+                let _ = socket2::SockRef::from(&*c).shutdown(Shutdown::Both);
+            }
+        });
+        shared
+            .conns
+            .lock()
+            .insert(id, (handle, task.abort_handle()));
+        let _ = go.send(());
+    }
+}
+
+/// Reads the next whole frame (waiting for it) within the handshake.
+async fn handshake_frame(
+    rx: &mut RxBuf,
+    stream: &tokio::net::TcpStream,
+    max: usize,
+) -> std::result::Result<Option<(frame::Header, std::ops::Range<usize>)>, FrameError> {
+    loop {
+        if let Some(f) = rx.next(max)? {
+            return Ok(Some(f));
+        }
+        if rx.fill(stream).await? == 0 {
+            return if rx.partial() {
+                Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into())
+            } else {
+                Ok(None)
+            };
         }
     }
 }
 
 /// Runs one connection: handshake, then frames until EOF or a protocol violation.
-fn serve(shared: &Shared, stream: TcpStream, peer: &Peer) -> std::result::Result<(), FrameError> {
+async fn serve(
+    shared: &Shared,
+    stream: &tokio::net::TcpStream,
+    peer: &Peer,
+) -> std::result::Result<(), FrameError> {
     stream.set_nodelay(true)?;
-    let mut reader = BufReader::with_capacity(64 << 10, stream.try_clone()?);
-    let mut writer = BufWriter::with_capacity(64 << 10, stream.try_clone()?);
     let node = &shared.node;
-    let mut payload = Vec::new();
+    let mut rx = RxBuf::new(RX_CHUNK);
 
     // Handshake: Hello(node, auth?, nonce) -> Auth(proof?, client nonce) -> Welcome(proof?, regions).
-    stream.set_read_timeout(Some(
-        shared
-            .cfg
-            .handshake_timeout
-            .unwrap_or(Duration::from_secs(10)),
-    ))?;
-    let server_nonce = auth::nonce();
-    let mut hello = Vec::new();
-    hello.extend_from_slice(&node.id().0.to_le_bytes());
-    hello.push(u8::from(shared.cfg.secret.is_some()));
-    hello.extend_from_slice(&server_nonce);
-    frame::write_frame(&mut writer, Kind::Hello, 0, &hello)?;
-    let Some(h) = frame::read_frame(&mut reader, &mut payload, 4096)? else {
-        return Ok(());
-    };
-    if h.kind != Kind::Auth {
-        return Err(FrameError::Malformed {
-            what: "handshake (expected Auth)",
-        });
-    }
-    let mut c = Cursor::new(&payload, "Auth frame");
-    let has_proof = c.u8()? != 0;
-    let proof = if has_proof {
-        Some(c.bytes(auth::MAC_LEN)?)
-    } else {
-        None
-    };
-    let client_nonce = c.bytes(auth::NONCE_LEN)?;
-    c.end()?;
-    let mut welcome = Vec::new();
-    if let Some(secret) = &shared.cfg.secret {
-        let ok = proof.is_some_and(|p| auth::verify(secret, b"client", &server_nonce, p));
-        if !ok {
-            let msg = "authentication failed: this memory node requires the cluster secret";
-            let _ = frame::write_frame(&mut writer, Kind::Error, 0, msg.as_bytes());
+    let limit = shared
+        .cfg
+        .handshake_timeout
+        .unwrap_or(Duration::from_secs(10));
+    let handshake = async {
+        let server_nonce = auth::nonce();
+        let mut hello = Vec::new();
+        hello.extend_from_slice(&node.id().0.to_le_bytes());
+        hello.push(u8::from(shared.cfg.secret.is_some()));
+        hello.extend_from_slice(&server_nonce);
+        frame::write_all(stream, &frame::encode_frame(Kind::Hello, 0, &hello)).await?;
+        let Some((h, at)) = handshake_frame(&mut rx, stream, 4096).await? else {
+            return Ok(false);
+        };
+        if h.kind != Kind::Auth {
             return Err(FrameError::Malformed {
-                what: "client proof (peer does not know the cluster secret)",
+                what: "handshake (expected Auth)",
             });
         }
-        welcome.push(1);
-        welcome.extend_from_slice(&auth::prove(secret, b"server", client_nonce));
-    } else {
-        welcome.push(0);
+        let payload = rx.bytes(at);
+        let mut c = Cursor::new(payload, "Auth frame");
+        let has_proof = c.u8()? != 0;
+        let proof = if has_proof {
+            Some(c.bytes(auth::MAC_LEN)?)
+        } else {
+            None
+        };
+        let client_nonce = c.bytes(auth::NONCE_LEN)?;
+        c.end()?;
+        let mut welcome = Vec::new();
+        if let Some(secret) = &shared.cfg.secret {
+            let ok = proof.is_some_and(|p| auth::verify(secret, b"client", &server_nonce, p));
+            if !ok {
+                let msg = "authentication failed: this memory node requires the cluster secret";
+                let _ =
+                    frame::write_all(stream, &frame::encode_frame(Kind::Error, 0, msg.as_bytes()))
+                        .await;
+                return Err(FrameError::Malformed {
+                    what: "client proof (peer does not know the cluster secret)",
+                });
+            }
+            welcome.push(1);
+            welcome.extend_from_slice(&auth::prove(secret, b"server", client_nonce));
+        } else {
+            welcome.push(0);
+        }
+        frame::encode_regions(&mut welcome, &node.regions());
+        frame::write_all(stream, &frame::encode_frame(Kind::Welcome, 0, &welcome)).await?;
+        Ok(true)
+    };
+    match tokio::time::timeout(limit, handshake).await {
+        Ok(Ok(true)) => {}
+        Ok(Ok(false)) => return Ok(()),
+        Ok(Err(e)) => return Err(e),
+        Err(_) => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("handshake not finished within {limit:?}"),
+            )
+            .into());
+        }
     }
-    frame::encode_regions(&mut welcome, &node.regions());
-    frame::write_frame(&mut writer, Kind::Welcome, 0, &welcome)?;
-    stream.set_read_timeout(None)?;
 
     let mut out = Vec::with_capacity(4096);
     loop {
-        let Some(h) = frame::read_frame(&mut reader, &mut payload, shared.max_frame)? else {
-            return Ok(());
-        };
-        if shared.paused.load(Ordering::SeqCst) {
-            // What was executed before the pause is answered.
-            writer.flush()?;
-        }
-        while shared.paused.load(Ordering::SeqCst) && !shared.stop.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        if shared.stop.load(Ordering::SeqCst) {
-            // A killed node executes nothing more.
-            return Ok(());
-        }
-        out.clear();
-        match h.kind {
-            Kind::Batch => {
-                let at = frame::encode_header(&mut out, Kind::BatchResp, h.req_id);
-                execute_batch(node, &payload, &mut out, shared.max_frame)?;
-                frame::finish(&mut out, at)?;
-            }
-            Kind::Rpc => {
-                let at = frame::encode_header(&mut out, Kind::RpcResp, h.req_id);
-                match node.rpc(peer, &payload) {
-                    Ok(reply) => {
-                        out.push(0);
-                        out.extend_from_slice(&reply);
-                    }
-                    Err(msg) => {
-                        out.push(1);
-                        out.extend_from_slice(msg.as_bytes());
-                    }
+        // Every frame already received is executed, and the responses go out together: a
+        // client with many verbs in flight gets them in one write.
+        while let Some((h, at)) = rx.next(shared.max_frame)? {
+            if shared.paused.load(Ordering::SeqCst) {
+                // What was executed before the pause is answered.
+                frame::write_all(stream, &out).await?;
+                out.clear();
+                while shared.paused.load(Ordering::SeqCst) && !shared.stop.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
                 }
-                frame::finish(&mut out, at)?;
             }
-            Kind::Regions => {
-                let at = frame::encode_header(&mut out, Kind::RegionsResp, h.req_id);
-                frame::encode_regions(&mut out, &node.regions());
-                frame::finish(&mut out, at)?;
+            if shared.stop.load(Ordering::SeqCst) {
+                // A killed node executes nothing more.
+                return Ok(());
             }
-            _ => {
-                return Err(FrameError::Malformed {
-                    what: "frame kind from a client",
-                });
+            let payload = rx.bytes(at);
+            match h.kind {
+                Kind::Batch => {
+                    let at = frame::encode_header(&mut out, Kind::BatchResp, h.req_id);
+                    let mut tally = Tally::default();
+                    execute_batch(node, payload, &mut out, shared.max_frame, &mut tally)?;
+                    shared.served.add(&tally);
+                    frame::finish(&mut out, at)?;
+                }
+                Kind::Rpc => {
+                    let at = frame::encode_header(&mut out, Kind::RpcResp, h.req_id);
+                    shared.served.rpc.increment(1);
+                    // A handler may wait (a lease to expire, a grace period): not on a worker.
+                    match runtime::blocking(|| node.rpc(peer, payload)) {
+                        Ok(reply) => {
+                            out.push(0);
+                            out.extend_from_slice(&reply);
+                        }
+                        Err(msg) => {
+                            out.push(1);
+                            out.extend_from_slice(msg.as_bytes());
+                        }
+                    }
+                    frame::finish(&mut out, at)?;
+                }
+                Kind::Regions => {
+                    let at = frame::encode_header(&mut out, Kind::RegionsResp, h.req_id);
+                    frame::encode_regions(&mut out, &node.regions());
+                    frame::finish(&mut out, at)?;
+                }
+                _ => {
+                    return Err(FrameError::Malformed {
+                        what: "frame kind from a client",
+                    });
+                }
             }
         }
-        writer.write_all(&out)?;
-        // Frames already received are answered before the responses go out: a client with
-        // many verbs in flight gets them in one write.
-        if reader.buffer().is_empty() {
-            writer.flush()?;
+        if !out.is_empty() {
+            frame::write_all(stream, &out).await?;
+            out.clear();
+            if out.capacity() > 4 * RX_CHUNK {
+                out.shrink_to(4096);
+            }
+        }
+        if rx.fill(stream).await? == 0 {
+            if rx.partial() {
+                return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+            }
+            return Ok(());
         }
     }
 }
@@ -331,7 +432,7 @@ pub fn serve_frame(
     match hdr.kind {
         Kind::Batch => {
             let at = frame::encode_header(&mut out, Kind::BatchResp, hdr.req_id);
-            execute_batch(node, payload, &mut out, max_frame)?;
+            execute_batch(node, payload, &mut out, max_frame, &mut Tally::default())?;
             frame::finish(&mut out, at)?;
         }
         Kind::Rpc => {
@@ -374,6 +475,7 @@ fn execute_batch(
     payload: &[u8],
     out: &mut Vec<u8>,
     max_frame: usize,
+    tally: &mut Tally,
 ) -> std::result::Result<(), FrameError> {
     let mut c = Cursor::new(payload, "batch frame");
     let count = c.u32()? as usize;
@@ -458,7 +560,15 @@ fn execute_batch(
                 }),
         };
         match r {
-            Ok(_) => done += 1,
+            Ok(_) => {
+                done += 1;
+                match kind {
+                    OpKind::Read => tally.read += 1,
+                    OpKind::Write { .. } => tally.write += 1,
+                    OpKind::Cas { .. } => tally.cas += 1,
+                    OpKind::Faa { .. } => tally.faa += 1,
+                }
+            }
             Err(f) => {
                 fault = Some((i, f));
                 break;
