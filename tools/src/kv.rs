@@ -327,3 +327,22 @@ pub fn run(args: KvArgs) -> Result<(), CliError> {
     let _ = c.flush();
     r
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waits_parse_as_milliseconds_or_seconds() {
+        assert_eq!(parse_ms("500"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_ms("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_ms("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_ms(" 20s "), Ok(Duration::from_secs(20)));
+        for bad in ["", "s", "5m", "-1", "1.5s"] {
+            assert!(
+                parse_ms(bad).unwrap_err().contains("invalid duration"),
+                "{bad}"
+            );
+        }
+    }
+}
