@@ -183,6 +183,25 @@ impl Daemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits up to `timeout` for it to exit by itself: its exit code (`None` if it still
+    /// runs, then it is left running, or was killed by a signal).
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return st.code();
+            }
+            if std::time::Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 impl Drop for Daemon {
@@ -322,12 +341,27 @@ impl ProcCluster {
         dram: &str,
         extra: impl Fn(u16) -> Vec<String>,
     ) -> ProcCluster {
+        Self::start_full(nodes, replicas, dram, extra, &[])
+    }
+
+    /// Like [`ProcCluster::start_with`], with extra arguments for the master too.
+    pub fn start_full(
+        nodes: u16,
+        replicas: usize,
+        dram: &str,
+        extra: impl Fn(u16) -> Vec<String>,
+        master_extra: &[&str],
+    ) -> ProcCluster {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let memnodes: Vec<_> = (0..nodes)
             .map(|i| {
                 let id = i.to_string();
                 let more = extra(i);
-                let mut args = vec!["--id", &id, "--dram", dram, "--block-size", "64KiB"];
+                let mut args = vec!["--id", &id, "--block-size", "64KiB"];
+                // (A node given a pool file serves that instead of DRAM.)
+                if !more.iter().any(|a| a == "--pool") {
+                    args.extend(["--dram", dram]);
+                }
                 args.extend(more.iter().map(String::as_str));
                 Memnode::start(&args)
             })
@@ -341,10 +375,9 @@ impl ProcCluster {
             .to_str()
             .expect("a UTF-8 path")
             .to_string();
-        let master = Daemon::start(
-            &["master", "--listen", "127.0.0.1:0", "--cluster", &file],
-            "serving on",
-        );
+        let mut margs = vec!["master", "--listen", "127.0.0.1:0", "--cluster", &file];
+        margs.extend_from_slice(master_extra);
+        let master = Daemon::start(&margs, "serving on");
         assert!(
             master.ready_line.contains("formatted"),
             "the master did not format the cluster: {}",
@@ -357,6 +390,27 @@ impl ProcCluster {
             dir,
         }
     }
+}
+
+/// A free loopback address (the kernel's pick, released before the caller binds it).
+pub fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().expect("its address").to_string()
+}
+
+/// `GET path` over HTTP/1.0 with extra header lines: (status, headers, body); `None` when
+/// nothing answers.
+pub fn http_get(addr: &str, path: &str, headers: &str) -> Option<(u16, String, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n{headers}\r\n").ok()?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).ok()?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    Some((status, head.to_string(), body.to_string()))
 }
 
 /// A child process killed (SIGKILL) when dropped, so a failing test leaves nothing running.
@@ -375,6 +429,11 @@ impl Proc {
             .expect("still running")
             .wait_with_output()
             .expect("wait for the child")
+    }
+
+    /// Its stderr as lines (it must have been spawned with stderr piped; once).
+    pub fn stderr_lines(&mut self) -> mpsc::Receiver<String> {
+        lines(self.0.as_mut().expect("still running"))
     }
 
     /// SIGKILL, and wait for it to be gone.

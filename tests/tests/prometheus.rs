@@ -1,6 +1,7 @@
 //! A real Prometheus server scrapes a FUSEE cluster of real processes — three `dmkit memnode
-//! --metrics`, a `dmkit master` and a `dmkit resp --metrics` gateway that served some commands
-//! — and its HTTP query API returns dmkit's metrics.
+//! --metrics`, a `dmkit master --metrics` and a `dmkit resp --metrics` gateway that served some
+//! commands — and its HTTP query API returns dmkit's metrics; it loads and evaluates the alert
+//! rules of docs/prometheus-alerts.yml, and the failover alert fires when a memnode is killed.
 //!
 //! Needs the `prometheus` binary (Debian package `prometheus`), so it is `#[ignore]`d in the
 //! default run; `.ci/tier-prometheus.sh` installs the package and runs it with `--ignored`.
@@ -80,8 +81,13 @@ impl Drop for Prometheus {
 
 impl Prometheus {
     fn start(dir: &std::path::Path, jobs: &[(&str, Vec<String>)]) -> Prometheus {
-        let mut cfg = String::from(
-            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\nscrape_configs:\n",
+        let rules = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../docs/prometheus-alerts.yml")
+            .canonicalize()
+            .expect("docs/prometheus-alerts.yml");
+        let mut cfg = format!(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\nrule_files:\n  - '{}'\nscrape_configs:\n",
+            rules.display()
         );
         for (job, targets) in jobs {
             let t: Vec<String> = targets.iter().map(|t| format!("'{t}'")).collect();
@@ -175,9 +181,14 @@ fn prometheus_scrapes_memnode_and_gateway_metrics() {
     eprintln!("using {}", prom_bin.display());
     let dir = tempfile::tempdir().unwrap();
     let metrics: Vec<String> = (0..3).map(|_| free_addr()).collect();
-    let cluster = ProcCluster::start_with(3, 3, "32MiB", |i| {
-        vec!["--metrics".to_string(), metrics[i as usize].clone()]
-    });
+    let master_metrics = free_addr();
+    let cluster = ProcCluster::start_full(
+        3,
+        3,
+        "32MiB",
+        |i| vec!["--metrics".to_string(), metrics[i as usize].clone()],
+        &["--metrics", &master_metrics],
+    );
     let file = cluster.file.clone();
     let resp_metrics = free_addr();
     let resp = Daemon::start(
@@ -223,6 +234,7 @@ fn prometheus_scrapes_memnode_and_gateway_metrics() {
         dir.path(),
         &[
             ("memnode", metrics.clone()),
+            ("master", vec![master_metrics.clone()]),
             ("resp", vec![resp_metrics.clone()]),
         ],
     );
@@ -243,6 +255,56 @@ fn prometheus_scrapes_memnode_and_gateway_metrics() {
         deadline,
     );
     assert!(body.contains("\"3\""), "{body}");
+    // The alert rules are loaded and evaluated.
+    check_rules_evaluated(&prom, deadline);
+    // A memory node killed: the master fails it over, and the failover alert fires (its
+    // counter existed at 0, so the first failover is an increase).
+    let mut cluster = cluster;
+    cluster.memnodes[1].kill9();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let body = prom.query_until_found(
+        "ALERTS{alertname=\"DmkitMemnodeFailedOver\", alertstate=\"firing\"}",
+        deadline,
+    );
+    eprintln!(
+        "failover alert: {}",
+        body.chars().take(300).collect::<String>()
+    );
     drop(prom);
     drop(resp);
+}
+
+/// Every rule of docs/prometheus-alerts.yml is loaded, healthy and has been evaluated.
+fn check_rules_evaluated(prom: &Prometheus, deadline: Instant) {
+    let names = [
+        "DmkitTargetDown",
+        "DmkitMemnodeFailedOver",
+        "DmkitClusterDegraded",
+        "DmkitMasterClaimShort",
+        "DmkitMemoryNearlyFull",
+        "DmkitLatencyP99High",
+        "DmkitClientErrors",
+    ];
+    let mut last = String::new();
+    loop {
+        if let Some((200, body)) = http_get(&prom.addr, "/api/v1/rules") {
+            let evaluated = !body.contains("\"lastEvaluation\":\"0001-01-01T00:00:00Z\"");
+            let healthy =
+                !body.contains("\"health\":\"err\"") && !body.contains("\"health\":\"unknown\"");
+            if names
+                .iter()
+                .all(|n| body.contains(&format!("\"name\":\"{n}\"")))
+                && evaluated
+                && healthy
+            {
+                return;
+            }
+            last = body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the alert rules were not all loaded and evaluated: {last}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }

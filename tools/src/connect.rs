@@ -106,10 +106,7 @@ pub fn endpoint_bounded(
             Ok(conn) => {
                 let found = conn.node();
                 conn.close();
-                return Err(CliError::runtime(format!(
-                    "{} answers as memory node {found}, the cluster file says {}",
-                    m.addr, m.id
-                )));
+                return Err(CliError::runtime(wrong_node(&m.addr, m.id, found)));
             }
             Err(e) => failed.push((m, e)),
         }
@@ -122,7 +119,11 @@ pub fn endpoint_bounded(
     }
     // Some answered: go on without the others (the master fails them over).
     for (m, e) in failed {
-        tracing::warn!(node = m.id, addr = %m.addr, error = %e, "memory node unreachable");
+        tracing::warn!(
+            "memory node {} at {} does not answer ({e}); going on with the others",
+            m.id,
+            m.addr
+        );
     }
     Ok(ep)
 }
@@ -152,7 +153,7 @@ pub fn reconnect_bounded(
             conn.close();
             return Err(dmkit_verbs::Error::Connect {
                 addr: addr.clone(),
-                reason: format!("answers as memory node {}", conn.node()),
+                reason: wrong_node(addr, node.0, conn.node()),
             });
         }
         Ok(conn)
@@ -162,4 +163,19 @@ pub fn reconnect_bounded(
 /// The memory node ids in ring order (the file's order).
 pub fn node_ids(file: &ClusterFile) -> Vec<NodeId> {
     file.memnodes.iter().map(|m| NodeId(m.id)).collect()
+}
+
+/// What to say when the address the file gives memory node `id` answers as another node.
+fn wrong_node(addr: &str, id: u16, found: NodeId) -> String {
+    if found == crate::master::MASTER_ID {
+        format!(
+            "{addr}, memory node {id} in the cluster file, is a dmkit master, not a memory \
+             node: fix that [[memnode]] entry's addr (the master's address goes in `master`)"
+        )
+    } else {
+        format!(
+            "{addr} answers as memory node {found}, but the cluster file says it is node {id}: \
+             fix that [[memnode]] entry (or start the memnode there with --id {id})"
+        )
+    }
 }

@@ -29,7 +29,7 @@ pub struct GengarServerArgs {
     /// The NVM pool file (created if missing, with --size; opened with recovery otherwise).
     #[arg(long)]
     pub pool: std::path::PathBuf,
-    /// Size of a pool file to create, e.g. 256MiB.
+    /// Size of a pool file to create (the file's size on disk), e.g. 256MiB.
     #[arg(long, value_parser = crate::size::parse_size)]
     pub size: Option<u64>,
     /// DRAM buffer for hot objects, e.g. 16MiB (0 turns the DRAM cache off).
@@ -123,8 +123,12 @@ fn open_or_create(path: &std::path::Path, size: Option<u64>) -> Result<(Pool, bo
                     format_size(s)
                 )));
             }
-            let pool = Pool::open(path)
-                .map_err(|e| CliError::usage(format!("cannot open pool {shown}: {e}")))?;
+            let pool = Pool::open(path).map_err(|e| match e {
+                dmkit_pmem_pool::Error::Locked { holder, .. } => {
+                    crate::memnode::pool_in_use(path, holder)
+                }
+                e => CliError::usage(format!("cannot open pool {shown}: {e}")),
+            })?;
             Ok((pool, false))
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {

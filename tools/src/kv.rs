@@ -1,10 +1,17 @@
 //! `dmkit kv`: one FUSEE operation from the command line.
 //!
-//! A GET prints the value on stdout and exits 0; a missing key prints nothing on stdout, says
-//! so on stderr and exits 1; any other failure exits 2 (bad usage) or 3 (the cluster failed).
+//! Exit codes (docs/OPERATOR.md lists them too):
+//!
+//! | code | meaning |
+//! |---|---|
+//! | 0 | done (`get` printed the value on stdout) |
+//! | 1 | the key was not found (`get`, `del`); nothing on stdout |
+//! | 2 | usage: a bad flag or argument, an unreadable or invalid cluster file, an empty key, a key or value over the limit, a client id in use |
+//! | 3 | the cluster failed: no memory node answers, a member stays unreachable, the cluster is not formatted, an operation failed |
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use dmkit_fusee::{Client, ClientConfig, DeleteResult};
 
@@ -17,10 +24,33 @@ pub struct KvArgs {
     #[arg(long)]
     pub cluster: PathBuf,
     /// The FUSEE client id this command acts as (its blocks and log are recovered at start).
+    /// Ids are per cluster: two processes on one host may use the same id for two clusters,
+    /// not for one.
     #[arg(long, default_value_t = default_client_id())]
     pub client_id: u64,
+    /// How long an operation waits for the master to fail an unreachable member over
+    /// before giving up (exit 3); also DMKIT_FAILOVER_WAIT_MS.
+    #[arg(long, value_parser = parse_ms)]
+    pub wait: Option<Duration>,
     #[command(subcommand)]
     pub op: KvOp,
+}
+
+fn parse_ms(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let (n, mult) = if let Some(n) = t.strip_suffix("ms") {
+        (n, 1)
+    } else if let Some(n) = t.strip_suffix('s') {
+        (n, 1000)
+    } else {
+        (t, 1)
+    };
+    n.trim()
+        .parse::<u64>()
+        .map(|n| Duration::from_millis(n * mult))
+        .map_err(|_| {
+            format!("invalid duration '{s}': use milliseconds (500, 500ms) or seconds (5s)")
+        })
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -39,45 +69,135 @@ fn default_client_id() -> u64 {
     0xC1_0000 + u64::from(uid & 0xFFFF)
 }
 
-/// Holds an exclusive lock on the client id for this process's lifetime, so two commands
-/// never act as the same client at once.
-pub(crate) struct IdLock(#[allow(dead_code)] std::fs::File);
+/// Holds this process's claim on its client id (see [`lock_id`]).
+#[derive(Debug)]
+pub(crate) struct IdLock(());
 
-pub(crate) fn lock_id(id: u64, wait: bool) -> Result<IdLock, CliError> {
-    let path = std::env::temp_dir().join(format!("dmkit-client-{id}.lock"));
-    let f = std::fs::OpenOptions::new()
+/// How the next [`client`] locks its id: whether to wait for another process using it.
+static LOCK_WAIT: parking_lot::Mutex<Option<bool>> = parking_lot::Mutex::new(None);
+/// The id locks taken, held for the process's lifetime.
+static LOCKS: parking_lot::Mutex<Vec<std::fs::File>> = parking_lot::Mutex::new(Vec::new());
+
+/// Declares that this process acts as a FUSEE client id: [`client`] then locks the id within
+/// the cluster it joins (client ids are scoped to the cluster's uuid, so two clusters on one
+/// host can use the same id), waiting for another holder when `wait`, failing at once (exit
+/// 2, naming `--client-id`) otherwise.
+pub(crate) fn lock_id(_id: u64, wait: bool) -> Result<IdLock, CliError> {
+    *LOCK_WAIT.lock() = Some(wait);
+    Ok(IdLock(()))
+}
+
+/// The lock of client `id` in cluster `uuid`: `$TMPDIR/dmkit-client-<uuid>-<id>.lock`,
+/// holding the holder's pid.
+fn take_id_lock(uuid: u128, id: u64, wait: bool) -> Result<std::fs::File, CliError> {
+    use std::io::{Read, Seek};
+    use std::os::fd::AsRawFd;
+    let path = std::env::temp_dir().join(format!("dmkit-client-{uuid:032x}-{id}.lock"));
+    let mut f = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
+        .read(true)
         .write(true)
         .open(&path)
         .map_err(|e| CliError::usage(format!("cannot open lock file {}: {e}", path.display())))?;
-    use std::os::fd::AsRawFd;
-    let mode = if wait {
-        libc::LOCK_EX
-    } else {
-        libc::LOCK_EX | libc::LOCK_NB
-    };
-    // SAFETY: flock on a file descriptor we own (it blocks only when `wait`).
-    let r = unsafe { libc::flock(f.as_raw_fd(), mode) };
-    if r != 0 && !wait {
-        return Err(CliError::usage(format!(
-            "FUSEE client id {id} is in use by another process (lock {})",
-            path.display()
-        )));
-    }
+    // SAFETY: flock on a descriptor we own; it does not block with LOCK_NB.
+    let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
     if r != 0 {
-        return Err(CliError::usage(format!(
-            "cannot lock {}: {}",
-            path.display(),
-            std::io::Error::last_os_error()
-        )));
+        let mut holder = String::new();
+        let _ = f.read_to_string(&mut holder);
+        let holder = holder.trim();
+        let who = if holder.is_empty() {
+            "another process".to_string()
+        } else {
+            format!("process {holder}")
+        };
+        if !wait {
+            return Err(CliError::usage(format!(
+                "FUSEE client id {id} is in use by {who} in this cluster ({uuid:032x}): \
+                 give this one another --client-id"
+            )));
+        }
+        eprintln!(
+            "dmkit: FUSEE client id {id} is in use by {who}; waiting for it (or give another --client-id)"
+        );
+        // SAFETY: as above; blocks until the holder lets go.
+        let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+        if r != 0 {
+            return Err(CliError::usage(format!(
+                "cannot lock {}: {}",
+                path.display(),
+                std::io::Error::last_os_error()
+            )));
+        }
     }
-    Ok(IdLock(f))
+    let _ = f.set_len(0);
+    let _ = f.rewind();
+    let _ = writeln!(f, "{}", std::process::id());
+    Ok(f)
+}
+
+/// Says what a failure to join or to serve means, naming the node's address from the file.
+fn explain(e: &dmkit_fusee::Error, file: &ClusterFile) -> String {
+    let node = match e {
+        dmkit_fusee::Error::Verbs(dmkit_verbs::Error::NoSuchNode(n)) => Some(*n),
+        dmkit_fusee::Error::Node { node, .. }
+        | dmkit_fusee::Error::Unavailable(node)
+        | dmkit_fusee::Error::Refused(node) => Some(*node),
+        _ => None,
+    };
+    let Some(n) = node else {
+        return e.to_string();
+    };
+    match file.memnodes.iter().find(|m| m.id == n.0) {
+        Some(m) if matches!(e, dmkit_fusee::Error::Verbs(_)) => format!(
+            "memory node {} at {} does not answer this client and is still a member of the \
+             cluster: it is down and not yet failed over (is the master running?), or the \
+             cluster file's address for it is wrong ({e})",
+            m.id, m.addr
+        ),
+        Some(m) => format!(
+            "{e} (memory node {} is {} in the cluster file)",
+            m.id, m.addr
+        ),
+        None => e.to_string(),
+    }
+}
+
+/// A memory node that does not answer (or refuses while the membership changes).
+fn node_failure(e: &dmkit_fusee::Error) -> bool {
+    match e {
+        dmkit_fusee::Error::Verbs(v) => {
+            v.is_node_failure() || matches!(v, dmkit_verbs::Error::NoSuchNode(_))
+        }
+        dmkit_fusee::Error::Unavailable(_) | dmkit_fusee::Error::Refused(_) => true,
+        _ => false,
+    }
+}
+
+/// Usage errors among FUSEE's: input this command was given, not a failure of the cluster.
+fn is_usage(e: &dmkit_fusee::Error) -> bool {
+    matches!(
+        e,
+        dmkit_fusee::Error::EmptyKey
+            | dmkit_fusee::Error::KeyTooLong(_)
+            | dmkit_fusee::Error::ValueTooLong(_)
+            | dmkit_fusee::Error::ObjectTooLarge(..)
+    )
 }
 
 /// A FUSEE client for the cluster file, recovered under `id` (so a crashed earlier run with
 /// the same id leaves nothing half done and no memory behind).
 pub fn client(file: &ClusterFile, id: u64) -> Result<Client, CliError> {
+    client_with(file, id, None)
+}
+
+/// [`client`], waiting at most `wait` (default 30 s, or DMKIT_FAILOVER_WAIT_MS) for the
+/// master to fail over a member this client cannot reach.
+pub fn client_with(
+    file: &ClusterFile,
+    id: u64,
+    wait: Option<Duration>,
+) -> Result<Client, CliError> {
     let nodes = crate::connect::node_ids(file);
     let f = file.clone();
     let mut cfg = ClientConfig::new(id);
@@ -89,22 +209,104 @@ pub fn client(file: &ClusterFile, id: u64) -> Result<Client, CliError> {
                 "DMKIT_FAILOVER_WAIT_MS={ms} is not a number of milliseconds"
             ))
         })?;
-        cfg.failover_wait = std::time::Duration::from_millis(ms);
+        cfg.failover_wait = Duration::from_millis(ms);
+    } else if let Some(w) = wait {
+        cfg.failover_wait = w;
     }
+    let join = |m: String| CliError::with_code(format!("cannot join the cluster: {m}"), 3);
+    // Connect (each unreachable node is reported at once), learn the cluster's uuid, and
+    // hold the client id within that cluster.
+    let ep = crate::connect::endpoint(file).map_err(|e| join(e.message()))?;
+    let deadline = std::time::Instant::now() + cfg.failover_wait;
+    let mut said = false;
+    let view = loop {
+        match dmkit_fusee::cluster::open(&ep, &nodes) {
+            Ok(v) => break v,
+            Err(dmkit_fusee::Error::Cluster(m)) if m.contains("no FUSEE superblock") => {
+                return Err(join(format!(
+                    "it is not formatted ({m}): start `dmkit master --cluster FILE` first"
+                )));
+            }
+            Err(e) if node_failure(&e) && std::time::Instant::now() < deadline => {
+                // A member this client cannot reach: the master fails it over within
+                // seconds if it is down (then the next membership leaves it out).
+                if !said {
+                    said = true;
+                    eprintln!(
+                        "dmkit: {}; waiting up to {:.1} s for the master to fail it over",
+                        explain(&e, file)
+                            .split(": it is down")
+                            .next()
+                            .unwrap_or_default(),
+                        cfg.failover_wait.as_secs_f64()
+                    );
+                }
+                if let Some(rc) = &cfg.reconnect {
+                    for n in &nodes {
+                        if ep.connection(*n).is_err() {
+                            if let Ok(c) = rc(*n) {
+                                ep.add_connection(c);
+                            }
+                        }
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => return Err(join(explain(&e, file))),
+        }
+    };
+    let wait_lock = LOCK_WAIT.lock().unwrap_or(false);
+    let lock = take_id_lock(view.uuid, id, wait_lock)?;
+    LOCKS.lock().push(lock);
+    let first = parking_lot::Mutex::new(Some(ep));
+    let _p = crate::Progress::start(format!(
+        "recovering FUSEE client id {id} (finishing what an earlier run left)"
+    ));
     let (c, _) = Client::recover(
-        move || crate::connect::endpoint(&f).map_err(|e| dmkit_fusee::Error::Config(e.message())),
+        move || match first.lock().take() {
+            Some(ep) => Ok(ep),
+            None => {
+                crate::connect::endpoint(&f).map_err(|e| dmkit_fusee::Error::Config(e.message()))
+            }
+        },
         &nodes,
         cfg,
     )
-    .map_err(|e| CliError::with_code(format!("cannot join the cluster: {e}"), 3))?;
+    .map_err(|e| join(explain(&e, file)))?;
     Ok(c)
 }
 
 pub fn run(args: KvArgs) -> Result<(), CliError> {
     let file = ClusterFile::load(&args.cluster).map_err(CliError::usage)?;
+    // Bad input is a usage error before anything is connected.
+    let (key, value) = match &args.op {
+        KvOp::Put { key, value } => (key, Some(value)),
+        KvOp::Get { key } | KvOp::Del { key } => (key, None),
+    };
+    if key.is_empty() {
+        return Err(CliError::usage("KEY must not be empty"));
+    }
+    let pair = key.len() + value.map_or(0, String::len);
+    if pair > dmkit_fusee::alloc::MAX_OBJECT {
+        return Err(CliError::usage(format!(
+            "KEY and VALUE take {pair} bytes, which exceeds the largest object ({} bytes)",
+            dmkit_fusee::alloc::MAX_OBJECT
+        )));
+    }
     let _lock = lock_id(args.client_id, true)?;
-    let c = client(&file, args.client_id)?;
-    let fail = |e: dmkit_fusee::Error| CliError::with_code(e.to_string(), 3);
+    // A CLI call waits a few seconds, not half a minute, for a member to be failed over.
+    let c = client_with(
+        &file,
+        args.client_id,
+        Some(args.wait.unwrap_or(Duration::from_secs(5))),
+    )?;
+    let fail = |e: dmkit_fusee::Error| {
+        if is_usage(&e) {
+            CliError::usage(e.to_string())
+        } else {
+            CliError::with_code(explain(&e, &file), 3)
+        }
+    };
     let r = match args.op {
         KvOp::Put { key, value } => c.upsert(key.as_bytes(), value.as_bytes()).map_err(fail),
         KvOp::Get { key } => match c.search(key.as_bytes()).map_err(fail)? {
@@ -124,4 +326,23 @@ pub fn run(args: KvArgs) -> Result<(), CliError> {
     // Finish background cleanups before exiting, so nothing is left for the next recovery.
     let _ = c.flush();
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waits_parse_as_milliseconds_or_seconds() {
+        assert_eq!(parse_ms("500"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_ms("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_ms("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_ms(" 20s "), Ok(Duration::from_secs(20)));
+        for bad in ["", "s", "5m", "-1", "1.5s"] {
+            assert!(
+                parse_ms(bad).unwrap_err().contains("invalid duration"),
+                "{bad}"
+            );
+        }
+    }
 }

@@ -116,6 +116,53 @@ impl CliError {
     }
 }
 
+/// Says `msg` on stderr if the step it describes is still running after a second (so quick
+/// steps stay quiet and slow ones never look hung); dropping the guard ends the step and,
+/// if the line was printed, reports how long it took.
+#[derive(Debug)]
+pub struct Progress {
+    done: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Progress {
+    pub fn start(msg: impl Into<String>) -> Progress {
+        let msg = msg.into();
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("progress".into())
+            .spawn(move || {
+                let t0 = std::time::Instant::now();
+                if rx.recv_timeout(std::time::Duration::from_secs(1)).is_ok() {
+                    return;
+                }
+                eprintln!("dmkit: {msg} ...");
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                    rx.recv_timeout(std::time::Duration::from_secs(5))
+                {
+                    eprintln!("dmkit: {msg}: still running ({} s)", t0.elapsed().as_secs());
+                }
+                eprintln!("dmkit: {msg}: done in {:.1} s", t0.elapsed().as_secs_f64());
+            })
+            .ok();
+        Progress {
+            done: Some(tx),
+            thread,
+        }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        if let Some(tx) = self.done.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -123,6 +170,8 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        // Colour only for a person at a terminal: a log file or journal gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
@@ -138,7 +187,14 @@ fn main() -> ExitCode {
             }
             // One line, as scripts expect; `--help` has the rest.
             let text = e.to_string();
-            let first = text.lines().next().unwrap_or("invalid arguments");
+            let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+            let mut first = lines.next().unwrap_or("invalid arguments").to_string();
+            // "the following required arguments were not provided:" names them below.
+            if first.ends_with(':') {
+                if let Some(next) = lines.next() {
+                    first = format!("{first} {next}");
+                }
+            }
             eprintln!("dmkit: {first} (see --help)");
             return ExitCode::from(2);
         }

@@ -37,6 +37,15 @@ pub struct MasterArgs {
     /// heartbeat; a failover waits it out before writes resume.
     #[arg(long, default_value_t = 500)]
     pub lease_ms: u64,
+    /// The master's own claim on the cluster (milliseconds): it acts only while a majority of
+    /// the memory nodes grant it, and exits when it cannot renew the claim in time. A
+    /// standby takes over at most this long (plus a quarter) after the master is gone.
+    #[arg(long, default_value_t = 3000)]
+    pub claim_ms: u64,
+    /// If another master holds the cluster, wait and take over when it is gone (instead of
+    /// exiting with status 1).
+    #[arg(long)]
+    pub standby: bool,
 }
 
 /// The master's node id on the wire (it serves no memory).
@@ -44,6 +53,23 @@ pub const MASTER_ID: NodeId = NodeId(u16::MAX);
 
 pub fn run(args: MasterArgs) -> Result<(), CliError> {
     let file = ClusterFile::load(&args.cluster).map_err(CliError::usage)?;
+    if args.heartbeat_ms == 0 || args.miss_limit == 0 {
+        return Err(CliError::usage(
+            "--heartbeat-ms and --miss-limit must be at least 1",
+        ));
+    }
+    if args.lease_ms < 2 * args.heartbeat_ms {
+        return Err(CliError::usage(format!(
+            "--lease-ms {} must be at least twice --heartbeat-ms {}",
+            args.lease_ms, args.heartbeat_ms
+        )));
+    }
+    if args.claim_ms < 400 {
+        return Err(CliError::usage(format!(
+            "--claim-ms {} is too short: use at least 400 (the default is 3000)",
+            args.claim_ms
+        )));
+    }
     if let Some(named) = &file.master {
         if named != &args.listen {
             tracing::warn!(
@@ -57,14 +83,49 @@ pub fn run(args: MasterArgs) -> Result<(), CliError> {
         let at = crate::metrics_http::serve(m).map_err(CliError::usage)?;
         eprintln!("dmkit master: metrics at http://{at}/metrics");
     }
+    // Listen first: a busy address fails at once, and the claim names where this master is.
+    let node = Arc::new(MemoryNode::new(MASTER_ID));
+    let secret = crate::connect::secret(Some(&file))?;
+    let server = crate::connect::serve_tcp(&args.listen, node.clone(), secret)?;
+    let who = format!(
+        "dmkit master pid {} on {}",
+        std::process::id(),
+        server.local_addr()
+    );
+    // A file that names the wrong nodes is a mistake to report as such, before the claim
+    // (whose refusal would name another cluster's master).
     let ep = crate::connect::endpoint(&file)?;
     let nodes = crate::connect::node_ids(&file);
+    match cluster::open(&ep, &nodes) {
+        Ok(_) => {}
+        Err(dmkit_fusee::Error::Cluster(m)) if m.contains("no FUSEE superblock") => {}
+        Err(e) => return Err(CliError::runtime(format!("cannot open the cluster: {e}"))),
+    }
+    drop(ep);
+    // One master per cluster: nothing below runs before a majority of the memory nodes
+    // granted this one the cluster.
+    let claim = Arc::new(Claim::new(
+        &file,
+        who,
+        std::time::Duration::from_millis(args.claim_ms),
+    )?);
+    let held_until = claim.acquire(args.standby)?;
+    // From here SIGTERM and SIGINT stop the master cleanly, giving the claim up (until here
+    // they just end the process: it holds nothing).
+    let _ = stop_requested();
+    claim.clone().keep(held_until)?;
+    let ep = crate::connect::endpoint(&file)?;
     let (view, formatted) = match cluster::open(&ep, &nodes) {
         Ok(v) => (v, false),
         Err(dmkit_fusee::Error::Cluster(m)) if m.contains("no FUSEE superblock") => {
             let mut cfg =
                 ClusterConfig::new(nodes.clone(), file.index_replicas, file.data_replicas);
             cfg.index_bytes = file.index_mib << 20;
+            let _p = crate::Progress::start(format!(
+                "formatting the cluster ({} memory nodes, {} MiB of index per replica)",
+                nodes.len(),
+                file.index_mib
+            ));
             let v = cluster::format(&ep, &cfg)
                 .map_err(|e| CliError::runtime(format!("cannot format the cluster: {e}")))?;
             (v, true)
@@ -75,17 +136,6 @@ pub fn run(args: MasterArgs) -> Result<(), CliError> {
         return Err(CliError::usage(format!(
             "the cluster was formatted with index_replicas = {}, data_replicas = {}; the file says {} and {}",
             view.index_replicas, view.data_replicas, file.index_replicas, file.data_replicas
-        )));
-    }
-    if args.heartbeat_ms == 0 || args.miss_limit == 0 {
-        return Err(CliError::usage(
-            "--heartbeat-ms and --miss-limit must be at least 1",
-        ));
-    }
-    if args.lease_ms < 2 * args.heartbeat_ms {
-        return Err(CliError::usage(format!(
-            "--lease-ms {} must be at least twice --heartbeat-ms {}",
-            args.lease_ms, args.heartbeat_ms
         )));
     }
     // The failure detector: heartbeats, fencing, repair, membership, refill of nodes that
@@ -110,18 +160,26 @@ pub fn run(args: MasterArgs) -> Result<(), CliError> {
             .map(|m| (NodeId(m.id), m.addr.clone()))
             .collect(),
     });
+    // Exported from the start (the failure detector updates them on every change).
+    {
+        let ms = master.membership();
+        metrics::gauge!("dmkit_fusee_membership_epoch").set(ms.epoch as f64);
+        metrics::gauge!("dmkit_fusee_members").set(ms.members.len() as f64);
+        metrics::gauge!("dmkit_fusee_cluster_nodes").set(view.nodes.len() as f64);
+    }
     let m = master.clone();
     let cfg = MasterConfig {
         heartbeat: std::time::Duration::from_millis(args.heartbeat_ms),
         miss_limit: args.miss_limit,
         auto_rejoin: !args.no_rejoin,
     };
-    std::thread::Builder::new()
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let detector = std::thread::Builder::new()
         .name("fusee-master".into())
-        .spawn(move || m.run(cfg, Arc::new(std::sync::atomic::AtomicBool::new(false))))
+        .spawn(move || m.run(cfg, stop2))
         .map_err(|e| CliError::runtime(format!("cannot start the failure detector: {e}")))?;
     // Status over RPC: the shape and the current membership.
-    let node = Arc::new(MemoryNode::new(MASTER_ID));
     let shape = (view.nodes.clone(), view.index_replicas, view.data_replicas);
     node.set_rpc_handler(Arc::new(move |_p: &Peer, _req: &[u8]| {
         let w = Writer::new()
@@ -131,8 +189,6 @@ pub fn run(args: MasterArgs) -> Result<(), CliError> {
         let w = shape.0.iter().fold(w, |w, n| w.u16(n.0));
         Ok(w.bytes(&master.membership().encode()).finish())
     }));
-    let secret = crate::connect::secret(Some(&file))?;
-    let server = crate::connect::serve_tcp(&args.listen, node, secret)?;
     eprintln!(
         "dmkit master: cluster of {} memory nodes {} (index replicas {}, data replicas {}); serving on {}",
         view.nodes.len(),
@@ -141,7 +197,270 @@ pub fn run(args: MasterArgs) -> Result<(), CliError> {
         view.data_replicas,
         server.local_addr()
     );
-    loop {
-        std::thread::park();
+    // Until SIGTERM or SIGINT: then stop acting (the detector finishes what it is doing),
+    // give the claim up, and exit 0, so that the next master starts at once.
+    while !stop_requested() {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = detector.join();
+    claim.release();
+    eprintln!("dmkit master: stopped; the cluster's claim is released");
+    Ok(())
+}
+
+static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_stop_signal(_: libc::c_int) {
+    STOP.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether SIGTERM or SIGINT arrived (the handlers are installed on the first call).
+fn stop_requested() -> bool {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        for sig in [libc::SIGTERM, libc::SIGINT] {
+            // SAFETY: the handler only stores to an atomic, which is async-signal-safe; the
+            // function pointer has the signature `signal` expects.
+            unsafe {
+                libc::signal(sig, on_stop_signal as *const () as libc::sighandler_t);
+            }
+        }
+    });
+    STOP.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// This master's claim on the cluster (see `dmkit_fusee::memnode::claim_master`): granted by
+/// a majority of the memory nodes, renewed every quarter of its lease, and the process exits
+/// before the lease can run out unrenewed, so that a standby taking over never acts beside it.
+struct Claim {
+    token: u64,
+    who: String,
+    lease: std::time::Duration,
+    nodes: Vec<(NodeId, String)>,
+    connector: Arc<dyn dmkit_verbs::Connector>,
+    conns: parking_lot::Mutex<std::collections::HashMap<NodeId, Arc<dyn dmkit_verbs::Connection>>>,
+    /// Set when the claim is given up: the keeper stops renewing.
+    released: std::sync::atomic::AtomicBool,
+    /// Held for a renewal round, so that giving the claim up never races one in flight.
+    renewing: parking_lot::Mutex<()>,
+}
+
+/// What one round of claim requests found.
+#[derive(Debug, Default)]
+struct ClaimRound {
+    granted: usize,
+    /// Another master's claim, as a node that refused described it, and its time left there.
+    holder: Option<(String, std::time::Duration)>,
+    /// Nodes that did not answer, with why.
+    silent: Vec<String>,
+}
+
+impl Claim {
+    fn new(file: &ClusterFile, who: String, lease: std::time::Duration) -> Result<Claim, CliError> {
+        // Each request is bounded well within the lease: a dead node costs a round little.
+        let bound = (lease / 8).clamp(
+            std::time::Duration::from_millis(50),
+            std::time::Duration::from_millis(1000),
+        );
+        Ok(Claim {
+            token: rand::random::<u64>() | 1,
+            who,
+            lease,
+            nodes: file
+                .memnodes
+                .iter()
+                .map(|m| (NodeId(m.id), m.addr.clone()))
+                .collect(),
+            connector: crate::connect::connector_bounded(file, Some(bound))?,
+            conns: Default::default(),
+            released: Default::default(),
+            renewing: Default::default(),
+        })
+    }
+
+    fn majority(&self) -> usize {
+        self.nodes.len() / 2 + 1
+    }
+
+    fn ask(
+        &self,
+        node: NodeId,
+        addr: &str,
+        lease: std::time::Duration,
+    ) -> Result<dmkit_fusee::memnode::ClaimReply, String> {
+        let cached = self.conns.lock().get(&node).cloned();
+        let conn = match cached {
+            Some(c) => c,
+            None => {
+                let c = self.connector.connect(addr).map_err(|e| e.to_string())?;
+                if c.node() != node {
+                    let found = c.node();
+                    c.close();
+                    return Err(format!(
+                        "{addr} answers as node {found}, not {node} (check the cluster file)"
+                    ));
+                }
+                self.conns.lock().insert(node, c.clone());
+                c
+            }
+        };
+        let ep = dmkit_verbs::Endpoint::default();
+        ep.add_connection(conn);
+        dmkit_fusee::memnode::claim_master(&ep, node, self.token, lease, &self.who).map_err(|e| {
+            self.conns.lock().remove(&node);
+            e.to_string()
+        })
+    }
+
+    /// Asks every node at once.
+    fn round(&self, lease: std::time::Duration) -> ClaimRound {
+        let replies: Vec<_> = std::thread::scope(|s| {
+            let hs: Vec<_> = self
+                .nodes
+                .iter()
+                .map(|(n, a)| s.spawn(move || (*n, a.as_str(), self.ask(*n, a, lease))))
+                .collect();
+            hs.into_iter().filter_map(|h| h.join().ok()).collect()
+        });
+        let mut r = ClaimRound::default();
+        for (n, a, rep) in replies {
+            match rep {
+                Ok(rep) if rep.granted => r.granted += 1,
+                Ok(rep) => r.holder = Some((rep.holder, rep.remaining)),
+                Err(e) => r.silent.push(format!("node {} at {a}: {e}", n.0)),
+            }
+        }
+        r
+    }
+
+    /// Waits until a majority grants this master the cluster; the instant its claim is good
+    /// until. Another master holding it is an error (exit 1) unless `standby`.
+    fn acquire(&self, standby: bool) -> Result<std::time::Instant, CliError> {
+        let mut said = String::new();
+        loop {
+            let t0 = std::time::Instant::now();
+            let r = self.round(self.lease);
+            if r.granted >= self.majority() {
+                if !said.is_empty() {
+                    eprintln!(
+                        "dmkit master: the cluster is this master's now ({})",
+                        self.who
+                    );
+                }
+                return Ok(t0 + self.lease);
+            }
+            if r.granted > 0 {
+                // Partly granted: give it back, not to stand in the holder's way.
+                self.round(std::time::Duration::ZERO);
+            }
+            let line = match &r.holder {
+                Some((h, left)) if !standby => {
+                    return Err(CliError::runtime(format!(
+                        "another master holds this cluster: {h} (its claim has {} ms left); \
+                         one master per cluster: stop that one, or start this one with --standby \
+                         to take over when it is gone",
+                        left.as_millis()
+                    )));
+                }
+                Some((h, _)) => {
+                    format!("standby: the cluster's master is {h}; taking over when it is gone")
+                }
+                None => format!(
+                    "waiting for a majority of the memory nodes ({} of {} granted, {} needed); \
+                     not answering: {}",
+                    r.granted,
+                    self.nodes.len(),
+                    self.majority(),
+                    r.silent.join("; ")
+                ),
+            };
+            if line != said {
+                eprintln!("dmkit master: {line}");
+                said = line;
+            }
+            std::thread::sleep(self.lease / 4);
+        }
+    }
+
+    /// Gives the claim up (the process stops acting first): the next master need not wait
+    /// for it to run out.
+    fn release(&self) {
+        let _g = self.renewing.lock();
+        self.released
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.round(std::time::Duration::ZERO);
+    }
+
+    /// Renews the claim in the background; exits the process (status 1) when it could not
+    /// be renewed by a majority for long enough that it may run out.
+    fn keep(self: Arc<Self>, until: std::time::Instant) -> Result<(), CliError> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let base = std::time::Instant::now();
+        let nanos =
+            move |t: std::time::Instant| t.saturating_duration_since(base).as_nanos() as u64;
+        let valid = Arc::new(AtomicU64::new(nanos(until)));
+        // Stop a little before the lease runs out on the memory nodes (their count starts
+        // later than ours, when each received the request).
+        let margin = self.lease / 8;
+        let v = valid.clone();
+        let me = self.clone();
+        std::thread::Builder::new()
+            .name("master-claim".into())
+            .spawn(move || {
+                let mut short = false;
+                loop {
+                    std::thread::sleep(me.lease / 4);
+                    let _g = me.renewing.lock();
+                    if me.released.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    let t0 = std::time::Instant::now();
+                    let r = me.round(me.lease);
+                    let ok = r.granted >= me.majority();
+                    metrics::counter!(
+                        "dmkit_fusee_master_claim_renewals_total",
+                        "result" => if ok { "granted" } else { "short" }
+                    )
+                    .increment(1);
+                    if ok {
+                        v.store(nanos(t0 + me.lease), Ordering::Release);
+                        if short {
+                            tracing::info!("the master's claim is renewed by a majority again");
+                            short = false;
+                        }
+                    } else if !short {
+                        short = true;
+                        tracing::warn!(
+                            granted = r.granted,
+                            needed = me.majority(),
+                            holder = ?r.holder.as_ref().map(|h| &h.0),
+                            silent = %r.silent.join("; "),
+                            "the master's claim on the cluster was not renewed by a majority"
+                        );
+                    }
+                }
+            })
+            .map_err(|e| CliError::runtime(format!("cannot start the claim keeper: {e}")))?;
+        std::thread::Builder::new()
+            .name("master-claim-watchdog".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    let left = valid.load(Ordering::Acquire);
+                    if nanos(std::time::Instant::now() + margin) >= left {
+                        eprintln!(
+                            "dmkit: error: this master ({}) could not renew its claim on the \
+                             cluster with a majority of the memory nodes in time: exiting, so \
+                             that two masters never act at once (a standby takes over; or \
+                             restart this one)",
+                            self.who
+                        );
+                        std::process::exit(1);
+                    }
+                }
+            })
+            .map_err(|e| CliError::runtime(format!("cannot start the claim watchdog: {e}")))?;
+        Ok(())
     }
 }

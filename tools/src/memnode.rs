@@ -21,7 +21,8 @@ pub struct MemnodeArgs {
     /// A persistent pool file to serve (created if missing, with --size).
     #[arg(long)]
     pub pool: Option<std::path::PathBuf>,
-    /// Size of a pool file to create.
+    /// Size of a pool file to create: the file's size on disk (metadata and the data area
+    /// inside it). Reopening with the same --size is accepted.
     #[arg(long, value_parser = crate::size::parse_size)]
     pub size: Option<u64>,
     /// Block size of a new pool (all memory nodes of a FUSEE cluster must agree).
@@ -99,10 +100,13 @@ pub fn run(args: MemnodeArgs) -> Result<(), CliError> {
             } else {
                 "volatile"
             };
+            let file_len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
             let w = format!(
-                "{} {kind} pool {}",
+                "{} {kind} pool {} (file {}, data area {})",
                 format_size(pool.data_len() as u64),
-                path.display()
+                path.display(),
+                format_size(file_len),
+                format_size(pool.data_len() as u64),
             );
             (pool, w)
         }
@@ -126,6 +130,11 @@ pub fn run(args: MemnodeArgs) -> Result<(), CliError> {
     };
     let memnode = dmkit_fusee::memnode::Memnode::new(NodeId(args.id), pool)
         .map_err(|e| CliError::runtime(e.to_string()))?;
+    publish_memory(
+        &memnode,
+        args.id,
+        if args.pool.is_some() { "pool" } else { "dram" },
+    )?;
     let node = memnode.node().clone();
     let has_secret = secret.is_some();
     let (_server, addr, how) = match args.backend {
@@ -166,6 +175,18 @@ pub fn run(args: MemnodeArgs) -> Result<(), CliError> {
             (Box::new(server) as Box<dyn std::any::Any>, addr, how)
         }
     };
+    if let Some(path) = &args.pool {
+        // Who holds the pool: a second memnode pointed at it names this one.
+        let owner = owner_path(path);
+        let text = format!(
+            "pid = {}\naddr = \"{addr}\"\nid = {}\n",
+            std::process::id(),
+            args.id
+        );
+        if let Err(e) = std::fs::write(&owner, text) {
+            tracing::warn!(file = %owner.display(), error = %e, "cannot record this memnode as the pool's owner");
+        }
+    }
     eprintln!(
         "dmkit memnode: node {} serving {what} on {addr} ({how})",
         args.id
@@ -173,6 +194,40 @@ pub fn run(args: MemnodeArgs) -> Result<(), CliError> {
     loop {
         std::thread::park();
     }
+}
+
+/// `dmkit_memnode_memory_bytes{node, medium, state}` (used and free bytes of the served
+/// memory) and `dmkit_memnode_up`, refreshed every second.
+fn publish_memory(
+    memnode: &std::sync::Arc<dmkit_fusee::memnode::Memnode>,
+    id: u16,
+    medium: &'static str,
+) -> Result<(), CliError> {
+    let node = id.to_string();
+    metrics::gauge!("dmkit_memnode_up", "node" => node.clone()).set(1.0);
+    let used = metrics::gauge!("dmkit_memnode_memory_bytes", "node" => node.clone(), "medium" => medium, "state" => "used");
+    let free = metrics::gauge!("dmkit_memnode_memory_bytes", "node" => node, "medium" => medium, "state" => "free");
+    let pool = std::sync::Arc::downgrade(memnode.pool());
+    let update = move || -> bool {
+        let Some(p) = pool.upgrade() else {
+            return false;
+        };
+        let total = p.data_len() as u64;
+        let f = p.free_bytes().min(total);
+        used.set((total - f) as f64);
+        free.set(f as f64);
+        true
+    };
+    update();
+    std::thread::Builder::new()
+        .name("memnode-metrics".into())
+        .spawn(move || {
+            while update() {
+                std::thread::sleep(std::time::Duration::from_secs(1));
+            }
+        })
+        .map_err(|e| CliError::runtime(format!("cannot start the metrics thread: {e}")))?;
+    Ok(())
 }
 
 /// How the lease keeper reaches its peers: over the node's own backend, with short bounds
@@ -255,6 +310,45 @@ fn keep_lease(
     Ok(())
 }
 
+/// `PATH.owner`: the pid, address and id of the memnode serving the pool at `PATH` (written
+/// once it serves; read to name the holder when the pool file is locked).
+pub fn owner_path(path: &std::path::Path) -> std::path::PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(".owner");
+    std::path::PathBuf::from(s)
+}
+
+/// The refusal when another process holds the pool file: names the holder (pid, address and
+/// node id from `PATH.owner`, if that is the holder's record).
+pub fn pool_in_use(path: &std::path::Path, holder: Option<u32>) -> CliError {
+    let rec = std::fs::read_to_string(owner_path(path)).unwrap_or_default();
+    let field = |k: &str| {
+        rec.lines().find_map(|l| {
+            let (key, v) = l.split_once('=')?;
+            (key.trim() == k).then(|| v.trim().trim_matches('"').to_string())
+        })
+    };
+    let rec_pid: Option<u32> = field("pid").and_then(|p| p.parse().ok());
+    let who = match (holder, rec_pid) {
+        (Some(h), Some(p)) if h == p => format!(
+            "dmkit memnode pid {h} serving on {} (node {})",
+            field("addr").unwrap_or_else(|| "?".into()),
+            field("id").unwrap_or_else(|| "?".into())
+        ),
+        (None, Some(p)) => format!(
+            "another process (last recorded owner: pid {p} on {})",
+            field("addr").unwrap_or_else(|| "?".into())
+        ),
+        (Some(h), _) => format!("process {h}"),
+        (None, None) => "another process".into(),
+    };
+    CliError::usage(format!(
+        "pool {} is in use by {who}: a pool file is served by one memnode at a time; stop that \
+         one first, or serve another file",
+        path.display()
+    ))
+}
+
 /// Opens the pool at `path` (running its recovery), or creates it when missing and `size` is
 /// given.
 fn open_or_create_pool(
@@ -275,8 +369,13 @@ fn open_or_create_pool(
                     )));
                 }
             }
-            Pool::open(path)
-                .map_err(|e| CliError::runtime(format!("cannot open pool {shown}: {e}")))
+            let _p = crate::Progress::start(format!(
+                "opening pool {shown} (recovery if it was not closed cleanly)"
+            ));
+            Pool::open(path).map_err(|e| match e {
+                dmkit_pmem_pool::Error::Locked { holder, .. } => pool_in_use(path, holder),
+                e => CliError::runtime(format!("cannot open pool {shown}: {e}")),
+            })
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let Some(s) = size else {
@@ -287,8 +386,15 @@ fn open_or_create_pool(
             let s = usize::try_from(s).map_err(|_| {
                 CliError::usage(format!("--size {s} is too large for this machine"))
             })?;
-            Pool::create(path, s, PoolOptions::default().block_size(block))
-                .map_err(|e| CliError::usage(format!("cannot create pool {shown}: {e}")))
+            let _p = crate::Progress::start(format!(
+                "creating pool {shown} ({}, block size {})",
+                format_size(s as u64),
+                format_size(block as u64)
+            ));
+            Pool::create(path, s, PoolOptions::default().block_size(block)).map_err(|e| match e {
+                dmkit_pmem_pool::Error::Locked { holder, .. } => pool_in_use(path, holder),
+                e => CliError::usage(format!("cannot create pool {shown}: {e}")),
+            })
         }
         Err(e) => Err(CliError::usage(format!("cannot use pool {shown}: {e}"))),
     }

@@ -336,6 +336,22 @@ impl WriteHooks for Hooks<'_> {
     }
 }
 
+/// Runs one client operation, recording its latency in `dmkit_fusee_op_seconds{op}` and a
+/// failure in `dmkit_fusee_op_errors_total{op}` (an upsert records the update and insert it
+/// is made of).
+async fn op_timed<T>(
+    op: &'static str,
+    f: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    let t = std::time::Instant::now();
+    let r = f.await;
+    metrics::histogram!("dmkit_fusee_op_seconds", "op" => op).record(t.elapsed().as_secs_f64());
+    if r.is_err() {
+        metrics::counter!("dmkit_fusee_op_errors_total", "op" => op).increment(1);
+    }
+    r
+}
+
 impl Client {
     /// Joins the cluster whose memory nodes `ep` is connected to (`nodes` in ring order).
     pub fn connect(ep: Endpoint, nodes: &[NodeId], cfg: ClientConfig) -> Result<Client> {
@@ -480,21 +496,24 @@ impl Client {
     /// [`Client::search`], awaited: one client serves many searches in flight at once, from
     /// any executor.
     pub async fn search_async(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        Self::check_key(key)?;
-        self.with_failover_async(
-            || self.search_once_async(key),
-            Some(&|view: &ClusterView, index: &RaceIndex| {
-                // The index is being repaired: answer when the replicas agree on the key; a
-                // slot they disagree on is being decided, so wait for that.
-                let v = Verifier::new(view);
-                Ok(match index.search_agreed(&v, key)? {
-                    None => None,
-                    Some(None) => Some(None),
-                    Some(Some(_)) => v.take().map(|(_, obj)| Some(obj.value)),
-                })
-            }),
-            None,
-        )
+        op_timed("search", async move {
+            Self::check_key(key)?;
+            self.with_failover_async(
+                || self.search_once_async(key),
+                Some(&|view: &ClusterView, index: &RaceIndex| {
+                    // The index is being repaired: answer when the replicas agree on the key; a
+                    // slot they disagree on is being decided, so wait for that.
+                    let v = Verifier::new(view);
+                    Ok(match index.search_agreed(&v, key)? {
+                        None => None,
+                        Some(None) => Some(None),
+                        Some(Some(_)) => v.take().map(|(_, obj)| Some(obj.value)),
+                    })
+                }),
+                None,
+            )
+            .await
+        })
         .await
     }
 
@@ -549,13 +568,16 @@ impl Client {
 
     /// [`Client::insert`], awaited.
     pub async fn insert_async(&self, key: &[u8], value: &[u8]) -> Result<InsertResult> {
-        Self::check_key(key)?;
-        let last = Mutex::new(None);
-        self.with_failover_async(
-            || self.insert_once(key, value, &last),
-            None,
-            Some(&|| self.settled(key, &last, InsertResult::Inserted)),
-        )
+        op_timed("insert", async move {
+            Self::check_key(key)?;
+            let last = Mutex::new(None);
+            self.with_failover_async(
+                || self.insert_once(key, value, &last),
+                None,
+                Some(&|| self.settled(key, &last, InsertResult::Inserted)),
+            )
+            .await
+        })
         .await
     }
 
@@ -612,13 +634,16 @@ impl Client {
 
     /// [`Client::update`], awaited.
     pub async fn update_async(&self, key: &[u8], value: &[u8]) -> Result<UpdateResult> {
-        Self::check_key(key)?;
-        let last = Mutex::new(None);
-        self.with_failover_async(
-            || self.update_once(key, value, &last),
-            None,
-            Some(&|| self.settled(key, &last, UpdateResult::Updated)),
-        )
+        op_timed("update", async move {
+            Self::check_key(key)?;
+            let last = Mutex::new(None);
+            self.with_failover_async(
+                || self.update_once(key, value, &last),
+                None,
+                Some(&|| self.settled(key, &last, UpdateResult::Updated)),
+            )
+            .await
+        })
         .await
     }
 
@@ -688,13 +713,16 @@ impl Client {
 
     /// [`Client::delete`], awaited.
     pub async fn delete_async(&self, key: &[u8]) -> Result<DeleteResult> {
-        Self::check_key(key)?;
-        let last = Mutex::new(None);
-        self.with_failover_async(
-            || self.delete_once(key, &last),
-            None,
-            Some(&|| self.settled(key, &last, DeleteResult::Deleted)),
-        )
+        op_timed("delete", async move {
+            Self::check_key(key)?;
+            let last = Mutex::new(None);
+            self.with_failover_async(
+                || self.delete_once(key, &last),
+                None,
+                Some(&|| self.settled(key, &last, DeleteResult::Deleted)),
+            )
+            .await
+        })
         .await
     }
 

@@ -35,6 +35,30 @@ pub(crate) mod tag {
     pub const HEARTBEAT: u8 = 13;
     pub const VOUCH: u8 = 14;
     pub const CLAIM_DELETE: u8 = 15;
+    pub const MASTER_CLAIM: u8 = 16;
+}
+
+/// The `kind` label of a FUSEE RPC's latency.
+fn rpc_kind(tag: Option<u8>) -> &'static str {
+    match tag {
+        Some(tag::ALLOC_STRIPE) => "alloc_stripe",
+        Some(tag::ALLOC_AT) => "alloc_at",
+        Some(tag::FREE_BLOCK) => "free_block",
+        Some(tag::BLOCKS_OF) => "blocks_of",
+        Some(tag::STAT) => "stat",
+        Some(tag::RESERVE) => "reserve",
+        Some(tag::MEMBERSHIP_GET) => "membership_get",
+        Some(tag::MEMBERSHIP_SET) => "membership_set",
+        Some(tag::REKEY) => "rekey",
+        Some(tag::BLOCK_TABLE) => "block_table",
+        Some(tag::SET_BLOCK) => "set_block",
+        Some(tag::SET_FENCED) => "set_fenced",
+        Some(tag::HEARTBEAT) => "heartbeat",
+        Some(tag::VOUCH) => "vouch",
+        Some(tag::CLAIM_DELETE) => "claim_delete",
+        Some(tag::MASTER_CLAIM) => "master_claim",
+        _ => "other",
+    }
 }
 
 /// "No owner" in a SET_BLOCK request.
@@ -87,6 +111,75 @@ pub struct Memnode {
     /// Who claimed which completed DELETE round ((epoch, slot offset, value replaced) →
     /// client), oldest first, at most [`CLAIMS_KEPT`].
     claims: parking_lot::Mutex<std::collections::VecDeque<(DeleteRound, u64)>>,
+    /// The master that claimed the cluster here, until when (see [`claim_master`]).
+    master: parking_lot::Mutex<Option<MasterClaim>>,
+}
+
+/// A master's claim on this node: its token, how it describes itself, until when it holds.
+#[derive(Debug, Clone)]
+struct MasterClaim {
+    token: u64,
+    who: String,
+    until: std::time::Instant,
+}
+
+/// A memory node's answer to [`claim_master`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimReply {
+    /// The claim is this master's until its lease runs out (counted on the node from when the
+    /// node received the request).
+    pub granted: bool,
+    /// The holder's description (this master's own when granted).
+    pub holder: String,
+    /// How long the holder's claim has left on this node.
+    pub remaining: std::time::Duration,
+}
+
+/// One master per cluster: asks `node` to record this master (`token`, described by `who`,
+/// e.g. its pid and address) as the cluster's master for `lease`. The node grants it when no
+/// other master's claim is live there (none, run out, or the same token renewing); otherwise
+/// it names the holder. A master acts only while a majority of the memory nodes granted it,
+/// counting its lease from before it sent the requests, so two masters never act at once: a
+/// second one needs a majority too, and majorities meet on a node that refuses it until the
+/// first's lease has run out there — after it ran out at the first master. A zero `lease`
+/// gives the claim up (if `token` holds it). A node's claims live in its DRAM: a restarted
+/// node grants the next claimant, and the majority keeps that safe as long as fewer than
+/// half the nodes restart within one lease.
+pub fn claim_master(
+    ep: &dmkit_verbs::Endpoint,
+    node: NodeId,
+    token: u64,
+    lease: std::time::Duration,
+    who: &str,
+) -> Result<ClaimReply> {
+    let req = Writer::new()
+        .u8(tag::MASTER_CLAIM)
+        .u64(token)
+        .u32(u32::try_from(lease.as_millis()).unwrap_or(u32::MAX))
+        .bytes(who.as_bytes())
+        .finish();
+    let reply = ep.rpc(crate::cluster::TAG, node, &req)?;
+    let bad = |e: WireError| Error::Node {
+        node,
+        reason: format!("bad master-claim reply: {e}"),
+    };
+    let mut r = Reader::new(&reply);
+    let st = r.u8().map_err(bad)?;
+    if st != status::OK {
+        let msg = r
+            .bytes()
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .unwrap_or_else(|_| format!("status {st}"));
+        return Err(Error::Node { node, reason: msg });
+    }
+    let granted = r.u8().map_err(bad)? != 0;
+    let holder = String::from_utf8_lossy(r.bytes().map_err(bad)?).into_owned();
+    let remaining = std::time::Duration::from_millis(u64::from(r.u32().map_err(bad)?));
+    Ok(ClaimReply {
+        granted,
+        holder,
+        remaining,
+    })
 }
 
 /// A completed DELETE round: (epoch, slot offset, value replaced).
@@ -125,6 +218,7 @@ impl Memnode {
             membership: parking_lot::Mutex::new(None),
             lease: parking_lot::Mutex::new(Lease::default()),
             claims: parking_lot::Mutex::new(std::collections::VecDeque::new()),
+            master: parking_lot::Mutex::new(None),
         });
         let weak = Arc::downgrade(&m);
         m.node
@@ -226,6 +320,14 @@ impl Memnode {
     }
 
     fn handle(&self, peer: &Peer, req: &[u8]) -> Vec<u8> {
+        let t = std::time::Instant::now();
+        let r = self.handle_untimed(peer, req);
+        metrics::histogram!("dmkit_memnode_rpc_seconds", "kind" => rpc_kind(req.first().copied()))
+            .record(t.elapsed().as_secs_f64());
+        r
+    }
+
+    fn handle_untimed(&self, peer: &Peer, req: &[u8]) -> Vec<u8> {
         match self.dispatch(req) {
             Ok(v) => v,
             Err(e) => {
@@ -394,7 +496,7 @@ impl Memnode {
                         .as_ref()
                         .is_some_and(|m| m.is_member(self.node.id()));
                     if member {
-                        tracing::warn!("the master is back: serving again");
+                        tracing::info!("the master is back: serving again");
                         self.node.set_fenced(false);
                     }
                 }
@@ -430,6 +532,48 @@ impl Memnode {
                     }
                 };
                 Writer::new().u8(status::OK).u64(owner).finish()
+            }
+            tag::MASTER_CLAIM => {
+                let token = r.u64()?;
+                let lease_ms = r.u32()?;
+                let who = String::from_utf8_lossy(r.bytes()?).into_owned();
+                r.finish()?;
+                let now = std::time::Instant::now();
+                let mut cur = self.master.lock();
+                let live = cur.as_ref().filter(|c| c.until > now).cloned();
+                let (granted, holder) = match live {
+                    Some(c) if c.token != token => (false, c),
+                    _ if lease_ms == 0 => {
+                        *cur = None;
+                        (
+                            true,
+                            MasterClaim {
+                                token,
+                                who,
+                                until: now,
+                            },
+                        )
+                    }
+                    prev => {
+                        let c = MasterClaim {
+                            token,
+                            who,
+                            until: now + std::time::Duration::from_millis(u64::from(lease_ms)),
+                        };
+                        if prev.is_none() {
+                            tracing::info!(master = %c.who, "a master claimed the cluster");
+                        }
+                        *cur = Some(c.clone());
+                        (true, c)
+                    }
+                };
+                let left = holder.until.saturating_duration_since(now).as_millis();
+                Writer::new()
+                    .u8(status::OK)
+                    .u8(u8::from(granted))
+                    .bytes(holder.who.as_bytes())
+                    .u32(u32::try_from(left).unwrap_or(u32::MAX))
+                    .finish()
             }
             tag::SET_FENCED => {
                 let fenced = r.u8()? != 0;
@@ -476,6 +620,43 @@ impl Memnode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn master_claim(m: &Memnode, token: u64, lease_ms: u32, who: &str) -> (bool, String) {
+        let req = Writer::new()
+            .u8(tag::MASTER_CLAIM)
+            .u64(token)
+            .u32(lease_ms)
+            .bytes(who.as_bytes())
+            .finish();
+        let reply = m.dispatch(&req).unwrap();
+        let mut r = Reader::new(&reply);
+        assert_eq!(r.u8().unwrap(), status::OK);
+        let granted = r.u8().unwrap() != 0;
+        let holder = String::from_utf8_lossy(r.bytes().unwrap()).into_owned();
+        (granted, holder)
+    }
+
+    #[test]
+    fn one_master_holds_the_claim_until_it_lets_go_or_its_lease_runs_out() {
+        let pool = Pool::create_dram(
+            4 << 20,
+            dmkit_pmem_pool::PoolOptions::default().block_size(64 << 10),
+        )
+        .unwrap();
+        let m = Memnode::new(NodeId(0), pool).unwrap();
+        assert_eq!(master_claim(&m, 1, 10_000, "a"), (true, "a".into()));
+        assert_eq!(master_claim(&m, 1, 10_000, "a"), (true, "a".into()));
+        assert_eq!(master_claim(&m, 2, 10_000, "b"), (false, "a".into()));
+        // Given up: the next claimant gets it.
+        assert!(master_claim(&m, 1, 0, "a").0);
+        assert_eq!(master_claim(&m, 2, 40, "b"), (true, "b".into()));
+        // Giving up a claim one does not hold changes nothing.
+        assert_eq!(master_claim(&m, 1, 0, "a"), (false, "b".into()));
+        assert_eq!(master_claim(&m, 1, 10_000, "a"), (false, "b".into()));
+        // Run out: taken over.
+        std::thread::sleep(std::time::Duration::from_millis(60));
+        assert_eq!(master_claim(&m, 1, 10_000, "a"), (true, "a".into()));
+    }
 
     fn claim(m: &Memnode, round: DeleteRound, client: u64) -> u64 {
         let req = Writer::new()

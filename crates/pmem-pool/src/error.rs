@@ -20,6 +20,16 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// Another process (or another open of it in this process) holds the pool file: a pool is
+    /// served by one owner at a time. `holder` is the holding process's pid, where the OS
+    /// says (Linux `/proc/locks`).
+    #[error("{path}: in use by {} (a pool file is opened by one process at a time)", match holder { Some(p) => format!("process {p}"), None => "another process".to_string() })]
+    Locked {
+        /// The file.
+        path: PathBuf,
+        /// The pid holding the lock, when known.
+        holder: Option<u32>,
+    },
     /// libpmem refused a call; `message` is `pmem_errormsg()`.
     #[error("libpmem {op} {path}: {message}")]
     Libpmem {

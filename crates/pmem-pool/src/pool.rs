@@ -92,6 +92,8 @@ pub struct Pool {
     classes: Vec<SizeClass>,
     state: Mutex<State>,
     metrics: PoolMetrics,
+    /// The exclusive lock on the pool file (file pools only), held while the pool lives.
+    _file_lock: Option<std::fs::File>,
 }
 
 impl fmt::Debug for Pool {
@@ -126,6 +128,46 @@ fn backend_medium_open(path: &Path, backend: FileBackend) -> Result<Box<dyn Medi
     }
 }
 
+/// Takes the exclusive, non-blocking `flock` of the pool file at `path` on a descriptor of its
+/// own (released when the returned file is dropped, or the process ends however it ends).
+fn lock_file(path: &Path) -> Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .open(path)
+        .map_err(|e| Error::io("open", path, e))?;
+    // SAFETY: flock on a descriptor this function owns; LOCK_NB keeps it from blocking.
+    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(f);
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        return Err(Error::Locked {
+            path: path.to_path_buf(),
+            holder: lock_holder(&f),
+        });
+    }
+    Err(Error::io("flock", path, e))
+}
+
+/// The pid holding an flock on the file behind `f`, from Linux's `/proc/locks` (`None` where
+/// that is not available).
+fn lock_holder(f: &std::fs::File) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let ino = f.metadata().ok()?.ino();
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    locks.lines().find_map(|l| {
+        // "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"
+        let w: Vec<&str> = l.split_whitespace().collect();
+        if w.get(1) != Some(&"FLOCK") {
+            return None;
+        }
+        let file_ino: u64 = w.get(5)?.rsplit(':').next()?.parse().ok()?;
+        (file_ino == ino).then(|| w.get(4)?.parse().ok())?
+    })
+}
+
 #[cfg(not(feature = "libpmem"))]
 fn libpmem_missing() -> Error {
     Error::InvalidOptions {
@@ -135,7 +177,11 @@ fn libpmem_missing() -> Error {
 }
 
 impl Pool {
-    /// Creates a pool file of at most `size` bytes at `path` (which must not exist) and opens it.
+    /// Creates a pool file of exactly `size` bytes at `path` (which must not exist) and opens
+    /// it: metadata and as many blocks as fit; the tail that holds no whole block stays unused
+    /// (see [`Pool::data_len`]). Opening it again finds a file of `size` bytes. The file is
+    /// locked (`flock`, exclusive) while the pool lives: another [`Pool::create`] or
+    /// [`Pool::open`] of it, from any process, fails with [`Error::Locked`].
     pub fn create(path: impl AsRef<Path>, size: usize, opts: PoolOptions) -> Result<Pool> {
         let path = path.as_ref();
         let geometry = Geometry::compute(size, opts.block_size).map_err(|e| match e {
@@ -146,8 +192,30 @@ impl Pool {
             },
             e => e,
         })?;
-        let medium = backend_medium_create(path, geometry.pool_len, opts.backend)?;
-        Pool::format(medium, geometry)
+        let medium = match backend_medium_create(path, size, opts.backend) {
+            Ok(m) => m,
+            Err(e) => {
+                // A file this call created (it did unless creating it failed: it existed)
+                // goes again, so that a full disk leaves no half-made pool behind.
+                if !matches!(&e, Error::Io { op: "create", .. } | Error::Libpmem { .. }) {
+                    let _ = std::fs::remove_file(path);
+                }
+                return Err(e);
+            }
+        };
+        // Locked before it is formatted: an open racing the creation is told who has it,
+        // not that the file is no pool.
+        let lock = lock_file(path)?;
+        match Pool::format(medium, geometry) {
+            Ok(mut pool) => {
+                pool._file_lock = Some(lock);
+                Ok(pool)
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(path);
+                Err(e)
+            }
+        }
     }
 
     /// Opens the pool file at `path` with the default backend, recovering it after a crash.
@@ -155,9 +223,12 @@ impl Pool {
         Pool::open_with(path, FileBackend::Auto)
     }
 
-    /// Opens the pool file at `path` with a chosen backend, recovering it after a crash.
+    /// Opens the pool file at `path` with a chosen backend, recovering it after a crash. The
+    /// file is locked while the pool lives (see [`Pool::create`]); a held lock is
+    /// [`Error::Locked`], before anything is read or recovered.
     pub fn open_with(path: impl AsRef<Path>, backend: FileBackend) -> Result<Pool> {
         let path = path.as_ref();
+        let lock = lock_file(path)?;
         // Validate with plain reads before mapping, so that a truncated or foreign file is a
         // clear error rather than a SIGBUS.
         let mut file = std::fs::File::open(path).map_err(|e| Error::io("open", path, e))?;
@@ -172,7 +243,9 @@ impl Pool {
             .map_err(|e| Error::io("read", path, e))?;
         Superblock::decode(&head, &path.display().to_string(), len)?;
         drop(file);
-        Pool::open_on(backend_medium_open(path, backend)?)
+        let mut pool = Pool::open_on(backend_medium_open(path, backend)?)?;
+        pool._file_lock = Some(lock);
+        Ok(pool)
     }
 
     /// Creates a volatile pool of at most `size` bytes in anonymous DRAM.
@@ -283,7 +356,10 @@ impl Pool {
             objects.free_slots[class.index].extend(free);
         }
         let pool = Pool {
-            metrics: PoolMetrics::new(PoolUuid(sb.uuid).to_string()),
+            metrics: PoolMetrics::new(
+                PoolUuid(sb.uuid).to_string(),
+                medium.kind() != MediumKind::Dram,
+            ),
             uuid: PoolUuid(sb.uuid),
             geometry: g,
             location,
@@ -293,6 +369,7 @@ impl Pool {
                 objects,
             }),
             medium,
+            _file_lock: None,
         };
         pool.publish();
         Ok(pool)
@@ -945,6 +1022,49 @@ mod tests {
             assert!(blocks.insert(block));
         }
         assert_eq!(pool.stats().live_objects, offsets.len());
+    }
+
+    #[test]
+    fn a_pool_file_has_the_size_asked_for_and_reopens() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p");
+        // Not a multiple of the block size: the tail past the last whole block stays unused.
+        let size = 5 * MIB + 12345;
+        let pool = Pool::create(&path, size, small()).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), size as u64);
+        let data = pool.data_len();
+        assert!(data > 4 * MIB && data < size, "{data}");
+        drop(pool);
+        let pool = Pool::open(&path).unwrap();
+        assert_eq!(pool.data_len(), data);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), size as u64);
+    }
+
+    #[test]
+    fn a_pool_file_is_held_by_one_owner_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p");
+        let pool = Pool::create(&path, 4 * MIB, small()).unwrap();
+        let b = pool.alloc_block(3).unwrap();
+        // A second open (here from this process; from another the same) is refused and told
+        // who holds the file, before recovery could touch it.
+        let err = Pool::open(&path).unwrap_err();
+        match &err {
+            Error::Locked { path: p, holder } => {
+                assert_eq!(p, &path);
+                if std::path::Path::new("/proc/locks").exists() {
+                    assert_eq!(*holder, Some(std::process::id()), "{err}");
+                }
+            }
+            e => panic!("expected Locked, got {e}"),
+        }
+        assert!(err.to_string().contains("in use by"), "{err}");
+        assert_eq!(pool.block_owner(b), Some(3));
+        // Released with the pool.
+        drop(pool);
+        let pool = Pool::open(&path).unwrap();
+        assert_eq!(pool.block_owner(b), Some(3));
+        assert!(matches!(Pool::open(&path), Err(Error::Locked { .. })));
     }
 
     #[test]

@@ -30,7 +30,19 @@ pub(crate) struct PoolMetrics {
 }
 
 impl PoolMetrics {
-    pub fn new(uuid: String) -> Self {
+    /// The metrics of a pool on a file; `exported = false` (a DRAM pool: volatile memory a
+    /// server reports in its own terms) records nothing.
+    pub fn new(uuid: String, exported: bool) -> Self {
+        if !exported {
+            return PoolMetrics {
+                allocated_blocks: Gauge::noop(),
+                free_bytes: Gauge::noop(),
+                live_objects: Gauge::noop(),
+                object_allocs: Counter::noop(),
+                object_frees: Counter::noop(),
+                recovered_log_entries: Counter::noop(),
+            };
+        }
         PoolMetrics {
             allocated_blocks: metrics::gauge!("dmkit_pmem_pool_allocated_blocks", "pool" => uuid.clone()),
             free_bytes: metrics::gauge!("dmkit_pmem_pool_free_bytes", "pool" => uuid.clone()),
