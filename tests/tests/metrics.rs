@@ -232,6 +232,20 @@ fn metrics_endpoints_answer_questions_and_the_dashboard_finds_its_series() {
             "no {op} histogram: {gw_body}"
         );
     }
+    // The gateway's own: command latency by command, and its connected clients (the
+    // command connection has closed).
+    for cmd in ["get", "set", "del"] {
+        assert!(
+            gw_body.contains(&format!(
+                "dmkit_resp_command_seconds_bucket{{command=\"{cmd}\",le=\"0.001\"}}"
+            )),
+            "no {cmd} latency histogram: {gw_body}"
+        );
+    }
+    assert!(
+        value(&gw_body, "dmkit_resp_connected_clients").is_some(),
+        "{gw_body}"
+    );
     let mut bodies = vec![gw_body, scrape(&master_m)];
     for (i, addr) in m.iter().enumerate() {
         let b = scrape(addr);

@@ -272,6 +272,10 @@ pub const FAMILIES: &[(&str, &str)] = &[
         "dmkit_resp_connected_clients",
         "Redis clients connected to the gateway.",
     ),
+    (
+        "dmkit_verbs_staging_bytes",
+        "Staging bytes held by proxied writes not yet confirmed, over the process's endpoints.",
+    ),
 ];
 
 /// What a process serving metrics is (which counters it exports at 0 from the start).

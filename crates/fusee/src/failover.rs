@@ -699,7 +699,7 @@ impl Master {
         self.publish(&active)?;
         rep.epoch = active.epoch;
         rep.took = t.elapsed();
-        tracing::warn!(?rep, "memory node rejoined");
+        tracing::info!(?rep, "memory node rejoined");
         metrics::counter!("dmkit_fusee_rejoins_total").increment(1);
         Ok(rep)
     }

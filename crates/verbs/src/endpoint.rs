@@ -604,6 +604,8 @@ struct Staging {
     /// Outstanding confirms with their completions, oldest first; a pending is waited here
     /// (which enforces its timeout) by writers under back-pressure and by flush.
     outstanding: Mutex<VecDeque<Tracked>>,
+    /// `dmkit_verbs_staging_bytes`: staging in use, summed over the process's endpoints.
+    in_use: metrics::Gauge,
 }
 
 /// A proxied write in flight: its confirm and its completion.
@@ -621,6 +623,7 @@ impl Staging {
             cv: Condvar::new(),
             high_water: AtomicUsize::new(0),
             outstanding: Mutex::new(VecDeque::new()),
+            in_use: metrics::gauge!("dmkit_verbs_staging_bytes"),
         }
     }
 
@@ -645,6 +648,7 @@ impl Staging {
         if *u + n <= self.capacity {
             *u += n;
             self.high_water.fetch_max(*u, Ordering::Relaxed);
+            self.in_use.increment(n as f64);
             true
         } else {
             false
@@ -665,6 +669,7 @@ impl Staging {
 
     fn release(&self, n: usize) {
         let mut u = self.used.lock();
+        self.in_use.decrement(n.min(*u) as f64);
         *u = u.saturating_sub(n);
         self.cv.notify_all();
     }

@@ -216,6 +216,7 @@ impl RespServer {
             conns: parking_lot::Mutex::new(std::collections::HashMap::new()),
             next_conn: AtomicU64::new(0),
         });
+        metrics::gauge!("dmkit_resp_connected_clients").set(0.0);
         let dispatcher = handle.spawn(dispatch(rx));
         let listener = {
             let _entered = handle.enter();
@@ -291,6 +292,11 @@ enum Running {
 /// Commands of one connection in flight at once, at most.
 const MAX_PIPELINE_IN_FLIGHT: usize = 64;
 
+/// The commands on keys (see [`command_keys`]).
+const KEY_COMMANDS: [&str; 8] = [
+    "get", "set", "setnx", "del", "unlink", "exists", "mget", "mset",
+];
+
 /// The keys a command reads or writes (`None`: it touches no key and runs inline).
 fn command_keys<'a>(name: &str, argv: &'a [Vec<u8>]) -> Option<Vec<&'a [u8]>> {
     match name {
@@ -346,8 +352,19 @@ async fn delete(s: &Arc<Shared>, key: &[u8]) -> Result<bool, String> {
 fn submit(s: &Arc<Shared>, args: Vec<Vec<u8>>) -> BoxFuture<Reply> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let s2 = s.clone();
+    let started = Instant::now();
     let job = Job {
-        run: Box::pin(async move { execute_keyed(&s2, &args).await }),
+        run: Box::pin(async move {
+            let reply = execute_keyed(&s2, &args).await;
+            let name = String::from_utf8_lossy(args.first().map_or(&[][..], |a| a.as_slice()))
+                .to_ascii_lowercase();
+            // (Only the commands on keys come here: a small, known set of labels.)
+            if let Some(&label) = KEY_COMMANDS.iter().find(|c| **c == name) {
+                metrics::histogram!("dmkit_resp_command_seconds", "command" => label)
+                    .record(started.elapsed().as_secs_f64());
+            }
+            reply
+        }),
         reply: tx,
     };
     if s.jobs.send(job).is_err() {
@@ -378,6 +395,7 @@ async fn finish(running: &mut Vec<Running>, out: &mut Vec<u8>) {
 async fn serve(s: Arc<Shared>, mut conn: tokio::net::TcpStream) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let n = s.clients.fetch_add(1, Ordering::SeqCst) + 1;
+    metrics::gauge!("dmkit_resp_connected_clients").set(n as f64);
     let _guard = Guard(&s.clients);
     let peer = conn.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     if n > s.cfg.max_clients {
@@ -458,7 +476,8 @@ struct Guard<'a>(&'a AtomicUsize);
 
 impl Drop for Guard<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        let n = self.0.fetch_sub(1, Ordering::SeqCst) - 1;
+        metrics::gauge!("dmkit_resp_connected_clients").set(n as f64);
     }
 }
 
