@@ -55,3 +55,10 @@ SOFTROCE_TIMEOUT=900 DMKIT="$PWD/target/release/dmkit" bash "$RUNNER" bash .ci/s
 SOFTROCE_TIMEOUT=900 CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="bash $RUNNER" \
   DMKIT_TEST_BACKEND=rdma DMKIT_TEST_BIN="$PWD/target/release/dmkit" \
   cargo test --release -p dmkit-tests --features rdma --test fusee_failover -- --test-threads=1
+
+# The FUSEE load test (64 client tasks, zipf-0.99 keys, over a million operations, four memory
+# nodes failed over and refilled along the way; no deadlock, no lost acknowledged write,
+# bounded memory: tests/tests/fusee_load.rs). It needs no rdma: it runs here, on the host over
+# tcp, only to reuse this tier's release build instead of making a second one (CI time).
+echo "tier-rdma: the FUSEE load test (tcp, on this tier's release build)"
+cargo test --release -p dmkit-tests --features rdma --test fusee_load -- --ignored --nocapture

@@ -211,48 +211,148 @@ fn run_inflight_seed(seed: u64) {
     let (c, r) = cluster_for(seed, &mut rng, false);
     let node_failure = node_failure_for(r, &mut rng, false);
     let master = node_failure.map(|_| c.master().unwrap());
+    // One client crashes with its operations in flight (drawn apart, so the other draws
+    // stay those of earlier sessions' seeds).
+    let mut crng = ChaCha8Rng::seed_from_u64(seed ^ 0xc4a5);
+    let crash_client = if std::env::var("DMKIT_LIN_NO_CRASH").is_ok() {
+        None
+    } else {
+        Some(crng.random_range(0..2u64))
+    };
+    let crash_after = crng.random_range(5..200u64);
+    let restarted = AtomicU64::new(0);
     let clock = AtomicU64::new(0);
     let events: Shared<Event> = Shared::default();
     std::thread::scope(|s| {
         spawn_node_failure(s, &c, node_failure, &master);
         for t in 0..2u64 {
             let c = c.clone();
-            let (clock, events) = (&clock, &events);
+            let (clock, events, restarted) = (&clock, &events, &restarted);
             s.spawn(move || {
-                let client = c.client(20 + t).unwrap();
+                let id = 20 + t;
+                let crashes = crash_client == Some(t);
+                let crew = Crew::new(c.client(id).unwrap());
+                if crashes {
+                    c.sim.crash_client_after(id, crash_after);
+                }
                 let loops = (0..INFLIGHT).map(|l| {
-                    let (client, clock, events) = (&client, clock, events);
+                    let (crew, clock, events, c) = (&crew, clock, events, &c);
                     let mut trng = ChaCha8Rng::seed_from_u64(seed * 1000 + t * 100 + l);
                     async move {
                         for i in 0..OPS / 2 {
                             let (key, call) = random_call(&mut trng, format!("t{t}.{l}-{i}"));
+                            let client = crew.client();
                             let start = clock.fetch_add(1, Ordering::SeqCst);
-                            let r = apply_fusee_async(client, &key, &call).await;
+                            let r = apply_fusee_async(&client, &key, &call).await;
                             let end = clock.fetch_add(1, Ordering::SeqCst);
-                            let ret = r.unwrap_or_else(|e| {
-                                panic!("seed {seed}: client {t} loop {l} op {i} failed: {e}")
-                            });
-                            events.push(Event {
-                                key,
-                                call,
-                                ret: Some(ret),
-                                start,
-                                end,
-                            });
+                            match r {
+                                Ok(ret) => events.push(Event {
+                                    key,
+                                    call,
+                                    ret: Some(ret),
+                                    start,
+                                    end,
+                                }),
+                                Err(e) => {
+                                    assert!(
+                                        crashes && e.to_string().contains("crashed"),
+                                        "seed {seed}: client {t} loop {l} op {i} failed without a crash: {e}"
+                                    );
+                                    events.push(Event {
+                                        key,
+                                        call,
+                                        ret: None,
+                                        start,
+                                        end: u64::MAX,
+                                    });
+                                    drop(client);
+                                    // Every operation in flight fails with the crash: once
+                                    // they all have, the client restarts and recovers them
+                                    // all at once from its log.
+                                    crew.crashed(|| c.recover(id).unwrap().0).await;
+                                }
+                            }
                         }
+                        crew.finished(|| c.recover(id).unwrap().0);
                     }
                 });
                 dmkit_verbs::block_on(dmkit_verbs::join_all(loops.collect()));
+                let client = crew.client();
                 client.flush().unwrap();
                 assert_eq!(client.endpoint().in_flight(), 0);
+                if crashes {
+                    restarted.fetch_add(u64::from(crew.restarts.get()), Ordering::SeqCst);
+                }
             });
         }
     });
+    if crash_client.is_some() {
+        // The crash came with operations in flight, and the client restarted once.
+        assert_eq!(restarted.load(Ordering::SeqCst), 1, "seed {seed}: restarts");
+    }
     let history = events.take();
     if let Err(v) = check(&history, &HashMap::new()) {
         panic!(
-            "seed {seed} (r = {r}, {INFLIGHT} in flight per client, memory node failure {node_failure:?}): {v}"
+            "seed {seed} (r = {r}, {INFLIGHT} in flight per client, client {crash_client:?} crashed after {crash_after} verbs, memory node failure {node_failure:?}): {v}"
         );
+    }
+}
+
+/// The loops of one client (run on one thread): the client they share, and the restart
+/// after a crash, which waits until every loop still running has seen the crash.
+struct Crew {
+    /// (`None` only while it restarts.)
+    client: std::cell::RefCell<Option<dmkit_fusee::Client>>,
+    active: std::cell::Cell<usize>,
+    waiting: std::cell::Cell<usize>,
+    restarts: std::cell::Cell<u32>,
+}
+
+impl Crew {
+    fn new(client: dmkit_fusee::Client) -> Self {
+        Self {
+            client: std::cell::RefCell::new(Some(client)),
+            active: std::cell::Cell::new(INFLIGHT as usize),
+            waiting: std::cell::Cell::new(0),
+            restarts: std::cell::Cell::new(0),
+        }
+    }
+
+    fn client(&self) -> dmkit_fusee::Client {
+        self.client.borrow().clone().expect("a client (restarts finish before loops go on)")
+    }
+
+    /// A loop's operation failed with the crash: the last loop to see it restarts the
+    /// client, the others wait for that.
+    async fn crashed(&self, recover: impl FnOnce() -> dmkit_fusee::Client) {
+        let seen = self.restarts.get();
+        self.waiting.set(self.waiting.get() + 1);
+        if self.waiting.get() == self.active.get() {
+            self.restart(recover);
+            return;
+        }
+        while self.restarts.get() == seen {
+            dmkit_verbs::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// A loop ran all its operations: if the others are all waiting on a crash, restart.
+    fn finished(&self, recover: impl FnOnce() -> dmkit_fusee::Client) {
+        self.active.set(self.active.get() - 1);
+        if self.waiting.get() > 0 && self.waiting.get() == self.active.get() {
+            self.restart(recover);
+        }
+    }
+
+    fn restart(&self, recover: impl FnOnce() -> dmkit_fusee::Client) {
+        // The crashed client is gone (its background work with it) before it restarts.
+        if let Some(old) = self.client.borrow_mut().take() {
+            let _ = old.flush();
+        }
+        let fresh = recover();
+        *self.client.borrow_mut() = Some(fresh);
+        self.waiting.set(0);
+        self.restarts.set(self.restarts.get() + 1);
     }
 }
 
