@@ -118,10 +118,7 @@ fn a_memory_node_failing_under_a_thousand_operations_in_flight() {
                 async move {
                     let r = if i % 4 == 3 {
                         c.search_async(&key(i)).await.map(|v| {
-                            assert!(
-                                v.as_deref() == Some(b"before".as_slice()),
-                                "key {i}: {v:?}"
-                            );
+                            assert!(v.as_deref() == Some(b"before".as_slice()), "key {i}: {v:?}");
                         })
                     } else {
                         c.upsert_async(&key(i), format!("after-{i}").as_bytes())

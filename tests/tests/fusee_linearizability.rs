@@ -319,7 +319,10 @@ impl Crew {
     }
 
     fn client(&self) -> dmkit_fusee::Client {
-        self.client.borrow().clone().expect("a client (restarts finish before loops go on)")
+        self.client
+            .borrow()
+            .clone()
+            .expect("a client (restarts finish before loops go on)")
     }
 
     /// A loop's operation failed with the crash: the last loop to see it restarts the

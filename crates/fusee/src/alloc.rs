@@ -1,5 +1,5 @@
 //! Two-level memory management, the client's half: coarse blocks come from the memory nodes
-//! (one RPC per block, fetched ahead of need by a background thread), objects are carved from
+//! (one RPC per block, fetched ahead of need by the client's background task), objects are carved from
 //! them locally by size class, any client frees an object with one FAA on its block's free
 //! bitmap, and the owner reclaims freed objects in batches.
 //!

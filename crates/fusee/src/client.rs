@@ -13,7 +13,7 @@
 //!    and the old object's generation, with a crc32c) to the log entry;
 //! 4. CAS the index primary.
 //!
-//! Then, off the critical path (the client's background thread): free the replaced object
+//! Then, off the critical path (the client's background task): free the replaced object
 //! (one FAA on its block's bitmap, with its "outdated" flag set for cached readers) and mark
 //! the log entry finished. A writer that lost the round, or found nothing to update, takes
 //! its object back *before* returning, so a crash can never redo an operation whose outcome
@@ -51,7 +51,7 @@ pub mod tags {
 
     use dmkit_verbs::{Tag, TagStats};
 
-    /// Tags of work the caller does not wait for (the background thread's cleanups,
+    /// Tags of work the caller does not wait for (the background task's cleanups,
     /// reclaims and block prefetches).
     pub const BACKGROUND: [&str; 3] = [CLEANUP, RECLAIM, BLOCKS];
 
@@ -88,7 +88,7 @@ pub struct ClientConfig {
     /// Reclaim freed objects (read the blocks' bitmaps) every this many allocations.
     pub reclaim_every: u64,
     /// Run background jobs (cleanup, prefetch, reclaim) on the calling thread right after the
-    /// operation that queued them, instead of on the client's background thread: slower, but
+    /// operation that queued them, instead of on the client's background task: slower, but
     /// every verb is issued by the caller's thread (deterministic simulation needs that).
     pub inline_jobs: bool,
     /// How long an operation that hit a failed memory node waits for the master to publish
@@ -1542,7 +1542,7 @@ impl Inner {
             generation: a.generation,
         });
         if !self.send(job) {
-            tracing::warn!("FUSEE background thread gone; cleanup left to recovery");
+            tracing::warn!("FUSEE background task gone; cleanup left to recovery");
         }
     }
 

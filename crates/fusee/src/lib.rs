@@ -16,7 +16,7 @@
 //! # Round trips
 //!
 //! Per operation, no conflicting writer, a warm client (its blocks fetched); *critical* is what
-//! the caller waits for, *background* what the client's background thread does afterwards
+//! the caller waits for, *background* what the client's background task (on the I/O runtime, no thread of its own) does afterwards
 //! (the replaced object's free, one FAA, and the log entry marked finished). Pinned by
 //! `tests/rtt.rs` on sim and tcp, and printed by `dmkit bench fusee --workload micro` on every
 //! backend (rdma included):

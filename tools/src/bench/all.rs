@@ -364,7 +364,7 @@ pub fn render(docs: &Path) -> Result<String, CliError> {
          in-process cluster (3 memory nodes, 3 index and 3 data replicas, DRAM pools, 1000-byte \
          values) whose `sim` backend has its latency model on (2 µs round trip, 56 Gbit/s link, \
          DRAM media: FUSEE's testbed). Each operation runs alone and is timed in virtual time \
-         (`Endpoint::virtual_now()` before and after); the client's background thread shares that \
+         (`Endpoint::virtual_now()` before and after); the client's background task shares that \
          clock, so the bench first waits for the previous operation's background work \
          (`Client::flush`). `ops/s` of these rows is one client's modeled rate (1 / mean \
          latency). The FUSEE paper's one-client figures (FAST 2023, on real RDMA NICs) beside \
