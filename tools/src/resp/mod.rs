@@ -116,38 +116,36 @@ struct Job {
 
 /// Runs every connection's commands on keys as futures of one task, polled together under
 /// doorbell batching: the verbs of concurrent commands — from any connection — share frames
-/// to each memory node. (Each wake-up polls every command in flight.)
+/// to each memory node. A wake-up polls only the commands it concerns.
 async fn dispatch(mut jobs: tokio::sync::mpsc::UnboundedReceiver<Job>) {
-    let mut running: Vec<Job> = Vec::new();
+    use futures_util::Stream;
+    let mut running = futures_util::stream::FuturesUnordered::new();
     dmkit_verbs::batched(std::future::poll_fn(move |cx| {
         loop {
             let mut closed = false;
             while let std::task::Poll::Ready(j) = jobs.poll_recv(cx) {
                 match j {
-                    Some(j) => running.push(j),
+                    Some(Job { run, reply }) => running.push(async move {
+                        // (A connection that went away drops its receiver: nothing to do.)
+                        let _ = reply.send(run.await);
+                    }),
                     None => {
                         closed = true;
                         break;
                     }
                 }
             }
-            let before = running.len();
-            let mut i = 0;
-            while i < running.len() {
-                match running[i].run.as_mut().poll(cx) {
-                    std::task::Poll::Ready(r) => {
-                        let j = running.swap_remove(i);
-                        // (A connection that went away drops its receiver: nothing to do.)
-                        let _ = j.reply.send(r);
-                    }
-                    std::task::Poll::Pending => i += 1,
-                }
+            let mut finished = false;
+            while let std::task::Poll::Ready(Some(())) =
+                std::pin::Pin::new(&mut running).poll_next(cx)
+            {
+                finished = true;
             }
             if closed && running.is_empty() {
                 return std::task::Poll::Ready(());
             }
             // Commands that finished may have let new ones in; look once more if so.
-            if running.len() == before || closed {
+            if !finished || closed {
                 return std::task::Poll::Pending;
             }
         }
