@@ -72,7 +72,9 @@
 //! ```
 //!
 //! The same code runs over TCP by connecting the endpoint with [`tcp::TcpConnector`] to
-//! nodes served by [`tcp::TcpServer`] (what `dmkit memnode` runs). The conformance suite that
+//! nodes served by [`tcp::TcpServer`] (what `dmkit memnode` runs). Both sides of every tcp
+//! connection are tasks on the process's I/O runtime ([`runtime`], tokio), which applications
+//! may share for their own tasks; a blocking wait from one of its workers moves off it. The conformance suite that
 //! every backend passes is in [`conformance`] (feature `test_utils`).
 
 mod batch;
