@@ -69,6 +69,7 @@ impl Served {
             (&self.write, t.write),
             (&self.cas, t.cas),
             (&self.faa, t.faa),
+            (&self.rpc, t.rpc),
         ] {
             if n > 0 {
                 c.increment(n);
@@ -84,6 +85,7 @@ struct Tally {
     write: u64,
     cas: u64,
     faa: u64,
+    rpc: u64,
 }
 
 struct Shared {
@@ -388,41 +390,17 @@ async fn serve(
             }
             let payload = rx.bytes(at);
             shared.frames.fetch_add(1, Ordering::Relaxed);
-            match h.kind {
-                Kind::Batch => {
-                    let at = frame::encode_header(&mut out, Kind::BatchResp, h.req_id);
-                    let mut tally = Tally::default();
-                    execute_batch(node, payload, &mut out, shared.max_frame, &mut tally)?;
-                    shared.served.add(&tally);
-                    frame::finish(&mut out, at)?;
-                }
-                Kind::Rpc => {
-                    let at = frame::encode_header(&mut out, Kind::RpcResp, h.req_id);
-                    shared.served.rpc.increment(1);
-                    // A handler may wait (a lease to expire, a grace period): not on a worker.
-                    match runtime::blocking(|| node.rpc(peer, payload)) {
-                        Ok(reply) => {
-                            out.push(0);
-                            out.extend_from_slice(&reply);
-                        }
-                        Err(msg) => {
-                            out.push(1);
-                            out.extend_from_slice(msg.as_bytes());
-                        }
-                    }
-                    frame::finish(&mut out, at)?;
-                }
-                Kind::Regions => {
-                    let at = frame::encode_header(&mut out, Kind::RegionsResp, h.req_id);
-                    frame::encode_regions(&mut out, &node.regions());
-                    frame::finish(&mut out, at)?;
-                }
-                _ => {
-                    return Err(FrameError::Malformed {
-                        what: "frame kind from a client",
-                    });
-                }
-            }
+            let mut tally = Tally::default();
+            respond(
+                node,
+                peer,
+                h,
+                payload,
+                &mut out,
+                shared.max_frame,
+                &mut tally,
+            )?;
+            shared.served.add(&tally);
         }
         if !out.is_empty() {
             frame::write_all(stream, &out).await?;
@@ -463,42 +441,64 @@ pub fn serve_frame(
             what: "short payload",
         })?;
     let mut out = Vec::new();
-    match hdr.kind {
+    let peer = Peer {
+        conn_id: 0,
+        addr: "serve_frame".into(),
+    };
+    respond(
+        node,
+        &peer,
+        hdr,
+        payload,
+        &mut out,
+        max_frame,
+        &mut Tally::default(),
+    )?;
+    Ok(out)
+}
+
+/// Executes one request frame and appends its response frame to `out` (what a connection
+/// does per frame, and [`serve_frame`] without a socket).
+fn respond(
+    node: &MemoryNode,
+    peer: &Peer,
+    h: frame::Header,
+    payload: &[u8],
+    out: &mut Vec<u8>,
+    max_frame: usize,
+    tally: &mut Tally,
+) -> std::result::Result<(), FrameError> {
+    match h.kind {
         Kind::Batch => {
-            let at = frame::encode_header(&mut out, Kind::BatchResp, hdr.req_id);
-            execute_batch(node, payload, &mut out, max_frame, &mut Tally::default())?;
-            frame::finish(&mut out, at)?;
+            let at = frame::encode_header(out, Kind::BatchResp, h.req_id);
+            execute_batch(node, payload, out, max_frame, tally)?;
+            frame::finish(out, at)
         }
         Kind::Rpc => {
-            let at = frame::encode_header(&mut out, Kind::RpcResp, hdr.req_id);
-            let peer = Peer {
-                conn_id: 0,
-                addr: "serve_frame".into(),
-            };
-            match node.rpc(&peer, payload) {
-                Ok(r) => {
+            let at = frame::encode_header(out, Kind::RpcResp, h.req_id);
+            tally.rpc += 1;
+            // A handler may wait (a lease to expire, a grace period): not on a worker.
+            match runtime::blocking(|| node.rpc(peer, payload)) {
+                Ok(reply) => {
                     out.push(0);
-                    out.extend_from_slice(&r);
+                    out.extend_from_slice(&reply);
                 }
-                Err(m) => {
+                Err(msg) => {
                     out.push(1);
-                    out.extend_from_slice(m.as_bytes());
+                    out.extend_from_slice(msg.as_bytes());
                 }
             }
-            frame::finish(&mut out, at)?;
+            frame::finish(out, at)
         }
         Kind::Regions => {
-            let at = frame::encode_header(&mut out, Kind::RegionsResp, hdr.req_id);
-            frame::encode_regions(&mut out, &node.regions());
-            frame::finish(&mut out, at)?;
+            let at = frame::encode_header(out, Kind::RegionsResp, h.req_id);
+            frame::encode_regions(out, &node.regions());
+            frame::finish(out, at)
         }
-        _ => {
-            return Err(FrameError::Malformed {
-                what: "frame kind from a client",
-            });
-        }
+        _ => Err(FrameError::Malformed {
+            what: "frame kind from a client",
+        }),
     }
-    Ok(out)
 }
 
 /// Decodes and executes one batch frame, appending the response payload to `out`. The whole
