@@ -121,6 +121,10 @@ pub const FAMILIES: &[(&str, &str)] = &[
         "Objects clients reclaimed (freed) in the background.",
     ),
     (
+        "dmkit_fusee_cleanup_waits_total",
+        "Writes that waited for their client's background cleanups to catch up (back-pressure).",
+    ),
+    (
         "dmkit_fusee_recovery_seconds",
         "Time a client took to recover at start.",
     ),

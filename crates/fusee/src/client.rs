@@ -232,6 +232,10 @@ pub(crate) struct Inner {
     pub free: Mutex<FreeLists>,
     cache: AddressCache<Vec<u8>, CachedAddr>,
     jobs: Mutex<Option<UnboundedSender<Job>>>,
+    /// Cleanups queued for the background task and not finished yet.
+    backlog: std::sync::atomic::AtomicUsize,
+    /// Wakes callers waiting for the background task to catch up.
+    caught_up: tokio::sync::Notify,
     allocs: std::sync::atomic::AtomicU64,
     cfg: ClientConfig,
     /// One block acquisition at a time.
@@ -411,6 +415,8 @@ impl Client {
             free: Mutex::new(FreeLists::default()),
             cache,
             jobs: Mutex::new(Some(tx)),
+            backlog: std::sync::atomic::AtomicUsize::new(0),
+            caught_up: tokio::sync::Notify::new(),
             allocs: std::sync::atomic::AtomicU64::new(0),
             cfg,
             block_lock: tokio::sync::Mutex::new(0),
@@ -616,7 +622,7 @@ impl Client {
                         generation: a.generation,
                     },
                 );
-                inner.enqueue_cleanup(&a, len, Op::Insert, None);
+                inner.enqueue_cleanup(&a, len, Op::Insert, None).await;
                 Ok(InsertResult::Inserted)
             }
             Ok((InsertOutcome::AlreadyExists { .. }, _, _)) => {
@@ -691,7 +697,9 @@ impl Client {
                     .filter(|(s, _)| *s == old)
                     .map(|(_, o)| o.generation)
                     .unwrap_or(0);
-                inner.enqueue_cleanup(&a, bytes.len(), Op::Update, Some((old, old_gen)));
+                inner
+                    .enqueue_cleanup(&a, bytes.len(), Op::Update, Some((old, old_gen)))
+                    .await;
                 Ok(UpdateResult::Updated)
             }
             Some(Modified {
@@ -773,7 +781,9 @@ impl Client {
                         .filter(|(s, _)| *s == old)
                         .map(|(_, o)| o.generation)
                         .unwrap_or(0);
-                    inner.enqueue_cleanup(&a, bytes.len(), Op::Delete, Some((old, old_gen)));
+                    inner
+                        .enqueue_cleanup(&a, bytes.len(), Op::Delete, Some((old, old_gen)))
+                        .await;
                     return Ok(DeleteResult::Deleted);
                 }
                 Some(Modified {
@@ -1308,10 +1318,19 @@ impl Inner {
             dmkit_verbs::block_on(self.run_job(j));
             return true;
         }
-        match self.jobs.lock().as_ref() {
+        let cleanup = matches!(j, Job::Cleanup(_));
+        if cleanup {
+            self.backlog
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
+        let sent = match self.jobs.lock().as_ref() {
             Some(tx) => tx.send(j).is_ok(),
             None => false,
+        };
+        if cleanup && !sent {
+            self.cleaned(1);
         }
+        sent
     }
 
     pub(crate) fn slot_of(&self, key: &[u8], a: &Allocation, len: usize) -> Result<Slot> {
@@ -1532,7 +1551,12 @@ impl Inner {
         Ok(())
     }
 
-    fn enqueue_cleanup(&self, a: &Allocation, len: usize, op: Op, old: Option<(Slot, u32)>) {
+    /// Queues a won write's cleanup for the background task. When the task is more than
+    /// [`MAX_BACKLOG`] cleanups behind (it shares a few runtime threads with every client of
+    /// the process, and busy callers can outrun it), the caller waits until it has caught up
+    /// half way: replaced objects are freed at the pace they are replaced, so memory stays
+    /// bounded. (The cleanup is queued first: a caller that stops waiting loses nothing.)
+    async fn enqueue_cleanup(&self, a: &Allocation, len: usize, op: Op, old: Option<(Slot, u32)>) {
         let job = Job::Cleanup(crate::mm::CleanupItem {
             ours: a.addr,
             ours_len: len,
@@ -1543,6 +1567,32 @@ impl Inner {
         });
         if !self.send(job) {
             tracing::warn!("FUSEE background task gone; cleanup left to recovery");
+            return;
+        }
+        if self.backlog.load(std::sync::atomic::Ordering::Acquire) <= MAX_BACKLOG {
+            return;
+        }
+        metrics::counter!("dmkit_fusee_cleanup_waits_total").increment(1);
+        loop {
+            let mut caught_up = std::pin::pin!(self.caught_up.notified());
+            caught_up.as_mut().enable();
+            if self.backlog.load(std::sync::atomic::Ordering::Acquire) <= MAX_BACKLOG / 2
+                || self.jobs.lock().is_none()
+            {
+                return;
+            }
+            caught_up.await;
+        }
+    }
+
+    /// The background task finished `n` cleanups.
+    fn cleaned(&self, n: usize) {
+        let left = self
+            .backlog
+            .fetch_sub(n, std::sync::atomic::Ordering::AcqRel)
+            .saturating_sub(n);
+        if left <= MAX_BACKLOG / 2 {
+            self.caught_up.notify_waiters();
         }
     }
 
@@ -1578,6 +1628,9 @@ impl Inner {
 /// Cleanups taken off the queue together at most (their verbs go out as two round trips).
 const CLEANUP_BATCH: usize = 64;
 
+/// Cleanups a client's background task may be behind before writers wait for it.
+const MAX_BACKLOG: usize = 4 * CLEANUP_BATCH;
+
 /// The background task (one per client, on the I/O runtime): cleanups in order, prefetches,
 /// reclaims. Cleanups that queued up while it worked (operations from several tasks, or faster
 /// than their cleanups) run together: every free in one round trip, every log entry's finish
@@ -1608,11 +1661,13 @@ async fn worker(inner: std::sync::Weak<Inner>, mut rx: UnboundedReceiver<Job>) {
                 Err(_) => break,
             }
         }
-        if batch.len() == 1 {
+        let n = batch.len();
+        if n == 1 {
             inner.run_job(batch.pop().expect("one")).await;
         } else {
             inner.run_cleanups(batch).await;
         }
+        inner.cleaned(n);
     }
 }
 
