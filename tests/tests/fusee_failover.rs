@@ -222,6 +222,20 @@ fn a_restarted_memnode_is_refilled_and_the_cluster_survives_another_failure() {
         "memnode 1 refilled and readmitted {:?} after its restart",
         t.elapsed()
     );
+    // The master said so: when the copy started, and when the node was back.
+    let mut said = Vec::new();
+    while let Ok(l) = cluster
+        .master
+        .stderr
+        .recv_timeout(Duration::from_millis(300))
+    {
+        said.push(l);
+    }
+    let said = said.join("\n");
+    assert!(
+        said.contains("refilling memory node 1: copying") && said.contains("memory node rejoined"),
+        "{said}"
+    );
     // r is back to 3: another node may fail.
     cluster.memnodes[2].kill9();
     for c in clients {

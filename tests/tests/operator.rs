@@ -289,6 +289,40 @@ fn a_dead_memnode_address_is_reported_within_seconds_naming_the_node() {
     assert_eq!((code, out.as_str()), (0, "cherry\n"), "{err}");
 }
 
+/// The master and a memory node both lost: a new master starts with the dead member (it
+/// names it), fails it over after its missed heartbeats, and the cluster serves again.
+#[test]
+fn a_master_started_with_a_member_down_fails_it_over() {
+    let mut c = ProcCluster::start(3, 2, "16MiB");
+    assert_eq!(kv(&c.file, &["put", "fruit", "apple"]).0, 0);
+    c.master.kill9();
+    let gone = c.memnodes[2].addr.clone();
+    c.memnodes[2].kill9();
+    let t = Instant::now();
+    // --standby: the dead master's claim runs out first (3 s by default).
+    let master = dmkit_tests::procs::Daemon::start(
+        &["master", "--listen", "127.0.0.1:0", "--cluster", &c.file, "--standby"],
+        "serving on",
+    );
+    eprintln!("the new master serves after {:?}", t.elapsed());
+    let (code, _, err, took) = kv(&c.file, &["--wait", "20s", "put", "fruit", "cherry"]);
+    eprintln!("kv put with node 2 dead under a new master, {took:?}: {err}");
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err, _) = kv(&c.file, &["get", "fruit"]);
+    assert_eq!((code, out.as_str()), (0, "cherry\n"), "{err}");
+    // The master named the member it started without (before "serving on": in
+    // `ready_line`'s predecessors, not kept), and failed it over once serving.
+    let mut said = Vec::new();
+    while let Ok(l) = master.stderr.recv_timeout(Duration::from_millis(200)) {
+        said.push(l);
+    }
+    let said = said.join("\n");
+    assert!(
+        said.contains("failed over") && said.contains("failed: [NodeId(2)]"),
+        "{said}\n(node 2 was {gone})"
+    );
+}
+
 #[test]
 fn a_memnode_address_that_is_the_master_says_so() {
     let c = ProcCluster::start(3, 1, "16MiB");

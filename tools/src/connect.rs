@@ -91,6 +91,20 @@ pub fn endpoint_bounded(
     file: &ClusterFile,
     bound: Option<std::time::Duration>,
 ) -> Result<Endpoint, CliError> {
+    endpoint_with(file, bound, true)
+}
+
+/// [`endpoint`] for a retry: the nodes that do not answer were named already, so they are
+/// logged at debug level only.
+pub fn endpoint_again(file: &ClusterFile) -> Result<Endpoint, CliError> {
+    endpoint_with(file, None, false)
+}
+
+pub fn endpoint_with(
+    file: &ClusterFile,
+    bound: Option<std::time::Duration>,
+    warn: bool,
+) -> Result<Endpoint, CliError> {
     let c = connector_bounded(file, bound)?;
     let ep = match c
         .buf_allocator()
@@ -119,11 +133,15 @@ pub fn endpoint_bounded(
     }
     // Some answered: go on without the others (the master fails them over).
     for (m, e) in failed {
-        tracing::warn!(
-            "memory node {} at {} does not answer ({e}); going on with the others",
-            m.id,
-            m.addr
-        );
+        if warn {
+            tracing::warn!(
+                "memory node {} at {} does not answer ({e}); going on with the others",
+                m.id,
+                m.addr
+            );
+        } else {
+            tracing::debug!(node = m.id, addr = %m.addr, error = %e, "still does not answer");
+        }
     }
     Ok(ep)
 }

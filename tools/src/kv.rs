@@ -266,7 +266,8 @@ pub fn client_with(
         move || match first.lock().take() {
             Some(ep) => Ok(ep),
             None => {
-                crate::connect::endpoint(&f).map_err(|e| dmkit_fusee::Error::Config(e.message()))
+                crate::connect::endpoint_again(&f)
+                    .map_err(|e| dmkit_fusee::Error::Config(e.message()))
             }
         },
         &nodes,

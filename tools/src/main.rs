@@ -169,10 +169,17 @@ impl Drop for Progress {
 }
 
 fn main() -> ExitCode {
+    // Daemons say what they do (a failover, a refill and its progress, a claim) at INFO; a
+    // command says only what needs a look.
+    let daemon = matches!(
+        std::env::args().nth(1).as_deref(),
+        Some("master" | "memnode" | "gengar-server")
+    );
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("DMKIT_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            tracing_subscriber::EnvFilter::try_from_env("DMKIT_LOG").unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new(if daemon { "info" } else { "warn" })
+            }),
         )
         .with_writer(std::io::stderr)
         // Colour only for a person at a terminal: a log file or journal gets plain text.

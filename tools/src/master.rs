@@ -114,7 +114,7 @@ pub fn run(args: MasterArgs) -> Result<(), CliError> {
     // they just end the process: it holds nothing).
     let _ = stop_requested();
     claim.clone().keep(held_until)?;
-    let ep = crate::connect::endpoint(&file)?;
+    let ep = crate::connect::endpoint_again(&file)?;
     let (view, formatted) = match cluster::open(&ep, &nodes) {
         Ok(v) => (v, false),
         Err(dmkit_fusee::Error::Cluster(m)) if m.contains("no FUSEE superblock") => {
@@ -144,7 +144,7 @@ pub fn run(args: MasterArgs) -> Result<(), CliError> {
     // The failure detector's own connections, bounded by the lease: a node cut off must
     // not hold up the heartbeats of the others.
     let bound = Some(std::time::Duration::from_millis(args.lease_ms.max(1000)));
-    let hb_ep = crate::connect::endpoint_bounded(&file, bound)?;
+    let hb_ep = crate::connect::endpoint_with(&file, bound, false)?;
     drop(ep);
     let master = Master::with_reconnect(
         hb_ep,

@@ -13,7 +13,7 @@
 use dmkit_kv_index::{IndexConfig, IndexReplicaSpace, RaceIndex};
 use dmkit_pmem_pool::MAX_OWNER;
 use dmkit_verbs::wire::{Reader, Writer};
-use dmkit_verbs::{Endpoint, NodeId, RegionDesc, RemoteAddr};
+use dmkit_verbs::{Endpoint, NodeId, RKey, RegionDesc, RemoteAddr};
 
 use crate::error::{Error, Result};
 use crate::memnode::{POOL_BASE, status, tag};
@@ -351,6 +351,13 @@ pub fn open(ep: &Endpoint, nodes: &[NodeId]) -> Result<ClusterView> {
 }
 
 /// [`open`] with a known membership: reads the superblocks of its members only.
+///
+/// A member that does not answer does not stop the open: its region is taken from the
+/// membership (pools are registered at [`POOL_BASE`], and the membership carries each
+/// member's rkey), a warning names it, and every operation that needs it fails with its
+/// error while those that do not go on (a SEARCH whose index primary and object live
+/// elsewhere; the master's failure detector, which then fails it over). At least one
+/// member must answer.
 pub fn open_at(
     ep: &Endpoint,
     nodes: &[NodeId],
@@ -363,27 +370,28 @@ pub fn open_at(
         }
         Ok(r)
     };
-    let mut last = None;
-    // (node, its superblock) of the nodes that answered; None = no superblock.
-    let mut seen: Vec<(NodeId, Option<Super>)> = Vec::new();
+    // (node, its region, its superblock) of the nodes that answered; None = no superblock.
+    let mut seen: Vec<(NodeId, RegionDesc, Option<Super>)> = Vec::new();
+    // Members that did not answer, with why.
+    let mut silent: Vec<(NodeId, Error)> = Vec::new();
     for node in nodes.iter().filter(|n| membership.is_member(**n)) {
         let region = match region_of(*node) {
             Ok(r) => r,
             Err(e) => {
-                last = Some(e);
+                silent.push((*node, e));
                 continue;
             }
         };
         let raw = match ep.read(TAG, region.at(0), 4096) {
             Ok(b) => b,
             Err(e) => {
-                last = Some(e.into());
+                silent.push((*node, Error::from(e)));
                 continue;
             }
         };
         match decode_super(&raw) {
-            Ok(sb) => seen.push((*node, Some(sb))),
-            Err(SuperError::Missing) => seen.push((*node, None)),
+            Ok(sb) => seen.push((*node, region, Some(sb))),
+            Err(SuperError::Missing) => seen.push((*node, region, None)),
             Err(SuperError::Bad(m)) => {
                 return Err(Error::Cluster(format!(
                     "memory node {node}: {m} (is the cluster formatted?)"
@@ -391,19 +399,22 @@ pub fn open_at(
             }
         }
     }
-    let Some((first_node, _)) = seen.first() else {
-        return Err(last.unwrap_or_else(|| Error::Cluster("no memory nodes".into())));
+    let Some((first_node, _, _)) = seen.first() else {
+        return Err(match silent.into_iter().next() {
+            Some((_, e)) => e,
+            None => Error::Cluster("no memory nodes".into()),
+        });
     };
     let formatted: Vec<_> = seen
         .iter()
-        .filter_map(|(n, sb)| sb.as_ref().map(|sb| (*n, sb)))
+        .filter_map(|(n, _, sb)| sb.as_ref().map(|sb| (*n, sb)))
         .collect();
     let Some(&(ref_node, sb)) = formatted.first() else {
         return Err(Error::Cluster(format!(
             "memory node {first_node}: no FUSEE superblock (is the cluster formatted?)"
         )));
     };
-    if let Some((blank, _)) = seen.iter().find(|(_, sb)| sb.is_none()) {
+    if let Some((blank, _, _)) = seen.iter().find(|(_, _, sb)| sb.is_none()) {
         return Err(Error::Cluster(format!(
             "memory node {blank} is not formatted but memory node {ref_node} belongs to cluster {:032x}: \
              the cluster file mixes memory nodes of different clusters (or a node lost its pool)",
@@ -442,11 +453,31 @@ pub fn open_at(
         .copied()
         .filter(|n| membership.is_member(*n))
         .collect();
+    // A silent member's region as the others' (same base, and the size of the largest: the
+    // node checks bounds itself), with the membership's rkey (0 before the first epoch: its
+    // verbs fail with a protection error, as they fail anyway while it does not answer).
+    let like = seen[0].1;
+    let len = seen.iter().map(|(_, r, _)| r.len).max().unwrap_or(like.len);
+    let regions = members
+        .iter()
+        .map(|n| match seen.iter().find(|(m, _, _)| m == n) {
+            Some((_, r, _)) => *r,
+            None => {
+                if let Some((_, e)) = silent.iter().find(|(m, _)| m == n) {
+                    tracing::debug!(node = n.0, error = %e, "memory node {n} does not answer; going on without it");
+                }
+                RegionDesc {
+                    node: *n,
+                    rkey: membership.rkey(*n).unwrap_or(RKey(0)),
+                    base: POOL_BASE,
+                    len,
+                    ..like
+                }
+            }
+        })
+        .collect();
     Ok(ClusterView {
-        regions: members
-            .iter()
-            .map(|n| region_of(*n))
-            .collect::<Result<_>>()?,
+        regions,
         members,
         epoch: membership.epoch,
         uuid: sb.uuid,

@@ -201,13 +201,36 @@ impl Master {
                 members: m.members,
             };
             master.publish(&first)?;
-        } else if m.repairing {
-            // A master died mid-change: redo the repair over the same members.
-            let dead: Vec<NodeId> = Vec::new();
-            master.fail_over(&dead)?;
+            return Ok(master);
+        }
+        // A member that does not answer now is the failure detector's to fail over (after
+        // its heartbeats are missed and its lease has run out: it may only be cut off).
+        let silent: Vec<NodeId> = m
+            .members
+            .iter()
+            .map(|(n, _)| *n)
+            .filter(|n| membership::query(&master.ep, *n).is_err())
+            .collect();
+        for n in &silent {
+            tracing::warn!(
+                node = n.0,
+                "memory node {n} is a member but does not answer; the failure detector will fail it over unless it comes back"
+            );
+        }
+        if m.repairing && silent.is_empty() {
+            // A master died mid-change: redo the repair over the same members. (With a member
+            // silent, the detector's failover of it redoes the repair.)
+            master.fail_over(&[])?;
         } else {
-            // Members that missed the last record get it again.
-            master.publish(&m)?;
+            // Members that missed the last record get it again (those that answer).
+            for n in &master.nodes {
+                if !silent.contains(n) {
+                    let r = membership::publish(&master.ep, *n, &m);
+                    if m.is_member(*n) {
+                        r?;
+                    }
+                }
+            }
         }
         Ok(master)
     }
@@ -648,7 +671,25 @@ impl Master {
             }
         }
         let ring_after = |n: NodeId| n == node || view.is_member(n);
-        for (b, src) in copy {
+        // Progress for the operator: the copy is the long part of a refill (a line when it
+        // starts, then one a second).
+        let total = copy.len();
+        tracing::info!(
+            node = node.0,
+            blocks = total,
+            "refilling memory node {node}: copying {total} blocks ({} MiB) from its replicas",
+            (total as u64 * bs) >> 20
+        );
+        let mut said = Instant::now();
+        for (done, (b, src)) in copy.into_iter().enumerate() {
+            if said.elapsed() >= Duration::from_secs(1) {
+                said = Instant::now();
+                tracing::info!(
+                    node = node.0,
+                    "refilling memory node {node}: {done} of {total} blocks copied ({}%)",
+                    done * 100 / total.max(1)
+                );
+            }
             let from = view.region(src).expect("a member").at(b * bs);
             let data = self.ep.read(TAG, from, bs as usize)?;
             self.ep.write(TAG, target.at(b * bs), &data)?;
@@ -835,6 +876,12 @@ impl Master {
                         }
                     }
                     Err(e) => tracing::error!(error = %e, ?dead, "failover failed; retrying"),
+                }
+            } else if m.repairing {
+                // A repair left unfinished by an earlier master, while a member was silent
+                // when this one started (it answers again): redo it over the members.
+                if let Err(e) = self.fail_over(&[]) {
+                    tracing::error!(error = %e, "finishing the interrupted repair failed; retrying");
                 }
             } else {
                 for n in back {

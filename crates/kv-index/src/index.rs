@@ -321,12 +321,19 @@ impl RaceIndex {
             .collect();
         let (batches, idx): (Vec<_>, Vec<_>) = batches.into_iter().unzip();
         let mut layout = None;
-        for (k, r) in ep
-            .execute_many(tags::DIRECTORY, batches)
-            .into_iter()
-            .enumerate()
-        {
-            let r = r?;
+        let results = ep.execute_many(tags::DIRECTORY, batches);
+        // A replica that does not answer does not stop the open when another does: the
+        // operations that need it fail with its error (a SEARCH needs only the primary).
+        let answered = results.iter().any(|r| r.is_ok());
+        for (k, r) in results.into_iter().enumerate() {
+            let r = match r {
+                Ok(r) => r,
+                Err(e) if answered => {
+                    tracing::debug!(node = %spaces[k].region.node, error = %e, "index replica does not answer");
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
             let node = spaces[k].region.node;
             let w = words(r.read(idx[k]));
             let bad = |reason: String| Error::NotFormatted { node, reason };
