@@ -323,6 +323,65 @@ fn a_master_started_with_a_member_down_fails_it_over() {
     );
 }
 
+/// The "Disk or pool full" runbook. A pool larger than its disk's free space: the memnode
+/// exits 2 naming ENOSPC and leaves no file. A full cluster: `kv put` exits 3 with `out of
+/// memory` and nothing else breaks; deleting keys makes room again.
+#[test]
+fn a_full_disk_and_a_full_pool_are_clear_errors_and_deleting_makes_room() {
+    // On tmpfs (/dev/shm), whose fallocate refuses a size over the filesystem's at once: a
+    // disk filled for real, even for a moment, would fail whatever else runs beside.
+    let dir = tempfile::tempdir_in("/dev/shm").expect("a tmpfs at /dev/shm");
+    let avail = {
+        let out = std::process::Command::new("df")
+            .args(["--output=size", "-B1"])
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        let text = text(&out.stdout);
+        text.lines().last().unwrap().trim().parse::<u64>().unwrap()
+    };
+    let pool = dir.path().join("big.pool");
+    let size = format!("{}MiB", (avail >> 20) + 1024);
+    let (code, _, err) = dmkit(&[
+        "memnode", "--listen", "127.0.0.1:0", "--id", "0", "--pool",
+        pool.to_str().unwrap(), "--size", &size,
+    ]);
+    eprintln!("a pool of {size} on a {avail}-byte tmpfs: {err}");
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("No space left on device"), "{err}");
+    assert!(!pool.exists(), "a half-made pool file was left behind");
+
+    // One 4 MiB node, r = 1: a few hundred 16 KiB values fill it.
+    let c = ProcCluster::start(1, 1, "4MiB");
+    let acks = c.dir.path().join("acks.log");
+    let load = dmkit(&[
+        "ycsb", "--cluster", &c.file, "--client-id", "7", "--load", "--seconds", "0",
+        "--records", "400", "--value-bytes", "15000", "--ack-log", acks.to_str().unwrap(),
+    ]);
+    assert_ne!(load.0, 0, "400 x 15 KB fit in 4 MiB?");
+    assert!(load.2.contains("out of memory"), "{}", load.2);
+    let big = "x".repeat(15000);
+    let (code, _, err, _) = kv(&c.file, &["put", "one-more", &big]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("out of memory"), "{err}");
+    // What is there still reads; deleting makes room for new writes.
+    let loaded = std::fs::read_to_string(&acks).unwrap();
+    let keys: Vec<&str> = loaded.lines().filter_map(|l| l.split('\t').next()).collect();
+    assert!(keys.len() >= 40, "only {} keys were loaded", keys.len());
+    let (code, out, err, _) = kv(&c.file, &["get", keys[0]]);
+    assert_eq!((code, out.len()), (0, 15001), "{err}");
+    for k in &keys[..40] {
+        let (code, _, err, _) = kv(&c.file, &["del", k]);
+        assert_eq!(code, 0, "{err}");
+    }
+    // The room comes back to the client that wrote the deleted values (a running one
+    // reclaims in the background; here the loader is gone, and its id's recovery does it).
+    let (code, _, err, _) = kv(&c.file, &["--client-id", "7", "put", "one-more", &big]);
+    assert_eq!(code, 0, "no room after deleting 40 keys: {err}");
+    let (code, out, _, _) = kv(&c.file, &["get", "one-more"]);
+    assert_eq!((code, out.len()), (0, big.len() + 1));
+}
+
 #[test]
 fn a_memnode_address_that_is_the_master_says_so() {
     let c = ProcCluster::start(3, 1, "16MiB");

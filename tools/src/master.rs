@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use dmkit_fusee::cluster::{self, ClusterConfig};
-use dmkit_fusee::failover::{LeaseConfig, Master, MasterConfig};
+use dmkit_fusee::failover::{LeaseConfig, Master, MasterConfig, MasterOptions};
 use dmkit_verbs::wire::Writer;
 use dmkit_verbs::{MemoryNode, NodeId, Peer};
 
@@ -146,20 +146,26 @@ pub fn run(args: MasterArgs) -> Result<(), CliError> {
     let bound = Some(std::time::Duration::from_millis(args.lease_ms.max(1000)));
     let hb_ep = crate::connect::endpoint_with(&file, bound, false)?;
     drop(ep);
-    let master = Master::with_reconnect(
+    // Leases and the claim are in force from the master's first action: a repair redone at
+    // start waits out the leases, and every change carries the claim (a node that granted the
+    // cluster to another master since refuses it).
+    let master = Master::open(
         hb_ep,
         &nodes,
-        crate::connect::reconnect_bounded(&file, bound)?,
+        MasterOptions {
+            reconnect: Some(crate::connect::reconnect_bounded(&file, bound)?),
+            leases: Some(LeaseConfig {
+                length: std::time::Duration::from_millis(args.lease_ms),
+                peers: file
+                    .memnodes
+                    .iter()
+                    .map(|m| (NodeId(m.id), m.addr.clone()))
+                    .collect(),
+            }),
+            claim_token: Some(claim.token),
+        },
     )
-    .map_err(|e| CliError::runtime(format!("cannot take over the membership: {e}")))?
-    .with_leases(LeaseConfig {
-        length: std::time::Duration::from_millis(args.lease_ms),
-        peers: file
-            .memnodes
-            .iter()
-            .map(|m| (NodeId(m.id), m.addr.clone()))
-            .collect(),
-    });
+    .map_err(|e| CliError::runtime(format!("cannot take over the membership: {e}")))?;
     // Exported from the start (the failure detector updates them on every change).
     {
         let ms = master.membership();

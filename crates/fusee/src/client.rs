@@ -1208,7 +1208,7 @@ impl Inner {
         delete: bool,
         last: &Mutex<Option<Attempt>>,
     ) -> Result<Allocation> {
-        let a = self.allocate(len).await?;
+        let a = self.allocate(len, delete).await?;
         *last.lock() = Some(Attempt::of(&a, len, self, delete));
         Ok(a)
     }
@@ -1596,8 +1596,9 @@ impl Inner {
         }
     }
 
-    /// One object for `len` bytes, from the local free lists (fetching a block if empty).
-    async fn allocate(&self, len: usize) -> Result<Allocation> {
+    /// One object for `len` bytes, from the local free lists (fetching a block if empty; a
+    /// DELETE's may come from the blocks kept back for deletes).
+    async fn allocate(&self, len: usize, delete: bool) -> Result<Allocation> {
         let class = alloc::class_of(len)?;
         let n = self
             .allocs
@@ -1620,7 +1621,7 @@ impl Inner {
                     return Ok(a);
                 }
             }
-            self.acquire_block(class).await?;
+            self.acquire_block(class, delete).await?;
         }
     }
 }
@@ -1714,7 +1715,7 @@ impl Inner {
             Job::Prefetch(class) => {
                 let low = self.free.lock().len(*class) < self.cfg.prefetch_below;
                 if low {
-                    self.acquire_block(*class).await
+                    self.acquire_block(*class, false).await
                 } else {
                     Ok(())
                 }

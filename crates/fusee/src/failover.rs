@@ -145,6 +145,32 @@ pub struct Master {
     /// One membership change at a time.
     change: Mutex<()>,
     leases: Option<LeaseConfig>,
+    /// The claim this master holds (see [`MasterOptions::claim_token`]).
+    token: Option<u64>,
+}
+
+/// How a [`Master`] runs, set before it acts ([`Master::open`]).
+#[derive(Clone, Default)]
+pub struct MasterOptions {
+    /// Reconnects to memory nodes that restart or were unreachable.
+    pub reconnect: Option<Reconnect>,
+    /// The memory nodes' leases (see [`Master::with_leases`]).
+    pub leases: Option<LeaseConfig>,
+    /// The token of the claim this master holds on the cluster
+    /// ([`crate::memnode::claim_master`]): every change it makes on a memory node (a
+    /// membership record, a fence, a refill) carries it, and a node that granted the cluster
+    /// to another master since refuses it ([`crate::memnode::as_master`]).
+    pub claim_token: Option<u64>,
+}
+
+impl std::fmt::Debug for MasterOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MasterOptions")
+            .field("reconnect", &self.reconnect.is_some())
+            .field("leases", &self.leases)
+            .field("claim_token", &self.claim_token.map(|_| "…"))
+            .finish()
+    }
 }
 
 impl Master {
@@ -154,10 +180,14 @@ impl Master {
         nodes: &[NodeId],
         reconnect: Reconnect,
     ) -> Result<Arc<Master>> {
-        let m = Self::new(ep, nodes)?;
-        let mut m = Arc::try_unwrap(m).expect("not shared yet");
-        m.reconnect = Some(reconnect);
-        Ok(Arc::new(m))
+        Self::open(
+            ep,
+            nodes,
+            MasterOptions {
+                reconnect: Some(reconnect),
+                ..Default::default()
+            },
+        )
     }
 
     /// Gives the memory nodes leases: the heartbeats carry `cfg`, and a failover waits out
@@ -173,6 +203,12 @@ impl Master {
     /// adopts the newest published membership, or publishes the first one (epoch 1, every
     /// answering node) when there is none.
     pub fn new(ep: Endpoint, nodes: &[NodeId]) -> Result<Arc<Master>> {
+        Self::open(ep, nodes, MasterOptions::default())
+    }
+
+    /// [`Master::new`] with `opts` in force from its first action (a repair redone at start
+    /// waits out the leases and carries the claim).
+    pub fn open(ep: Endpoint, nodes: &[NodeId], opts: MasterOptions) -> Result<Arc<Master>> {
         let mut m = membership::newest(&ep, nodes)?;
         let uuid = cluster::open_at(&ep, nodes, &m)?.uuid;
         if m.cluster != 0 && m.cluster != uuid {
@@ -185,10 +221,11 @@ impl Master {
         let master = Arc::new(Master {
             ep,
             nodes: nodes.to_vec(),
-            reconnect: None,
+            reconnect: opts.reconnect,
             current: Mutex::new(m.clone()),
             change: Mutex::new(()),
-            leases: None,
+            leases: opts.leases,
+            token: opts.claim_token,
         });
         if m.epoch == 0 {
             let first = Membership {
@@ -225,7 +262,7 @@ impl Master {
             // Members that missed the last record get it again (those that answer).
             for n in &master.nodes {
                 if !silent.contains(n) {
-                    let r = membership::publish(&master.ep, *n, &m);
+                    let r = membership::publish_as(&master.ep, *n, &m, master.token);
                     if m.is_member(*n) {
                         r?;
                     }
@@ -248,7 +285,7 @@ impl Master {
     /// learns it is out); the members must all take it.
     fn publish(&self, m: &Membership) -> Result<()> {
         for n in &self.nodes {
-            let r = membership::publish(&self.ep, *n, m);
+            let r = membership::publish_as(&self.ep, *n, m, self.token);
             if m.is_member(*n) {
                 r?;
             }
@@ -327,9 +364,7 @@ impl Master {
     fn fence(&self, members: &[NodeId]) -> Result<Vec<(NodeId, RKey)>> {
         let mut out = Vec::new();
         for n in members {
-            let reply = self
-                .ep
-                .rpc(TAG, *n, &Writer::new().u8(tag::REKEY).finish())?;
+            let reply = self.master_rpc(*n, Writer::new().u8(tag::REKEY).finish())?;
             let mut r = Reader::new(&reply);
             let bad = |e: dmkit_verbs::wire::WireError| Error::Node {
                 node: *n,
@@ -602,9 +637,7 @@ impl Master {
         };
         self.publish(&repairing)?;
         // The newcomer accepts the master's refill (under an rkey only the master knows).
-        let reply = self
-            .ep
-            .rpc(TAG, node, &Writer::new().u8(tag::SET_FENCED).u8(0).finish())?;
+        let reply = self.master_rpc(node, Writer::new().u8(tag::SET_FENCED).u8(0).finish())?;
         if reply.first() != Some(&status::OK) {
             return Err(Error::Node {
                 node,
@@ -745,6 +778,20 @@ impl Master {
         Ok(rep)
     }
 
+    /// A request that changes `node`, sent under this master's claim (see
+    /// [`MasterOptions::claim_token`]); a refusal because another master holds the cluster
+    /// is an error naming it.
+    fn master_rpc(&self, node: NodeId, req: Vec<u8>) -> Result<Vec<u8>> {
+        let reply = self.ep.rpc(TAG, node, &crate::memnode::as_master(self.token, req))?;
+        if let (Some(_), Some((&status::REFUSED, rest))) = (self.token, reply.split_first()) {
+            return Err(Error::Node {
+                node,
+                reason: crate::memnode::refusal(rest, "refused this master"),
+            });
+        }
+        Ok(reply)
+    }
+
     /// A block RPC to `node` whose reply must say OK; its body, and how to report a bad one.
     fn block_rpc(&self, node: NodeId, req: &[u8], what: &str) -> Result<Vec<u8>> {
         let reply = self.ep.rpc(TAG, node, req)?;
@@ -793,10 +840,9 @@ impl Master {
     }
 
     fn set_block(&self, node: NodeId, block: u64, owner: Option<u64>) -> Result<()> {
-        let reply = self.ep.rpc(
-            TAG,
+        let reply = self.master_rpc(
             node,
-            &Writer::new()
+            Writer::new()
                 .u8(tag::SET_BLOCK)
                 .u64(block)
                 .u64(owner.unwrap_or(NO_OWNER))

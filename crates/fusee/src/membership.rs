@@ -190,17 +190,33 @@ pub(crate) fn parse_reply(node: NodeId, reply: &[u8]) -> crate::Result<NodeMembe
 /// Gives `node` a membership record (the master's call). A node that is a member serves
 /// (unfenced); one that is not refuses one-sided verbs.
 pub fn publish(ep: &Endpoint, node: NodeId, m: &Membership) -> crate::Result<()> {
+    publish_as(ep, node, m, None)
+}
+
+/// [`publish`] by the master holding the claim `token` (see [`crate::memnode::as_master`]):
+/// a node that granted the cluster to another master refuses it.
+pub fn publish_as(
+    ep: &Endpoint,
+    node: NodeId,
+    m: &Membership,
+    token: Option<u64>,
+) -> crate::Result<()> {
+    let req = Writer::new()
+        .u8(tag::MEMBERSHIP_SET)
+        .bytes(&m.encode())
+        .finish();
     let reply = ep.rpc(
         crate::cluster::TAG,
         node,
-        &Writer::new()
-            .u8(tag::MEMBERSHIP_SET)
-            .bytes(&m.encode())
-            .finish(),
+        &crate::memnode::as_master(token, req),
     )?;
-    match reply.first() {
-        Some(&status::OK) => Ok(()),
-        _ => Err(crate::Error::Node {
+    match reply.split_first() {
+        Some((&status::OK, _)) => Ok(()),
+        Some((_, rest)) => Err(crate::Error::Node {
+            node,
+            reason: crate::memnode::refusal(rest, "refused the membership record"),
+        }),
+        None => Err(crate::Error::Node {
             node,
             reason: "refused the membership record".into(),
         }),

@@ -36,6 +36,8 @@ pub(crate) mod tag {
     pub const VOUCH: u8 = 14;
     pub const CLAIM_DELETE: u8 = 15;
     pub const MASTER_CLAIM: u8 = 16;
+    /// A master's request carrying its claim token (see [`super::as_master`]).
+    pub const AS_MASTER: u8 = 17;
 }
 
 /// The `kind` label of a FUSEE RPC's latency.
@@ -57,6 +59,7 @@ fn rpc_kind(tag: Option<u8>) -> &'static str {
         Some(tag::VOUCH) => "vouch",
         Some(tag::CLAIM_DELETE) => "claim_delete",
         Some(tag::MASTER_CLAIM) => "master_claim",
+        Some(tag::AS_MASTER) => "as_master",
         _ => "other",
     }
 }
@@ -133,6 +136,30 @@ pub struct ClaimReply {
     pub holder: String,
     /// How long the holder's claim has left on this node.
     pub remaining: std::time::Duration,
+}
+
+/// `req` as the master holding the claim `token` sends it: a memory node that granted the
+/// cluster to another master (a live claim with another token) refuses it, so a master paused
+/// or cut off past its claim cannot change the membership, fence or refill once another took
+/// over. `None` sends `req` as it is (a master without a claim: tests, `LocalCluster`).
+pub fn as_master(token: Option<u64>, req: Vec<u8>) -> Vec<u8> {
+    match token {
+        Some(t) => Writer::new()
+            .u8(tag::AS_MASTER)
+            .u64(t)
+            .bytes(&req)
+            .finish(),
+        None => req,
+    }
+}
+
+/// The reason in a refusal's body (a length-prefixed string after the status), or `what`.
+pub fn refusal(body: &[u8], what: &str) -> String {
+    Reader::new(body)
+        .bytes()
+        .ok()
+        .map(|b| format!("{what}: {}", String::from_utf8_lossy(b)))
+        .unwrap_or_else(|| what.to_string())
 }
 
 /// One master per cluster: asks `node` to record this master (`token`, described by `who`,
@@ -340,6 +367,39 @@ impl Memnode {
         }
     }
 
+    /// Blocks kept back for DELETEs (see [`Self::short_of_blocks`]): 1/64 of the pool, at
+    /// least 2 and at most 64.
+    fn reserved_blocks(&self) -> usize {
+        (self.pool.block_count() / 64).clamp(2, 64)
+    }
+
+    /// A block request's optional last byte: 1 = it may use the reserve (a DELETE's object).
+    fn reserve_flag(r: &mut Reader<'_>) -> std::result::Result<bool, WireError> {
+        let reserve = if r.remaining() > 0 { r.u8()? != 0 } else { false };
+        r.finish()?;
+        Ok(reserve)
+    }
+
+    /// The refusal of a block request when only the reserve is left and the request may not
+    /// use it. A full cluster must still take DELETEs (each writes a small log object, and a
+    /// client new since the pool filled owns no block to take it from): without a reserve,
+    /// nothing could be deleted to make room.
+    fn short_of_blocks(&self, reserve: bool) -> Option<Vec<u8>> {
+        let free = self.pool.free_blocks();
+        let kept = self.reserved_blocks();
+        (!reserve && free <= kept).then(|| {
+            Writer::new()
+                .u8(status::OUT_OF_BLOCKS)
+                .bytes(
+                    format!(
+                        "out of space: {free} free block(s), kept for deletes (delete keys to make room)"
+                    )
+                    .as_bytes(),
+                )
+                .finish()
+        })
+    }
+
     fn dispatch(&self, req: &[u8]) -> std::result::Result<Vec<u8>, WireError> {
         let mut r = Reader::new(req);
         let fail = |e: dmkit_pmem_pool::Error| {
@@ -364,7 +424,10 @@ impl Memnode {
         Ok(match kind {
             tag::ALLOC_STRIPE => {
                 let (owner, stride, rem, min) = (r.u64()?, r.u16()?, r.u16()?, r.u64()?);
-                r.finish()?;
+                let reserve = Self::reserve_flag(&mut r)?;
+                if let Some(full) = self.short_of_blocks(reserve) {
+                    return Ok(full);
+                }
                 let stride = u64::from(stride.max(1));
                 match self
                     .pool
@@ -376,10 +439,13 @@ impl Memnode {
             }
             tag::ALLOC_AT => {
                 let (owner, block) = (r.u64()?, r.u64()?);
-                r.finish()?;
+                let reserve = Self::reserve_flag(&mut r)?;
                 if self.pool.block_owner(BlockId(block)) == Some(owner) {
                     // Already mirrored for this owner (a refill copied the table first).
                     return Ok(Writer::new().u8(status::OK).finish());
+                }
+                if let Some(full) = self.short_of_blocks(reserve) {
+                    return Ok(full);
                 }
                 match self.pool.alloc_block_at(BlockId(block), owner) {
                     Ok(()) => Writer::new().u8(status::OK).finish(),
@@ -532,6 +598,33 @@ impl Memnode {
                     }
                 };
                 Writer::new().u8(status::OK).u64(owner).finish()
+            }
+            tag::AS_MASTER => {
+                // The claim is the fence: a master whose claim another master replaced here
+                // (it was paused or cut off past its lease) can no longer change anything.
+                let token = r.u64()?;
+                let inner = r.bytes()?;
+                r.finish()?;
+                if inner.first() == Some(&tag::AS_MASTER) {
+                    return Err(WireError("nested master request"));
+                }
+                let now = std::time::Instant::now();
+                let holder = self
+                    .master
+                    .lock()
+                    .as_ref()
+                    .filter(|c| c.until > now && c.token != token)
+                    .map(|c| c.who.clone());
+                match holder {
+                    Some(who) => Writer::new()
+                        .u8(status::REFUSED)
+                        .bytes(
+                            format!("another master holds the cluster ({who}): this one's claim is gone")
+                                .as_bytes(),
+                        )
+                        .finish(),
+                    None => return self.dispatch(inner),
+                }
             }
             tag::MASTER_CLAIM => {
                 let token = r.u64()?;

@@ -40,9 +40,17 @@ impl Inner {
 
     /// Fetches a block for `class` (stripe of the next node in turn), mirrors it on the data
     /// replicas, writes its header and zeroes it there, and lists its objects as free.
-    pub(crate) async fn acquire_block(&self, class: usize) -> Result<()> {
+    ///
+    /// `reserve`: the block may come from the blocks memory nodes keep back for DELETEs (a
+    /// full cluster still takes deletes, which make room).
+    pub(crate) async fn acquire_block(&self, class: usize, reserve: bool) -> Result<()> {
         let mut turn = self.block_lock.lock().await;
-        if self.free.lock().len(class) >= 2.max(self.cfg_prefetch_below()) {
+        let enough = if reserve {
+            2
+        } else {
+            2.max(self.cfg_prefetch_below())
+        };
+        if self.free.lock().len(class) >= enough {
             return Ok(());
         }
         let view = self.view();
@@ -61,6 +69,7 @@ impl Inner {
                 .u16(n as u16)
                 .u16(pos as u16)
                 .u64(view.first_data_block())
+                .u8(u8::from(reserve))
                 .finish();
             let (st, rest) = match self.block_rpc_async(node, req).await {
                 Ok(r) => r,
@@ -84,7 +93,7 @@ impl Inner {
                 reason: e.to_string(),
             })?;
             *turn += 1;
-            return self.install_block(block, class).await;
+            return self.install_block(block, class, reserve).await;
         }
         Err(last_err.unwrap_or_else(|| Error::OutOfMemory("no memory nodes".into())))
     }
@@ -93,7 +102,7 @@ impl Inner {
         self.cfg().prefetch_below
     }
 
-    async fn install_block(&self, block: u64, class: usize) -> Result<()> {
+    async fn install_block(&self, block: u64, class: usize, reserve: bool) -> Result<()> {
         // One epoch throughout: if the membership changes meanwhile, the writes below are
         // refused (rotated rkeys) instead of missing a node that rejoined.
         let view = self.view();
@@ -103,6 +112,7 @@ impl Inner {
                 .u8(tag::ALLOC_AT)
                 .u64(self.id)
                 .u64(block)
+                .u8(u8::from(reserve))
                 .finish();
             let (st, _) = self.block_rpc_async(*node, req).await?;
             if st != status::OK {

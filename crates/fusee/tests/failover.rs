@@ -206,3 +206,42 @@ fn searches_are_answered_while_the_index_is_repaired() {
     repair.join().unwrap().unwrap();
     assert_eq!(kv.search(&key(0)).unwrap().as_deref(), Some(&b"after"[..]));
 }
+
+/// The claim fences: once another master holds the cluster on a node, a master still acting
+/// under an old claim (paused past it, cut off) can no longer publish, fence or refill there.
+#[test]
+fn a_master_whose_claim_was_taken_over_is_refused() {
+    use dmkit_fusee::failover::{Master, MasterOptions};
+    use dmkit_fusee::memnode::claim_master;
+    let c = cluster(2);
+    let nodes = vec![NodeId(0), NodeId(1), NodeId(2)];
+    let ep = c.endpoint(u64::MAX - 20).unwrap();
+    let (old, new) = (0x0bad_u64, 0x600d_u64);
+    for n in &nodes {
+        assert!(claim_master(&ep, *n, old, Duration::from_secs(60), "old").unwrap().granted);
+    }
+    let opts = |token| MasterOptions {
+        claim_token: Some(token),
+        ..Default::default()
+    };
+    // The holder acts.
+    let first = Master::open(c.endpoint(u64::MAX - 21).unwrap(), &nodes, opts(old)).unwrap();
+    c.sim.fail_node(NodeId(2));
+    first.fail_over(&[NodeId(2)]).unwrap();
+    // Another master takes the cluster over (here: the old claim given up on every node).
+    for n in &nodes[..2] {
+        assert!(claim_master(&ep, *n, old, Duration::ZERO, "old").unwrap().granted);
+        assert!(claim_master(&ep, *n, new, Duration::from_secs(60), "new master").unwrap().granted);
+    }
+    // The old one, still running, is refused every change, naming the new holder.
+    c.restart_node(NodeId(2)).unwrap();
+    let e = first.rejoin(NodeId(2)).unwrap_err().to_string();
+    assert!(e.contains("another master holds the cluster (new master)"), "{e}");
+    c.sim.fail_node(NodeId(1));
+    let e = first.fail_over(&[NodeId(1)]).unwrap_err().to_string();
+    assert!(e.contains("another master holds the cluster"), "{e}");
+    // The new holder acts (its repair redoes whatever the refused one left half done).
+    let second = Master::open(c.endpoint(u64::MAX - 22).unwrap(), &nodes, opts(new)).unwrap();
+    second.fail_over(&[NodeId(1)]).unwrap();
+    assert!(!second.membership().is_member(NodeId(1)));
+}

@@ -124,7 +124,7 @@ impl RdmaServer {
         let listener = std::thread::Builder::new()
             .name(format!("dmkit-rdma-listen-{}", s.node.id()))
             .spawn(move || listen_loop(&s, &channel, id))?;
-        tracing::info!(addr = %local, node = %shared.node.id(), "accepting connections over rdma");
+        tracing::debug!(addr = %local, node = %shared.node.id(), "accepting connections over rdma");
         Ok(RdmaServer {
             shared,
             addr: local,

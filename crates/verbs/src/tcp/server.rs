@@ -169,7 +169,7 @@ impl TcpServer {
             writes: AtomicU64::new(0),
         });
         let accept = rt.spawn(accept_loop(shared.clone(), listener));
-        tracing::info!(addr = %local, node = %shared.node.id(), "accepting connections over tcp");
+        tracing::debug!(addr = %local, node = %shared.node.id(), "accepting connections over tcp");
         Ok(TcpServer {
             shared,
             addr: local,
