@@ -532,9 +532,13 @@ impl Client {
         let k = key.to_vec();
         if !inner.cache.should_bypass() {
             if let Some(c) = inner.cache.get(&k) {
-                match inner.cached_search_async(key, c).await? {
-                    Some(v) => return Ok(Some(v)),
-                    None => inner.cache.report_stale(&k),
+                match inner.cached_search_async(key, c).await {
+                    Ok(Some(v)) => return Ok(Some(v)),
+                    Ok(None) => inner.cache.report_stale(&k),
+                    // The cached object's node does not answer: the uncached path below
+                    // reads the buckets and the object from a replica that does.
+                    Err(e) if needs_membership(&e) => {}
+                    Err(e) => return Err(e),
                 }
             }
         }

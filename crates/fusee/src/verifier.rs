@@ -61,18 +61,61 @@ pub(crate) async fn read_objects_async(
         plan.push(p);
     }
     let mut out = vec![None; slots.len()];
+    // Objects whose node did not answer: read again from another serving replica of their
+    // block (every data replica holds an object before any slot points to it, at the same
+    // offset), so a read goes on while a failed node is not yet failed over.
+    let mut again: Vec<(usize, Slot, NodeId, usize)> = Vec::new();
+    let mut errs: Vec<Option<dmkit_verbs::Error>> = Vec::new();
     for (res, p) in ep
         .execute_many_async(TAG, batches)
         .await
         .into_iter()
         .zip(plan)
     {
-        let res = res.map_err(dmkit_kv_index::Error::from)?;
-        for (i, s, idx) in p {
-            out[i] = object::decode(res.read(idx), slot_addr(s));
+        match res {
+            Ok(res) => {
+                for (i, s, idx) in p {
+                    out[i] = object::decode(res.read(idx), slot_addr(s));
+                }
+            }
+            Err(e) if e.is_node_failure() || matches!(e, dmkit_verbs::Error::NoSuchNode(_)) => {
+                let failed = ep_node_of(&p, view);
+                let k = errs.len();
+                errs.push(Some(e));
+                again.extend(p.into_iter().map(|(i, s, _)| (i, s, failed, k)));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    for (i, s, failed, k) in again {
+        let b = s.offset() / view.block_size.max(1);
+        let other = view
+            .block_replicas(b)
+            .into_iter()
+            .filter(|n| *n != failed)
+            .find_map(|n| view.region(n));
+        let first = |errs: &mut Vec<Option<dmkit_verbs::Error>>| {
+            dmkit_kv_index::Error::from(errs[k].take().unwrap_or(dmkit_verbs::Error::NoSuchNode(failed)))
+        };
+        let Some(region) = other else {
+            return Err(first(&mut errs));
+        };
+        match ep
+            .read_async(TAG, region.at(s.offset()), s.object_len())
+            .await
+        {
+            Ok(bytes) => out[i] = object::decode(&bytes, slot_addr(s)),
+            Err(_) => return Err(first(&mut errs)),
         }
     }
     Ok(out)
+}
+
+/// The node a batch of object reads went to (all its items share it).
+fn ep_node_of(p: &[(usize, Slot, OpIdx)], view: &ClusterView) -> NodeId {
+    p.first()
+        .and_then(|(_, s, _)| view.acting(s.node(), s.offset()))
+        .map_or(NodeId(u16::MAX), |a| a.node)
 }
 
 /// A verifier for one operation: remembers the object it matched.

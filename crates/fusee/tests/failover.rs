@@ -245,3 +245,41 @@ fn a_master_whose_claim_was_taken_over_is_refused() {
     second.fail_over(&[NodeId(1)]).unwrap();
     assert!(!second.membership().is_member(NodeId(1)));
 }
+
+/// A member that stops answering and is not failed over (the master still reaches it, or is
+/// not running): SEARCHes go on while the index primary answers (objects are read from
+/// another data replica of their block, cached addresses or not); writes (SNAPSHOT writes
+/// every index replica) fail after the client's wait, naming the node.
+#[test]
+fn with_a_member_silent_and_not_failed_over_reads_go_on() {
+    let c = cluster(3);
+    let kv = c.client(1).unwrap();
+    for i in 0..200 {
+        kv.insert(&key(i), format!("v{i}").as_bytes()).unwrap();
+    }
+    let mut cfg = dmkit_fusee::ClientConfig::new(2);
+    cfg.failover_wait = Duration::from_millis(200);
+    let reader = c.client_with(cfg).unwrap();
+    // Some addresses cached before the failure, the others not.
+    for i in 0..100 {
+        assert!(reader.search(&key(i)).unwrap().is_some());
+    }
+    // Node 2 holds an index backup and a replica of every block (the objects' primary
+    // copies are spread over the three nodes).
+    c.sim.fail_node(NodeId(2));
+    for round in 0..2 {
+        for i in 0..200 {
+            assert_eq!(
+                reader.search(&key(i)).unwrap().as_deref(),
+                Some(format!("v{i}").as_bytes()),
+                "key {i}, round {round}"
+            );
+        }
+    }
+    let e = reader.update(&key(0), b"w").unwrap_err().to_string();
+    assert!(e.contains("node 2"), "{e}");
+    // The index primary silent: reads wait for the failover too, then fail naming it.
+    c.sim.fail_node(NodeId(0));
+    let e = reader.search(&key(1)).unwrap_err().to_string();
+    assert!(e.contains("node 0"), "{e}");
+}
