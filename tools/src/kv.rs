@@ -188,15 +188,19 @@ fn is_usage(e: &dmkit_fusee::Error) -> bool {
 /// A FUSEE client for the cluster file, recovered under `id` (so a crashed earlier run with
 /// the same id leaves nothing half done and no memory behind).
 pub fn client(file: &ClusterFile, id: u64) -> Result<Client, CliError> {
-    client_with(file, id, None)
+    client_with(file, id, None, true)
 }
 
 /// [`client`], waiting at most `wait` (default 30 s, or DMKIT_FAILOVER_WAIT_MS) for the
-/// master to fail over a member this client cannot reach.
+/// master to fail over a member this client cannot reach. Without `recover` the client only
+/// reads: it joins without finishing what an earlier run with its id left (that needs every
+/// member's block list; the next writer with the id does it), so it reads while a member
+/// it cannot reach is still a member.
 pub fn client_with(
     file: &ClusterFile,
     id: u64,
     wait: Option<Duration>,
+    recover: bool,
 ) -> Result<Client, CliError> {
     let nodes = crate::connect::node_ids(file);
     let f = file.clone();
@@ -258,6 +262,9 @@ pub fn client_with(
     let wait_lock = LOCK_WAIT.lock().unwrap_or(false);
     let lock = take_id_lock(view.uuid, id, wait_lock)?;
     LOCKS.lock().push(lock);
+    if !recover {
+        return Client::connect(ep, &nodes, cfg).map_err(|e| join(explain(&e, file)));
+    }
     let first = parking_lot::Mutex::new(Some(ep));
     let _p = crate::Progress::start(format!(
         "recovering FUSEE client id {id} (finishing what an earlier run left)"
@@ -300,6 +307,7 @@ pub fn run(args: KvArgs) -> Result<(), CliError> {
         &file,
         args.client_id,
         Some(args.wait.unwrap_or(Duration::from_secs(5))),
+        !matches!(args.op, KvOp::Get { .. }),
     )?;
     let fail = |e: dmkit_fusee::Error| {
         if is_usage(&e) {
