@@ -50,6 +50,8 @@ fn four_ycsb_a_processes_every_acknowledged_write_is_readable() {
             "--value-bytes",
             VALUE_BYTES,
             "--load",
+            "--inflight",
+            "8",
             "--seconds",
             "0",
             "--ack-log",
@@ -74,6 +76,8 @@ fn four_ycsb_a_processes_every_acknowledged_write_is_readable() {
                 .args(["--workload", "a", "--seconds", "3"])
                 .args(["--records", &records, "--value-bytes", VALUE_BYTES])
                 .args(["--partition", &format!("{i}/4")])
+                // Two of them with many operations in flight.
+                .args(["--inflight", if i % 2 == 0 { "1" } else { "16" }])
                 .args(["--ack-log", log.to_str().unwrap()])
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())

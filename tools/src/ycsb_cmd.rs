@@ -16,6 +16,11 @@
 //! defined; reads still go anywhere. With `--load`, such a client loads only its own share,
 //! so N clients with `--partition 0/N` .. `N-1/N` load the key space together, at once;
 //! `--verify` then reads every record it loaded back (exit 3 if one is missing or differs).
+//!
+//! `--inflight N` keeps N operations in flight in the one client (N async loops on one
+//! thread, as FUSEE's coroutines): the load and the verify split the keys between them, the
+//! run draws from the one operation stream. Two loops never write one key at once (a write
+//! drawn for a key being written is skipped), so the ack log keeps each key's write order.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -65,6 +70,10 @@ pub struct YcsbArgs {
     /// Append every acknowledged write here as `key\ttag\tvalue-hash\tunix-ms`.
     #[arg(long)]
     pub ack_log: Option<PathBuf>,
+    /// Operations this client keeps in flight at once (FUSEE's coroutines: async operation
+    /// loops sharing the one client), in the load, the verify and the run phases.
+    #[arg(long, default_value_t = 1)]
+    pub inflight: usize,
 }
 
 fn fail(e: dmkit_fusee::Error) -> CliError {
@@ -155,15 +164,43 @@ impl Writes {
 }
 
 /// Insert, or overwrite when present.
-fn put(c: &Client, key: &[u8], value: &[u8]) -> Result<(), CliError> {
+/// The load's write: insert, or overwrite when present.
+async fn put(c: &Client, key: &[u8], value: &[u8]) -> Result<(), CliError> {
     loop {
-        if c.insert(key, value).map_err(fail)? == InsertResult::Inserted {
+        if c.insert_async(key, value).await.map_err(fail)? == InsertResult::Inserted {
             return Ok(());
         }
-        if c.update(key, value).map_err(fail)? == UpdateResult::Updated {
+        if c.update_async(key, value).await.map_err(fail)? == UpdateResult::Updated {
             return Ok(());
         }
     }
+}
+
+/// Runs `op(i)` for every `i` in `0..n` with at most `inflight` at once (in order within
+/// each of `inflight` interleaved streams), on this thread; the first error stops the rest.
+fn in_flight<F, Fut>(n: usize, inflight: usize, op: F) -> Result<(), CliError>
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = Result<(), CliError>>,
+{
+    let failed = std::cell::Cell::new(false);
+    let streams = (0..inflight.max(1)).map(|s| {
+        let (op, failed) = (&op, &failed);
+        async move {
+            let mut i = s;
+            while i < n && !failed.get() {
+                if let Err(e) = op(i).await {
+                    failed.set(true);
+                    return Err(e);
+                }
+                i += inflight.max(1);
+            }
+            Ok(())
+        }
+    });
+    dmkit_verbs::block_on(futures_util::future::join_all(streams))
+        .into_iter()
+        .collect()
 }
 
 pub fn run(args: YcsbArgs) -> Result<(), CliError> {
@@ -180,6 +217,9 @@ pub fn run(args: YcsbArgs) -> Result<(), CliError> {
     }
     if args.records == 0 {
         return Err(CliError::usage("--records must be at least 1"));
+    }
+    if !(1..=4096).contains(&args.inflight) {
+        return Err(CliError::usage("--inflight must lie in 1..=4096"));
     }
     if !(1..=16_000).contains(&args.value_bytes) {
         return Err(CliError::usage(
@@ -257,24 +297,31 @@ fn run_phases(
             .filter(|(n, _)| part.is_none_or(|p| *n as u64 % p.of == p.share))
             .map(|(_, k)| k)
             .collect();
-        let mut loaded = Vec::with_capacity(if args.verify { keys.len() } else { 0 });
+        let loaded = std::cell::RefCell::new(vec![0u64; keys.len()]);
         let every = (keys.len() / 10).max(1);
-        for (i, key) in keys.iter().enumerate() {
-            let (tag, value) = writes.value(&[], args.value_bytes);
-            put(c, key.as_bytes(), &value)?;
-            writes.ack(key, &tag, &value)?;
-            if args.verify {
-                loaded.push(fnv1a_64(&value));
+        let done = std::cell::Cell::new(0usize);
+        let shared = std::cell::RefCell::new(&mut *writes);
+        in_flight(keys.len(), args.inflight, |i| {
+            let key = &keys[i];
+            let (tag, value) = shared.borrow_mut().value(&[], args.value_bytes);
+            let (shared, loaded, done, keys) = (&shared, &loaded, &done, &keys);
+            async move {
+                put(c, key.as_bytes(), &value).await?;
+                shared.borrow_mut().ack(key, &tag, &value)?;
+                loaded.borrow_mut()[i] = fnv1a_64(&value);
+                done.set(done.get() + 1);
+                if done.get() % every == 0 {
+                    eprintln!(
+                        "ycsb: client {id} loaded {} of {} records ({:.1} s)",
+                        done.get(),
+                        keys.len(),
+                        t.elapsed().as_secs_f64()
+                    );
+                }
+                Ok(())
             }
-            if (i + 1) % every == 0 {
-                eprintln!(
-                    "ycsb: client {id} loaded {} of {} records ({:.1} s)",
-                    i + 1,
-                    keys.len(),
-                    t.elapsed().as_secs_f64()
-                );
-            }
-        }
+        })?;
+        let loaded = loaded.into_inner();
         eprintln!(
             "ycsb: client {id} loaded {} records in {:.2} s",
             keys.len(),
@@ -282,23 +329,22 @@ fn run_phases(
         );
         if args.verify {
             let t = Instant::now();
-            for (key, want) in keys.iter().zip(&loaded) {
-                match c.search(key.as_bytes()).map_err(fail)? {
-                    Some(v) if fnv1a_64(&v) == *want => {}
-                    Some(_) => {
-                        return Err(CliError::with_code(
+            in_flight(keys.len(), args.inflight, |i| {
+                let (key, want) = (&keys[i], loaded[i]);
+                async move {
+                    match c.search_async(key.as_bytes()).await.map_err(fail)? {
+                        Some(v) if fnv1a_64(&v) == want => Ok(()),
+                        Some(_) => Err(CliError::with_code(
                             format!("verify: {key} holds another value than this client loaded"),
                             3,
-                        ));
-                    }
-                    None => {
-                        return Err(CliError::with_code(
+                        )),
+                        None => Err(CliError::with_code(
                             format!("verify: {key} is missing after the load"),
                             3,
-                        ));
+                        )),
                     }
                 }
-            }
+            })?;
             eprintln!(
                 "ycsb: client {id} verified {} records in {:.2} s",
                 keys.len(),
@@ -310,39 +356,76 @@ fn run_phases(
         "ycsb: client {id} running workload {} for {} s",
         args.workload, args.seconds
     );
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("bounds");
+    let hist = std::cell::RefCell::new(
+        Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("bounds"),
+    );
     let rtt0 = c.endpoint().stats().total().round_trips;
     let run_for = Duration::from_secs_f64(args.seconds);
     let start = Instant::now();
-    let mut ops = 0u64;
-    while start.elapsed() < run_for {
-        let op = workload.next_op();
-        let s0 = Instant::now();
-        let mut write = |key: String, filler: Vec<u8>| -> Result<(), CliError> {
-            let key = match part {
-                Some(p) => p.remap(key),
-                None => key,
-            };
-            let (tag, value) = writes.value(&filler, args.value_bytes);
-            c.upsert(key.as_bytes(), &value).map_err(fail)?;
-            writes.ack(&key, &tag, &value)
-        };
-        match op {
-            Operation::Read { key } => {
-                c.search(key.as_bytes()).map_err(fail)?;
+    let ops = std::cell::Cell::new(0u64);
+    let workload = std::cell::RefCell::new(workload);
+    let shared = std::cell::RefCell::new(writes);
+    // Keys being written: two loops never write one key at once, so each key's writes are
+    // acknowledged (and logged) in the order they took effect.
+    let busy = std::cell::RefCell::new(std::collections::HashSet::<String>::new());
+    // `--inflight` loops, each drawing its next operation from the one stream.
+    in_flight(args.inflight, args.inflight, |_| {
+        let (hist, ops, workload, shared, busy) = (&hist, &ops, &workload, &shared, &busy);
+        async move {
+            while start.elapsed() < run_for {
+                let op = workload.borrow_mut().next_op();
+                let writes_key = match &op {
+                    Operation::Update { key, .. }
+                    | Operation::Insert { key, .. }
+                    | Operation::ReadModifyWrite { key, .. } => Some(match part {
+                        Some(p) => p.remap(key.clone()),
+                        None => key.clone(),
+                    }),
+                    _ => None,
+                };
+                if let Some(k) = &writes_key {
+                    if !busy.borrow_mut().insert(k.clone()) {
+                        // Another loop writes it now: draw the next operation instead.
+                        continue;
+                    }
+                }
+                let s0 = Instant::now();
+                let write = |filler: Vec<u8>| {
+                    let key = writes_key.clone().expect("a write has its key");
+                    let (tag, value) = shared.borrow_mut().value(&filler, args.value_bytes);
+                    async move {
+                        let r = c.upsert_async(key.as_bytes(), &value).await.map_err(fail);
+                        busy.borrow_mut().remove(&key);
+                        r?;
+                        shared.borrow_mut().ack(&key, &tag, &value)
+                    }
+                };
+                match op {
+                    Operation::Read { key } => {
+                        c.search_async(key.as_bytes()).await.map_err(fail)?;
+                    }
+                    Operation::Update { value, .. } | Operation::Insert { value, .. } => {
+                        write(value).await?;
+                    }
+                    Operation::ReadModifyWrite { key, value } => {
+                        let r = c.search_async(key.as_bytes()).await.map_err(fail);
+                        if let Err(e) = r {
+                            busy.borrow_mut().remove(writes_key.as_deref().unwrap_or_default());
+                            return Err(e);
+                        }
+                        write(value).await?;
+                    }
+                    Operation::Scan { .. } => {}
+                }
+                let _ = hist
+                    .borrow_mut()
+                    .record((s0.elapsed().as_nanos() as u64).max(1));
+                ops.set(ops.get() + 1);
             }
-            Operation::Update { key, value } | Operation::Insert { key, value } => {
-                write(key, value)?;
-            }
-            Operation::ReadModifyWrite { key, value } => {
-                c.search(key.as_bytes()).map_err(fail)?;
-                write(key, value)?;
-            }
-            Operation::Scan { .. } => {}
+            Ok(())
         }
-        let _ = hist.record((s0.elapsed().as_nanos() as u64).max(1));
-        ops += 1;
-    }
+    })?;
+    let (hist, ops, writes) = (hist.into_inner(), ops.get(), shared.into_inner());
     let secs = start.elapsed().as_secs_f64().max(1e-9);
     let rtts = c.endpoint().stats().total().round_trips - rtt0;
     println!(
