@@ -389,8 +389,11 @@ fn fusee_histories_under_the_deterministic_scheduler_are_linearizable() {
 /// DELETE's take-back (reclaimed flag) was written to one data replica only, a failover lost
 /// it, and the client's recovery resumed the DELETE long after it had answered NotFound
 /// (an acknowledged put lost); 1922 — two DELETEs of one insert both reported, around a
-/// failover (found in the same sweep, gone with the two fixes).
-const REGRESSION_SEEDS: [u64; 3] = [822, 1922, 4017];
+/// failover (found in the same sweep, gone with the two fixes); 6540 — a block mirror
+/// request reached a node just failed over and restarted on its memory, whose block table
+/// still held the block for another owner, and the operation failed with "cannot mirror
+/// block" instead of retrying in the next membership.
+const REGRESSION_SEEDS: [u64; 4] = [822, 1922, 4017, 6540];
 
 #[test]
 fn seeds_that_once_failed_stay_linearizable() {

@@ -107,7 +107,7 @@ impl Inner {
         // refused (rotated rkeys) instead of missing a node that rejoined.
         let view = self.view();
         let replicas = view.block_replicas(block);
-        for node in &replicas[1..] {
+        for (k, node) in replicas.iter().enumerate().skip(1) {
             let req = Writer::new()
                 .u8(tag::ALLOC_AT)
                 .u64(self.id)
@@ -115,6 +115,22 @@ impl Inner {
                 .u8(u8::from(reserve))
                 .finish();
             let (st, _) = self.block_rpc_async(*node, req).await?;
+            if st == status::TAKEN {
+                // The replica's table holds the block for another owner: a node that came
+                // back with an older table (restarted, being refilled), seen in an epoch
+                // that is ending. Give the block back where this client took it, and let the
+                // operation retry in the next membership.
+                for n in &replicas[..k] {
+                    let req = Writer::new()
+                        .u8(tag::FREE_BLOCK)
+                        .u64(self.id)
+                        .u64(block)
+                        .finish();
+                    let _ = self.block_rpc_async(*n, req).await;
+                }
+                tracing::debug!(node = %node, block, "mirror taken on a replica; retrying in the next membership");
+                return Err(Error::Refused(*node));
+            }
             if st != status::OK {
                 return Err(Error::Node {
                     node: *node,
