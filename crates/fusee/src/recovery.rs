@@ -396,17 +396,38 @@ impl crate::client::Inner {
         let view = self.view();
         let v = Verifier::new(&view);
         let hooks = self.hooks_for_redo(&alloc, op, &v);
-        let committed_delete_done = match (op, obj.log.commit) {
-            // A committed DELETE replaced `c.old`: unless the key still holds exactly that,
-            // the swap happened and the key has moved on (deleted, maybe inserted again).
-            // Resuming would delete a later incarnation of the key — an operation nobody
-            // asked for (its writer may long have reported this DELETE done).
-            (Op::Delete, Some(c)) => {
-                let probe = Verifier::new(&view);
-                self.index().search(&probe, &obj.key)?.map(|s| s.raw()) != Some(c.old)
-            }
-            _ => false,
+        // The word this entry replaced may be back in the key's slot naming another object:
+        // the entry swapped it out before the crash (and was acknowledged), its cleanup freed
+        // the object, and its owner reused the address for the same key (same fingerprint
+        // and length class: the same word). The object's generation tells: it changed.
+        let holds_old = |c: &object::Commit| -> Result<(bool, bool)> {
+            let probe = Verifier::new(&view);
+            let holds = self.index().search(&probe, &obj.key)?.map(|s| s.raw()) == Some(c.old);
+            let reused = holds && c.old != 0 && self.generation_of(c.old)? != c.old_gen;
+            Ok((holds, reused))
         };
+        let (committed_delete_done, aba) = match (op, obj.log.commit) {
+            // A committed DELETE replaced `c.old`: unless the key still holds exactly that
+            // object, the swap happened and the key has moved on (deleted, maybe inserted
+            // again). Resuming would delete a later incarnation of the key — an operation
+            // nobody asked for (its writer may long have reported this DELETE done).
+            (Op::Delete, Some(c)) => {
+                let (holds, reused) = holds_old(&c)?;
+                (!holds || reused, reused)
+            }
+            (_, Some(c)) => (false, holds_old(&c)?.1),
+            _ => (false, false),
+        };
+        if aba && op != Op::Delete {
+            // The key moved on past this entry's value: resuming would put the older value
+            // back. Whether the value was ever swapped in is unknown, so its object is not
+            // reused here: if it was, its replacer frees it (and this client's reclaim takes
+            // it back); if it never was, it stays allocated (a rare, bounded leak rather than
+            // a second life for an object the index may still name).
+            tracing::debug!(client = self.id, ?addr, "recovery: the replaced word is back, naming a reused object; not resuming");
+            self.mark_finished(addr, len, false)?;
+            return Ok(Redone::Completed);
+        }
         let outcome = if committed_delete_done {
             ResumeOutcome::AlreadyDone
         } else {
