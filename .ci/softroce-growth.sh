@@ -38,7 +38,7 @@ echo "== one client, 1 memory node, r = 1: 50 000 keys"
 cluster one 7000 1 7100
 t0=$(date +%s)
 timeout 600 "$D" ycsb --cluster "$W/one.toml" --client-id 1 --load --verify --seconds 0 \
-  --records 50000 --value-bytes 32 --inflight 16 2>"$W/ycsb-one.log" >/dev/null \
+  --records 50000 --value-bytes 32 2>"$W/ycsb-one.log" >/dev/null \
   || fail "one client: the load or its verification failed"
 grep "verified" "$W/ycsb-one.log"
 echo "   ($(( $(date +%s) - t0 )) s)"
@@ -47,10 +47,10 @@ echo "== two clients at once, 3 memory nodes, r = 3: 2 x 25 000 keys"
 cluster three 7001 3 7110 7111 7112
 t0=$(date +%s)
 timeout 900 "$D" ycsb --cluster "$W/three.toml" --client-id 1 --load --verify --seconds 0 \
-  --records 50000 --value-bytes 32 --inflight 16 --partition 0/2 2>"$W/ycsb-a.log" >/dev/null &
+  --records 50000 --value-bytes 32 --partition 0/2 2>"$W/ycsb-a.log" >/dev/null &
 a=$!
 timeout 900 "$D" ycsb --cluster "$W/three.toml" --client-id 2 --load --verify --seconds 0 \
-  --records 50000 --value-bytes 32 --inflight 16 --partition 1/2 2>"$W/ycsb-b.log" >/dev/null &
+  --records 50000 --value-bytes 32 --partition 1/2 2>"$W/ycsb-b.log" >/dev/null &
 b=$!
 wait $a || fail "client 1 of two: the load or its verification failed"
 wait $b || fail "client 2 of two: the load or its verification failed"

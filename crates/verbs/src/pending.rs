@@ -327,10 +327,27 @@ impl<T: Send + 'static> Pending<T> {
     }
 }
 
+/// The most completion queues one [`block_on`] drives itself (one per connection an
+/// operation in flight waits on; more wait for their poll threads).
+const PROGRESS_MAX: usize = 8;
+
 thread_local! {
-    /// The progress hook of the last completion polled on this thread that was not ready
-    /// (rdma): [`block_on`] drives it while it waits, as [`Pending::wait`] does.
-    static PROGRESS: std::cell::RefCell<Option<Progress>> = const { std::cell::RefCell::new(None) };
+    /// The progress hooks of the completions polled on this thread since the last wait that
+    /// were not ready (rdma), one per connection: [`block_on`] drives them all while it
+    /// waits, as [`Pending::wait`] drives its own. (Driving only the last one left the other
+    /// connections' completions to their poll threads: a thread handoff per completion, and
+    /// on a busy or emulated host a spinning waiter starving the threads it waited for.)
+    static PROGRESS: std::cell::RefCell<Vec<Progress>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Notes `p` as a hook the current [`block_on`] wait drives (once per connection).
+fn note_progress(p: &Progress) {
+    PROGRESS.with(|cell| {
+        let mut v = cell.borrow_mut();
+        if v.len() < PROGRESS_MAX && !v.iter().any(|q| Arc::ptr_eq(q, p)) {
+            v.push(p.clone());
+        }
+    });
 }
 
 /// Runs `f` to completion on this thread: the blocking facade over async code, and an
@@ -365,8 +382,9 @@ fn block_on_here<F: Future>(f: F) -> F::Output {
     let mut cx = Context::from_waker(&waker);
     // The verbs of one poll (every operation it advances) share doorbells.
     let mut f = std::pin::pin!(crate::doorbell::batched(f));
+    let mut hooks: Vec<Progress> = Vec::new();
     loop {
-        PROGRESS.with(|p| p.borrow_mut().take());
+        PROGRESS.with(|p| p.borrow_mut().clear());
         if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
             return v;
         }
@@ -374,21 +392,25 @@ fn block_on_here<F: Future>(f: F) -> F::Output {
         // (Nested in a batched poll, this thread's deferred verbs must go out before it
         // blocks: the outer poll would send them only after this wait.)
         crate::doorbell::ring_deferred();
-        match PROGRESS.with(|p| p.borrow_mut().take()) {
-            None => {
+        PROGRESS.with(|p| std::mem::swap(&mut *p.borrow_mut(), &mut hooks));
+        match hooks.len() {
+            0 => {
                 while !woken() {
                     std::thread::park();
                 }
             }
-            Some(p) => {
-                // Poll for `SPIN`, reading the clock every `CLOCK_EVERY` polls; then nap
-                // between polls.
+            _ => {
+                // Poll every connection waited on for `SPIN`, reading the clock every
+                // `CLOCK_EVERY` polls; then nap between polls.
                 let (mut polls, mut start) = (0u32, None);
                 loop {
                     if woken() {
                         break;
                     }
-                    let busy = p();
+                    let mut busy = false;
+                    for p in &hooks {
+                        busy |= p();
+                    }
                     polls = polls.wrapping_add(1);
                     if busy || polls % CLOCK_EVERY != 0 {
                         std::hint::spin_loop();
@@ -465,7 +487,7 @@ impl<T: Send + 'static> Future for Pending<T> {
             return Poll::Ready(r);
         }
         if let Some(p) = &this.progress {
-            PROGRESS.with(|cell| *cell.borrow_mut() = Some(p.clone()));
+            note_progress(p);
         }
         if this.armed.is_none() {
             // Long timeouts (the connections') start from the timer's coarse clock.
