@@ -1098,6 +1098,11 @@ impl Inner {
     }
 
     fn open_epoch(&self, m: &crate::membership::Membership) -> Result<(ClusterView, RaceIndex)> {
+        // A member this client lost its connection to (it failed and came back): connect
+        // again before working in the epoch that readmits it.
+        for (n, _) in &m.members {
+            self.reconnect_if_gone(*n);
+        }
         let view = cluster::open_at(&self.ep, &self.nodes, m)?;
         let index = RaceIndex::open(&self.ep, &view.index_spaces())?;
         Ok((view, index))
@@ -1121,7 +1126,35 @@ impl Inner {
     pub(crate) fn catch_up(&self, e: &Error, seen: u64) -> Result<()> {
         match e {
             Error::Refused(n) => self.await_refused(*n, seen),
+            // No connection to a member of the current epoch (lost while it failed, and it
+            // is back): connect again and retry in this epoch, rather than wait for another.
+            Error::Verbs(dmkit_verbs::Error::NoSuchNode(n))
+            | Error::Index(dmkit_kv_index::Error::Verbs(dmkit_verbs::Error::NoSuchNode(n)))
+                if self.view().epoch == seen
+                    && self.view().is_member(*n)
+                    && self.reconnect_if_gone(*n) =>
+            {
+                Ok(())
+            }
             _ => self.refresh(seen),
+        }
+    }
+
+    /// Connects to `node` again if this client has no connection to it (and knows how):
+    /// whether it has one now.
+    fn reconnect_if_gone(&self, node: NodeId) -> bool {
+        if self.ep.connection(node).is_ok() {
+            return true;
+        }
+        let Some(rc) = self.reconnect.lock().clone() else {
+            return false;
+        };
+        match rc(node) {
+            Ok(c) if c.node() == node => {
+                self.ep.add_connection(c);
+                true
+            }
+            _ => false,
         }
     }
 
