@@ -308,7 +308,14 @@ fn a_master_started_with_a_member_down_fails_it_over() {
     let t = Instant::now();
     // --standby: the dead master's claim runs out first (3 s by default).
     let master = dmkit_tests::procs::Daemon::start(
-        &["master", "--listen", "127.0.0.1:0", "--cluster", &c.file, "--standby"],
+        &[
+            "master",
+            "--listen",
+            "127.0.0.1:0",
+            "--cluster",
+            &c.file,
+            "--standby",
+        ],
         "serving on",
     );
     eprintln!("the new master serves after {:?}", t.elapsed());
@@ -350,8 +357,15 @@ fn a_full_disk_and_a_full_pool_are_clear_errors_and_deleting_makes_room() {
     let pool = dir.path().join("big.pool");
     let size = format!("{}MiB", (avail >> 20) + 1024);
     let (code, _, err) = dmkit(&[
-        "memnode", "--listen", "127.0.0.1:0", "--id", "0", "--pool",
-        pool.to_str().unwrap(), "--size", &size,
+        "memnode",
+        "--listen",
+        "127.0.0.1:0",
+        "--id",
+        "0",
+        "--pool",
+        pool.to_str().unwrap(),
+        "--size",
+        &size,
     ]);
     eprintln!("a pool of {size} on a {avail}-byte tmpfs: {err}");
     assert_eq!(code, 2, "{err}");
@@ -362,8 +376,20 @@ fn a_full_disk_and_a_full_pool_are_clear_errors_and_deleting_makes_room() {
     let c = ProcCluster::start(1, 1, "4MiB");
     let acks = c.dir.path().join("acks.log");
     let load = dmkit(&[
-        "ycsb", "--cluster", &c.file, "--client-id", "7", "--load", "--seconds", "0",
-        "--records", "400", "--value-bytes", "15000", "--ack-log", acks.to_str().unwrap(),
+        "ycsb",
+        "--cluster",
+        &c.file,
+        "--client-id",
+        "7",
+        "--load",
+        "--seconds",
+        "0",
+        "--records",
+        "400",
+        "--value-bytes",
+        "15000",
+        "--ack-log",
+        acks.to_str().unwrap(),
     ]);
     assert_ne!(load.0, 0, "400 x 15 KB fit in 4 MiB?");
     assert!(load.2.contains("out of memory"), "{}", load.2);
@@ -373,7 +399,10 @@ fn a_full_disk_and_a_full_pool_are_clear_errors_and_deleting_makes_room() {
     assert!(err.contains("out of memory"), "{err}");
     // What is there still reads; deleting makes room for new writes.
     let loaded = std::fs::read_to_string(&acks).unwrap();
-    let keys: Vec<&str> = loaded.lines().filter_map(|l| l.split('\t').next()).collect();
+    let keys: Vec<&str> = loaded
+        .lines()
+        .filter_map(|l| l.split('\t').next())
+        .collect();
     assert!(keys.len() >= 40, "only {} keys were loaded", keys.len());
     let (code, out, err, _) = kv(&c.file, &["get", keys[0]]);
     assert_eq!((code, out.len()), (0, 15001), "{err}");

@@ -272,10 +272,8 @@ pub fn client_with(
     let (c, _) = Client::recover(
         move || match first.lock().take() {
             Some(ep) => Ok(ep),
-            None => {
-                crate::connect::endpoint_again(&f)
-                    .map_err(|e| dmkit_fusee::Error::Config(e.message()))
-            }
+            None => crate::connect::endpoint_again(&f)
+                .map_err(|e| dmkit_fusee::Error::Config(e.message())),
         },
         &nodes,
         cfg,

@@ -410,7 +410,8 @@ fn run_phases(
                     Operation::ReadModifyWrite { key, value } => {
                         let r = c.search_async(key.as_bytes()).await.map_err(fail);
                         if let Err(e) = r {
-                            busy.borrow_mut().remove(writes_key.as_deref().unwrap_or_default());
+                            busy.borrow_mut()
+                                .remove(writes_key.as_deref().unwrap_or_default());
                             return Err(e);
                         }
                         write(value).await?;

@@ -782,7 +782,9 @@ impl Master {
     /// [`MasterOptions::claim_token`]); a refusal because another master holds the cluster
     /// is an error naming it.
     fn master_rpc(&self, node: NodeId, req: Vec<u8>) -> Result<Vec<u8>> {
-        let reply = self.ep.rpc(TAG, node, &crate::memnode::as_master(self.token, req))?;
+        let reply = self
+            .ep
+            .rpc(TAG, node, &crate::memnode::as_master(self.token, req))?;
         if let (Some(_), Some((&status::REFUSED, rest))) = (self.token, reply.split_first()) {
             return Err(Error::Node {
                 node,

@@ -144,11 +144,7 @@ pub struct ClaimReply {
 /// over. `None` sends `req` as it is (a master without a claim: tests, `LocalCluster`).
 pub fn as_master(token: Option<u64>, req: Vec<u8>) -> Vec<u8> {
     match token {
-        Some(t) => Writer::new()
-            .u8(tag::AS_MASTER)
-            .u64(t)
-            .bytes(&req)
-            .finish(),
+        Some(t) => Writer::new().u8(tag::AS_MASTER).u64(t).bytes(&req).finish(),
         None => req,
     }
 }
@@ -375,7 +371,11 @@ impl Memnode {
 
     /// A block request's optional last byte: 1 = it may use the reserve (a DELETE's object).
     fn reserve_flag(r: &mut Reader<'_>) -> std::result::Result<bool, WireError> {
-        let reserve = if r.remaining() > 0 { r.u8()? != 0 } else { false };
+        let reserve = if r.remaining() > 0 {
+            r.u8()? != 0
+        } else {
+            false
+        };
         r.finish()?;
         Ok(reserve)
     }
@@ -619,8 +619,10 @@ impl Memnode {
                     Some(who) => Writer::new()
                         .u8(status::REFUSED)
                         .bytes(
-                            format!("another master holds the cluster ({who}): this one's claim is gone")
-                                .as_bytes(),
+                            format!(
+                                "another master holds the cluster ({who}): this one's claim is gone"
+                            )
+                            .as_bytes(),
                         )
                         .finish(),
                     None => return self.dispatch(inner),

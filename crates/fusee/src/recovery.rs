@@ -424,7 +424,11 @@ impl crate::client::Inner {
             // reused here: if it was, its replacer frees it (and this client's reclaim takes
             // it back); if it never was, it stays allocated (a rare, bounded leak rather than
             // a second life for an object the index may still name).
-            tracing::debug!(client = self.id, ?addr, "recovery: the replaced word is back, naming a reused object; not resuming");
+            tracing::debug!(
+                client = self.id,
+                ?addr,
+                "recovery: the replaced word is back, naming a reused object; not resuming"
+            );
             self.mark_finished(addr, len, false)?;
             return Ok(Redone::Completed);
         }

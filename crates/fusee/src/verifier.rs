@@ -95,7 +95,11 @@ pub(crate) async fn read_objects_async(
             .filter(|n| *n != failed)
             .find_map(|n| view.region(n));
         let first = |errs: &mut Vec<Option<dmkit_verbs::Error>>| {
-            dmkit_kv_index::Error::from(errs[k].take().unwrap_or(dmkit_verbs::Error::NoSuchNode(failed)))
+            dmkit_kv_index::Error::from(
+                errs[k]
+                    .take()
+                    .unwrap_or(dmkit_verbs::Error::NoSuchNode(failed)),
+            )
         };
         let Some(region) = other else {
             return Err(first(&mut errs));

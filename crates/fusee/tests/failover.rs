@@ -218,7 +218,11 @@ fn a_master_whose_claim_was_taken_over_is_refused() {
     let ep = c.endpoint(u64::MAX - 20).unwrap();
     let (old, new) = (0x0bad_u64, 0x600d_u64);
     for n in &nodes {
-        assert!(claim_master(&ep, *n, old, Duration::from_secs(60), "old").unwrap().granted);
+        assert!(
+            claim_master(&ep, *n, old, Duration::from_secs(60), "old")
+                .unwrap()
+                .granted
+        );
     }
     let opts = |token| MasterOptions {
         claim_token: Some(token),
@@ -230,13 +234,24 @@ fn a_master_whose_claim_was_taken_over_is_refused() {
     first.fail_over(&[NodeId(2)]).unwrap();
     // Another master takes the cluster over (here: the old claim given up on every node).
     for n in &nodes[..2] {
-        assert!(claim_master(&ep, *n, old, Duration::ZERO, "old").unwrap().granted);
-        assert!(claim_master(&ep, *n, new, Duration::from_secs(60), "new master").unwrap().granted);
+        assert!(
+            claim_master(&ep, *n, old, Duration::ZERO, "old")
+                .unwrap()
+                .granted
+        );
+        assert!(
+            claim_master(&ep, *n, new, Duration::from_secs(60), "new master")
+                .unwrap()
+                .granted
+        );
     }
     // The old one, still running, is refused every change, naming the new holder.
     c.restart_node(NodeId(2)).unwrap();
     let e = first.rejoin(NodeId(2)).unwrap_err().to_string();
-    assert!(e.contains("another master holds the cluster (new master)"), "{e}");
+    assert!(
+        e.contains("another master holds the cluster (new master)"),
+        "{e}"
+    );
     c.sim.fail_node(NodeId(1));
     let e = first.fail_over(&[NodeId(1)]).unwrap_err().to_string();
     assert!(e.contains("another master holds the cluster"), "{e}");
