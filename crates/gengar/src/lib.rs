@@ -62,6 +62,6 @@ mod proto;
 mod server;
 
 pub use addr::GlobalAddr;
-pub use client::{ClientConfig, Confirm, GengarClient, tags};
+pub use client::{ClientConfig, Confirm, GengarClient, Reconnect, tags};
 pub use error::{Error, Result};
 pub use server::{DRAM_BASE, GengarServer, NVM_BASE, ServerConfig, ServerStats, WindowThread};
