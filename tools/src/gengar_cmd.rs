@@ -118,6 +118,25 @@ pub fn run(args: GengarArgs) -> Result<(), CliError> {
         .client_id
         .unwrap_or(0x6E_0000_0000 | u64::from(std::process::id()));
     let c = client(&file, id)?;
+    if let Op::Write(a, _) | Op::Read(a) | Op::Free(a) = &op {
+        // The object's server must be in the file, and have answered.
+        let Some(m) = file.memnodes.iter().find(|m| m.id == a.server.0) else {
+            return Err(CliError::usage(format!(
+                "object {} is on server {}, which the cluster file does not name",
+                format_addr(a),
+                a.server
+            )));
+        };
+        if !c.free_nvm().iter().any(|(n, _)| *n == a.server) {
+            return Err(CliError::with_code(
+                format!(
+                    "Gengar server {} is down: it does not answer at {}",
+                    a.server, m.addr
+                ),
+                3,
+            ));
+        }
+    }
     let mut out = std::io::stdout().lock();
     let w = |r: std::io::Result<()>| r.map_err(|e| CliError::runtime(format!("stdout: {e}")));
     match op {

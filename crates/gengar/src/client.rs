@@ -2,8 +2,8 @@
 //! addresses, write-through, proxied writes with write confirms, and locks.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use dmkit_cache::{AccessCounter, CounterConfig};
@@ -42,6 +42,12 @@ pub struct ClientConfig {
     pub counter: CounterConfig,
     /// How often a request the server answered "busy" (a fenced lease) is retried.
     pub busy_retry: Duration,
+    /// Post proxied writes from the client's proxy thread (Gengar's write proxy): the
+    /// writer returns once its data is copied and queued, whatever posting costs on the
+    /// backend — on a software NIC (SoftRoCE) the doorbell itself executes the write. Off,
+    /// the writer posts itself and returns once posted (the sim backend's modeled time
+    /// assumes that: its latency model charges a post, not a thread hand-over).
+    pub proxy_thread: bool,
 }
 
 impl Default for ClientConfig {
@@ -52,6 +58,7 @@ impl Default for ClientConfig {
             lock_timeout: Duration::from_secs(5),
             counter: CounterConfig::default(),
             busy_retry: Duration::from_micros(200),
+            proxy_thread: true,
         }
     }
 }
@@ -94,12 +101,69 @@ struct Entry {
 
 /// A write confirm of Gengar: fires when every copy (DRAM and NVM) of the write completed.
 #[derive(Debug, Clone)]
-pub struct Confirm(Arc<Vec<WriteConfirm>>);
+pub struct Confirm(Arc<Posted>);
+
+/// A proxied write's posting: set once the proxy (or the writer) posted every copy.
+#[derive(Debug)]
+struct Posted {
+    node: NodeId,
+    result: OnceLock<Result<Vec<WriteConfirm>>>,
+    notify: tokio::sync::Notify,
+}
+
+impl Posted {
+    fn new(node: NodeId) -> Arc<Self> {
+        Arc::new(Posted {
+            node,
+            result: OnceLock::new(),
+            notify: tokio::sync::Notify::new(),
+        })
+    }
+
+    fn set(&self, r: Result<Vec<WriteConfirm>>) {
+        let _ = self.result.set(r);
+        self.notify.notify_waiters();
+    }
+
+    /// Waits until the write is posted (or failed to be).
+    async fn posted(&self) -> &Result<Vec<WriteConfirm>> {
+        loop {
+            if let Some(r) = self.result.get() {
+                return r;
+            }
+            let n = self.notify.notified();
+            let mut n = std::pin::pin!(n);
+            n.as_mut().enable();
+            if let Some(r) = self.result.get() {
+                return r;
+            }
+            n.await;
+        }
+    }
+}
+
+/// A copy of a posting error (errors are not `Clone`).
+fn copy_error(node: NodeId, e: &Error) -> Error {
+    match e {
+        Error::ServerDown { node, reason } => Error::ServerDown {
+            node: *node,
+            reason: reason.clone(),
+        },
+        e => Error::Server {
+            node: node.0,
+            reason: e.to_string(),
+        },
+    }
+}
 
 impl Confirm {
-    /// Whether every part of the write has completed.
+    /// Whether every part of the write has completed (or failed).
     pub fn is_confirmed(&self) -> bool {
-        self.0.iter().all(WriteConfirm::is_confirmed)
+        match self.0.result.get() {
+            None => false,
+            Some(Err(_)) => true,
+            Some(Ok(parts)) => parts.iter().all(WriteConfirm::is_confirmed),
+        }
     }
 
     /// Waits for every part; the first failure ([`Error::ServerDown`] when the server went
@@ -110,10 +174,73 @@ impl Confirm {
 
     /// [`Confirm::wait`], awaited.
     pub async fn confirmed(&self) -> Result<()> {
-        for c in self.0.iter() {
-            c.confirmed().await.map_err(node_error)?;
+        match self.0.posted().await {
+            Err(e) => Err(copy_error(self.0.node, e)),
+            Ok(parts) => {
+                for c in parts {
+                    c.confirmed().await.map_err(node_error)?;
+                }
+                Ok(())
+            }
         }
-        Ok(())
+    }
+}
+
+/// A write for the proxy thread to post.
+struct ProxyJob {
+    parts: Vec<(dmkit_verbs::RemoteAddr, bool)>,
+    data: Vec<u8>,
+    done: Arc<Posted>,
+}
+
+/// The client's write proxy: a thread posting queued proxied writes in order, and the bound
+/// on the bytes queued for it (the endpoint's staging capacity: past it, writers wait).
+#[derive(Debug)]
+struct Proxy {
+    tx: std::sync::mpsc::Sender<ProxyJob>,
+    queued: Arc<AtomicUsize>,
+    limit: usize,
+}
+
+impl std::fmt::Debug for ProxyJob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxyJob")
+            .field("bytes", &self.data.len())
+            .finish()
+    }
+}
+
+impl Proxy {
+    fn start(ep: Endpoint) -> Result<Proxy> {
+        let (tx, rx) = std::sync::mpsc::channel::<ProxyJob>();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let q = queued.clone();
+        let limit = ep.staging_capacity();
+        std::thread::Builder::new()
+            .name("gengar-proxy".into())
+            .spawn(move || {
+                // Ends when the client (the only sender) is dropped and the queue is drained.
+                for job in rx {
+                    let mut posted = Vec::with_capacity(job.parts.len());
+                    let mut failed = None;
+                    for (remote, durable) in &job.parts {
+                        match ep.proxied_write(tags::WRITE, *remote, &job.data, *durable) {
+                            Ok(c) => posted.push(c),
+                            Err(e) => {
+                                failed = Some(node_error(e));
+                                break;
+                            }
+                        }
+                    }
+                    q.fetch_sub(job.data.len(), Ordering::AcqRel);
+                    job.done.set(match failed {
+                        None => Ok(posted),
+                        Some(e) => Err(e),
+                    });
+                }
+            })
+            .map_err(|e| Error::Setup(format!("cannot start the write proxy thread: {e}")))?;
+        Ok(Proxy { tx, queued, limit })
     }
 }
 
@@ -142,6 +269,7 @@ pub struct GengarClient {
     local_locks: Mutex<HashMap<GlobalAddr, Arc<tokio::sync::Mutex<()>>>>,
     held: Mutex<HashMap<GlobalAddr, tokio::sync::OwnedMutexGuard<()>>>,
     reconnect: Mutex<Option<Reconnect>>,
+    proxy: Option<Proxy>,
 }
 
 impl std::fmt::Debug for ReconnectSlot<'_> {
@@ -217,6 +345,11 @@ impl GengarClient {
         if servers.is_empty() {
             return Err(Error::Setup("no Gengar servers to use".into()));
         }
+        let proxy = if cfg.proxy_thread {
+            Some(Proxy::start(ep.clone())?)
+        } else {
+            None
+        };
         let c = GengarClient {
             ep,
             id,
@@ -229,6 +362,7 @@ impl GengarClient {
             local_locks: Mutex::new(HashMap::new()),
             held: Mutex::new(HashMap::new()),
             reconnect: Mutex::new(None),
+            proxy,
         };
         for node in c.servers.keys().copied().collect::<Vec<_>>() {
             dmkit_verbs::block_on(c.call(tags::ALLOC, node, Writer::tagged(tag::STAT).finish()))?;
@@ -581,6 +715,8 @@ impl GengarClient {
 
     /// [`GengarClient::read_at`], awaited.
     pub async fn read_at_async(&self, addr: GlobalAddr, at: usize, len: usize) -> Result<Vec<u8>> {
+        // Reads see this client's own proxied writes.
+        self.wait_posted(addr).await;
         for _ in 0..8 {
             let e = self.entry(tags::READ, addr).await?;
             check_range(addr, at, len, e.size)?;
@@ -689,6 +825,8 @@ impl GengarClient {
 
     /// [`GengarClient::write`], awaited.
     pub async fn write_async(&self, addr: GlobalAddr, at: usize, data: &[u8]) -> Result<()> {
+        // After this client's earlier proxied writes to the object, never before.
+        self.wait_posted(addr).await;
         let (e, parts) = self.write_target(addr, at, data).await?;
         let mut b = self.ep.batch(addr.server);
         for (remote, durable) in parts {
@@ -723,16 +861,41 @@ impl GengarClient {
         data: &[u8],
     ) -> Result<Confirm> {
         let (_, parts) = self.write_target(addr, at, data).await?;
-        let mut confirms = Vec::with_capacity(parts.len());
-        for (remote, durable) in parts {
-            confirms.push(
-                self.ep
-                    .proxied_write_async(tags::WRITE, remote, data, durable)
-                    .await
-                    .map_err(|e| self.verbs_error(addr.server, e))?,
-            );
+        let done = Posted::new(addr.server);
+        match &self.proxy {
+            Some(p) => {
+                // Bounded: past the staging capacity queued, wait for the proxy to catch up.
+                let len = data.len();
+                while p.queued.load(Ordering::Acquire) > 0
+                    && p.queued.load(Ordering::Acquire) + len > p.limit
+                {
+                    dmkit_verbs::sleep(Duration::from_micros(50)).await;
+                }
+                p.queued.fetch_add(len, Ordering::AcqRel);
+                let job = ProxyJob {
+                    parts,
+                    data: data.to_vec(),
+                    done: done.clone(),
+                };
+                if p.tx.send(job).is_err() {
+                    p.queued.fetch_sub(len, Ordering::AcqRel);
+                    return Err(Error::Setup("the write proxy thread is gone".into()));
+                }
+            }
+            None => {
+                let mut confirms = Vec::with_capacity(parts.len());
+                for (remote, durable) in parts {
+                    confirms.push(
+                        self.ep
+                            .proxied_write_async(tags::WRITE, remote, data, durable)
+                            .await
+                            .map_err(|e| self.verbs_error(addr.server, e))?,
+                    );
+                }
+                done.set(Ok(confirms));
+            }
         }
-        let c = Confirm(Arc::new(confirms));
+        let c = Confirm(done);
         let mut all = self.confirms.lock();
         let list = all.entry(addr).or_default();
         // Confirms mostly fire in posting order: dropping the confirmed ones at the front keeps
@@ -752,9 +915,39 @@ impl GengarClient {
 
     /// [`GengarClient::flush`], awaited.
     pub async fn flush_async(&self) -> Result<()> {
+        let pending: Vec<Confirm> = self
+            .confirms
+            .lock()
+            .drain()
+            .flat_map(|(_, l)| l)
+            .collect();
+        let mut first = None;
+        for c in pending {
+            if let Err(e) = c.confirmed().await {
+                first.get_or_insert(e);
+            }
+        }
         let r = self.ep.flush_async().await.map_err(node_error);
-        self.confirms.lock().clear();
-        r
+        match first {
+            Some(e) => Err(e),
+            None => r,
+        }
+    }
+
+    /// Waits until this client's queued proxied writes to `addr` are posted, so that what it
+    /// posts next on the connection (a read, a write) executes after them.
+    async fn wait_posted(&self, addr: GlobalAddr) {
+        if self.proxy.is_none() {
+            return;
+        }
+        let last = self
+            .confirms
+            .lock()
+            .get(&addr)
+            .and_then(|l| l.back().cloned());
+        if let Some(c) = last {
+            c.0.posted().await;
+        }
     }
 
     async fn wait_confirms(&self, addr: GlobalAddr) -> Result<()> {
