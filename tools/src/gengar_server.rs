@@ -42,6 +42,11 @@ pub struct GengarServerArgs {
     /// Milliseconds between two hot-object windows (promotion and eviction).
     #[arg(long, default_value_t = 100)]
     pub window: u64,
+    /// Multiply every lease duration by this (the defaults suit round trips of microseconds;
+    /// on a fabric whose lease RPCs take milliseconds, e.g. SoftRoCE under emulation, leases
+    /// that short lapse between two accesses).
+    #[arg(long, default_value_t = 1)]
+    pub lease_scale: u32,
     /// A file holding the cluster secret; peers must prove they know it.
     #[arg(long, env = "DMKIT_SECRET_FILE")]
     pub secret_file: Option<std::path::PathBuf>,
@@ -71,6 +76,9 @@ pub fn run(args: GengarServerArgs) -> Result<(), CliError> {
             "--window must be at least 1 (milliseconds)",
         ));
     }
+    if !(1..=1000).contains(&args.lease_scale) {
+        return Err(CliError::usage("--lease-scale must be 1 to 1000"));
+    }
     let dram = usize::try_from(args.dram)
         .map_err(|_| CliError::usage(format!("--dram {} is too large", args.dram)))?;
     let secret = match args.secret_file.as_deref() {
@@ -95,10 +103,13 @@ pub fn run(args: GengarServerArgs) -> Result<(), CliError> {
     let server = GengarServer::new(
         NodeId(args.id),
         pool,
-        ServerConfig {
-            dram_bytes: dram,
-            ..ServerConfig::default()
-        },
+        dmkit_tools::gengar_apps::scaled_leases(
+            ServerConfig {
+                dram_bytes: dram,
+                ..ServerConfig::default()
+            },
+            args.lease_scale,
+        ),
         clock,
     )
     .map_err(|e| CliError::usage(format!("cannot start the Gengar server: {e}")))?;
