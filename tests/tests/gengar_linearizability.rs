@@ -35,8 +35,8 @@ use dmkit_gengar::{ClientConfig, GengarClient, GengarServer, GlobalAddr, ServerC
 use dmkit_lease::{Clock, SystemClock, TunerConfig};
 use dmkit_pmem_pool::{Pool, PoolOptions};
 use dmkit_tests::linearizability::{Call, Event, Ret, check};
-use dmkit_verbs::{Endpoint, NodeId};
 use dmkit_verbs::sim::{SimCluster, SimConfig};
+use dmkit_verbs::{Endpoint, NodeId};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -181,13 +181,7 @@ fn run_seed(seed: u64) -> Covered {
         ..ClientConfig::default()
     };
     let client = |id: u64| {
-        GengarClient::new(
-            net.endpoint(id),
-            id,
-            client_cfg.clone(),
-            clock.clone(),
-        )
-        .unwrap()
+        GengarClient::new(net.endpoint(id), id, client_cfg.clone(), clock.clone()).unwrap()
     };
     let setup = client(100);
     // Objects on both servers (alloc picks the server with the most free NVM).

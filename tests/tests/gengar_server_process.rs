@@ -148,7 +148,15 @@ fn bad_input_is_one_line_and_exit_2() {
         &["gengar-server", "--listen", "127.0.0.1:0", "--id", "0"],
         "required",
     );
-    let mut a = with(&["--backend", "sim", "--dram", "1MiB", "--size", "8MiB", "--pool"]);
+    let mut a = with(&[
+        "--backend",
+        "sim",
+        "--dram",
+        "1MiB",
+        "--size",
+        "8MiB",
+        "--pool",
+    ]);
     a.push(pool.into());
     run(a, "cannot serve a Gengar server");
 }
@@ -158,12 +166,12 @@ fn confirmed_objects_survive_sigkill_and_a_restart_on_the_pool_file() {
     let dir = tempfile::tempdir().unwrap();
     let pool = dir.path().join("gengar.pool");
     let pool = pool.to_str().unwrap();
-    let mut first = server(4, pool, &["--size", "16MiB", "--dram", "1MiB", "--window", "20"]);
-    assert!(
-        first.ready_line.contains("created"),
-        "{}",
-        first.ready_line
+    let mut first = server(
+        4,
+        pool,
+        &["--size", "16MiB", "--dram", "1MiB", "--window", "20"],
     );
+    assert!(first.ready_line.contains("created"), "{}", first.ready_line);
     let mut kept: Vec<(GlobalAddr, Vec<u8>)> = Vec::new();
     {
         let c = client(&first.addr(), 1);
@@ -229,7 +237,13 @@ fn a_killed_server_fails_only_its_objects_and_its_clients_reconnect_without_losi
  {
     let dir = tempfile::tempdir().unwrap();
     let pools: Vec<String> = (0..2)
-        .map(|i| dir.path().join(format!("g{i}.pool")).to_str().unwrap().to_string())
+        .map(|i| {
+            dir.path()
+                .join(format!("g{i}.pool"))
+                .to_str()
+                .unwrap()
+                .to_string()
+        })
         .collect();
     let flags = ["--size", "16MiB", "--dram", "1MiB", "--window", "20"];
     let mut a = server(4, &pools[0], &flags);
@@ -257,7 +271,11 @@ fn a_killed_server_fails_only_its_objects_and_its_clients_reconnect_without_losi
     }
     // A stream of proxied writes to server 5's objects, and the server killed under it:
     // versions 1.. per object, the confirms left for later.
-    let on5: Vec<GlobalAddr> = objs.iter().copied().filter(|o| o.server == NodeId(5)).collect();
+    let on5: Vec<GlobalAddr> = objs
+        .iter()
+        .copied()
+        .filter(|o| o.server == NodeId(5))
+        .collect();
     let mut posted: Vec<(GlobalAddr, u64, dmkit_gengar::Confirm)> = Vec::new();
     for v in 1..=20u64 {
         for o in &on5 {
@@ -288,15 +306,27 @@ fn a_killed_server_fails_only_its_objects_and_its_clients_reconnect_without_losi
     let err = c.read(on5[0]).unwrap_err().to_string();
     assert!(err.contains("server 5 is down"), "{err}");
     for o in objs.iter().filter(|o| o.server == NodeId(4)) {
-        assert_eq!(c.read(*o).unwrap(), pattern(o.offset, 300), "{o} on the live server");
+        assert_eq!(
+            c.read(*o).unwrap(),
+            pattern(o.offset, 300),
+            "{o} on the live server"
+        );
         c.write(*o, 0, &pattern(o.offset + 100, 300)).unwrap();
     }
     let placed = c.alloc(64).unwrap();
-    assert_eq!(placed.server, NodeId(4), "allocation goes to the live server");
+    assert_eq!(
+        placed.server,
+        NodeId(4),
+        "allocation goes to the live server"
+    );
     // Back on the same pool file (a new port): the confirms of the writes posted before the
     // kill have all arrived — each confirmed or failed, none left hanging.
     let again = server(5, &pools[1], &["--dram", "1MiB", "--window", "20"]);
-    assert!(again.ready_line.contains("recovered"), "{}", again.ready_line);
+    assert!(
+        again.ready_line.contains("recovered"),
+        "{}",
+        again.ready_line
+    );
     addrs.lock().insert(NodeId(5), again.addr());
     let mut last_confirmed: HashMap<GlobalAddr, u64> = HashMap::new();
     let mut last_posted: HashMap<GlobalAddr, u64> = HashMap::new();
@@ -319,7 +349,9 @@ fn a_killed_server_fails_only_its_objects_and_its_clients_reconnect_without_losi
     // holds its last confirmed version or one posted after it (not confirmed, yet it may
     // have landed).
     for o in &on5 {
-        let got = c.read(*o).unwrap_or_else(|e| panic!("{o} after the restart: {e}"));
+        let got = c
+            .read(*o)
+            .unwrap_or_else(|e| panic!("{o} after the restart: {e}"));
         let from = last_confirmed.get(o).copied().unwrap_or(0);
         let to = last_posted.get(o).copied().unwrap_or(0);
         assert!(
@@ -438,7 +470,8 @@ fn locks_hand_proxied_writes_to_the_next_holder() {
                 let c = client_of(addrs, id);
                 for _ in 0..EACH {
                     c.lock(counter).unwrap();
-                    let v = u64::from_le_bytes(c.read_at(counter, 0, 8).unwrap().try_into().unwrap());
+                    let v =
+                        u64::from_le_bytes(c.read_at(counter, 0, 8).unwrap().try_into().unwrap());
                     // Proxied: the unlock waits for its confirm, so the next holder reads it.
                     c.write_proxied(counter, 0, &(v + 1).to_le_bytes()).unwrap();
                     c.unlock(counter).unwrap();
@@ -449,20 +482,27 @@ fn locks_hand_proxied_writes_to_the_next_holder() {
     let v = u64::from_le_bytes(setup.read_at(counter, 0, 8).unwrap().try_into().unwrap());
     assert_eq!(v, 3 * EACH, "locked read-modify-writes lost an increment");
     // Unlocking what one does not hold is refused.
-    assert!(matches!(setup.unlock(counter), Err(Error::NotLockHolder(_))));
+    assert!(matches!(
+        setup.unlock(counter),
+        Err(Error::NotLockHolder(_))
+    ));
 }
+
+/// What a reader saw: reads from DRAM and from NVM, promotions and evictions it noticed, and
+/// which objects of the first hot set were in DRAM when the hot set moved.
+type Seen = (u64, u64, u64, u64, Vec<usize>);
 
 #[test]
 fn objects_are_promoted_and_evicted_while_clients_read_them() {
     let dir = tempfile::tempdir().unwrap();
     let pool = dir.path().join("evict.pool");
-    // Default leases: the windows here move objects every 20 ms, and what is read is checked
-    // byte for byte whatever a read costs.
+    // Default leases, windows of 200 ms: each window sees a few reads of every object of the
+    // hot set (32 KiB reads are slow on an emulated device), enough heat to promote it.
     let s = server_scaled(
         4,
         pool.to_str().unwrap(),
         1,
-        &["--size", "32MiB", "--dram", "1MiB", "--window", "20"],
+        &["--size", "32MiB", "--dram", "1MiB", "--window", "200"],
     );
     let addrs = Arc::new(Mutex::new(HashMap::from([(NodeId(4), s.addr())])));
     let setup = client_of(&addrs, 100);
@@ -476,7 +516,7 @@ fn objects_are_promoted_and_evicted_while_clients_read_them() {
             o
         })
         .collect();
-    let seen: Vec<(u64, u64, u64, u64, Vec<usize>)> = std::thread::scope(|sc| {
+    let seen: Vec<Seen> = std::thread::scope(|sc| {
         let hs: Vec<_> = (1..=2u64)
             .map(|id| {
                 let (addrs, objs) = (&addrs, &objs);
@@ -500,7 +540,10 @@ fn objects_are_promoted_and_evicted_while_clients_read_them() {
                         let base = if round < 300 { 0 } else { 20 };
                         let i = base + (round * 7 + id as usize) % 20;
                         let got = c.read(objs[i]).unwrap();
-                        assert!(got == pattern(i as u64, SIZE), "object {i} read wrong bytes");
+                        assert!(
+                            got == pattern(i as u64, SIZE),
+                            "object {i} read wrong bytes"
+                        );
                         let now = c.cached_in_dram(objs[i]);
                         match (was[i], now) {
                             (Some(false), true) => promoted += 1,
@@ -508,11 +551,7 @@ fn objects_are_promoted_and_evicted_while_clients_read_them() {
                             _ => {}
                         }
                         was[i] = Some(now);
-                        if now {
-                            dram += 1
-                        } else {
-                            nvm += 1
-                        }
+                        if now { dram += 1 } else { nvm += 1 }
                     }
                     (dram, nvm, promoted, evicted, first_in_dram)
                 })
@@ -520,7 +559,7 @@ fn objects_are_promoted_and_evicted_while_clients_read_them() {
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    let sum = |f: fn(&(u64, u64, u64, u64, Vec<usize>)) -> u64| seen.iter().map(f).sum::<u64>();
+    let sum = |f: fn(&Seen) -> u64| seen.iter().map(f).sum::<u64>();
     let (dram, nvm, promoted) = (sum(|s| s.0), sum(|s| s.1), sum(|s| s.2));
     let evicted_seen = sum(|s| s.3);
     eprintln!(
@@ -534,7 +573,10 @@ fn objects_are_promoted_and_evicted_while_clients_read_them() {
     let mut first: Vec<usize> = seen.iter().flat_map(|s| s.4.clone()).collect();
     first.sort_unstable();
     first.dedup();
-    assert!(!first.is_empty(), "no object of the first hot set reached DRAM");
+    assert!(
+        !first.is_empty(),
+        "no object of the first hot set reached DRAM"
+    );
     let c = client_of(&addrs, 200);
     assert!(
         evicted_seen > 0

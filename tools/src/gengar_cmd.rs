@@ -181,7 +181,15 @@ mod tests {
         };
         assert_eq!(format_addr(&a), "3:0x10040/g7/300");
         assert_eq!(parse_addr(&format_addr(&a)).unwrap(), a);
-        for bad in ["", "3", "3:0x10/g7", "3:10/g7/3", "x:0x1/g1/1", "3:0x1/7/1", "3:0x1/g1/1/2"] {
+        for bad in [
+            "",
+            "3",
+            "3:0x10/g7",
+            "3:10/g7/3",
+            "x:0x1/g1/1",
+            "3:0x1/7/1",
+            "3:0x1/g1/1/2",
+        ] {
             assert!(parse_addr(bad).is_err(), "{bad}");
         }
     }

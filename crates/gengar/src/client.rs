@@ -66,8 +66,7 @@ impl Default for ClientConfig {
 /// How a client makes a new connection to a Gengar server that restarted (or whose
 /// connection broke): the process that knows the servers' addresses supplies it
 /// ([`GengarClient::set_reconnect`]).
-pub type Reconnect =
-    Arc<dyn Fn(NodeId) -> dmkit_verbs::Result<Arc<dyn Connection>> + Send + Sync>;
+pub type Reconnect = Arc<dyn Fn(NodeId) -> dmkit_verbs::Result<Arc<dyn Connection>> + Send + Sync>;
 
 /// A server's regions as this client knows them, and which connection (`epoch`: one more
 /// per reconnection) they came from. Leases carry the epoch they were granted in: a lease of
@@ -915,12 +914,7 @@ impl GengarClient {
 
     /// [`GengarClient::flush`], awaited.
     pub async fn flush_async(&self) -> Result<()> {
-        let pending: Vec<Confirm> = self
-            .confirms
-            .lock()
-            .drain()
-            .flat_map(|(_, l)| l)
-            .collect();
+        let pending: Vec<Confirm> = self.confirms.lock().drain().flat_map(|(_, l)| l).collect();
         let mut first = None;
         for c in pending {
             if let Err(e) = c.confirmed().await {
@@ -1066,7 +1060,10 @@ impl GengarClient {
 
     /// Whether this client holds a valid lease on `addr` (the next access is one round trip).
     pub fn has_lease(&self, addr: GlobalAddr) -> bool {
-        let epoch = self.server(addr.server).ok().map(|s| s.regions.read().epoch);
+        let epoch = self
+            .server(addr.server)
+            .ok()
+            .map(|s| s.regions.read().epoch);
         self.table
             .lock()
             .get(&addr)

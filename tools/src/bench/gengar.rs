@@ -524,7 +524,11 @@ fn run_micro(args: &GengarArgs) -> Result<(), CliError> {
         return Err(CliError::usage("--workers must be at least 1"));
     }
     let rdma = args.backend == Backend::Rdma;
-    let object = if rdma { MICRO_OBJECT_RDMA } else { MICRO_OBJECT };
+    let object = if rdma {
+        MICRO_OBJECT_RDMA
+    } else {
+        MICRO_OBJECT
+    };
     let capacity = micro::dram_capacity_objects(MICRO_DRAM, object).map_err(rt)?;
     let defaults = MicroConfig::default();
     let cfg = MicroConfig {
@@ -748,8 +752,7 @@ fn run_micro(args: &GengarArgs) -> Result<(), CliError> {
             lat(gengar).mean() / lat(plain).mean().max(1e-12),
             None,
         );
-        let tput =
-            |o: &micro::ReadMixOutcome| o.ops() as f64 / elapsed(o).as_secs_f64().max(1e-12);
+        let tput = |o: &micro::ReadMixOutcome| o.ops() as f64 / elapsed(o).as_secs_f64().max(1e-12);
         report.ratio(
             &format!("gengar_{kind}_throughput_vs_plain"),
             tput(gengar) / tput(plain).max(1e-12),

@@ -276,7 +276,9 @@ pub fn run_read_mix(
         out.read_latency.add(&p.read_latency).expect("same bounds");
         out.op_latency.add(&p.op_latency).expect("same bounds");
         out.read_wall.add(&p.read_wall).expect("same bounds");
-        out.hot_read_wall.add(&p.hot_read_wall).expect("same bounds");
+        out.hot_read_wall
+            .add(&p.hot_read_wall)
+            .expect("same bounds");
         out.hot_reads += p.hot_reads;
         out.hot_read_rtts += p.hot_read_rtts;
         out.hot_reads_one_rtt += p.hot_reads_one_rtt;

@@ -395,12 +395,9 @@ impl Deployment {
     /// The RDMA device and address the servers listen on (rdma deployments only).
     #[cfg(feature = "rdma")]
     pub fn rdma_addrs(&self) -> Option<Vec<String>> {
-        self.rdma.as_ref().map(|(_, servers)| {
-            servers
-                .iter()
-                .map(|s| s.local_addr().to_string())
-                .collect()
-        })
+        self.rdma
+            .as_ref()
+            .map(|(_, servers)| servers.iter().map(|s| s.local_addr().to_string()).collect())
     }
 
     /// A new client with a fresh id (and, on sim, its own virtual clock).
