@@ -35,7 +35,7 @@ elif rtts > 1.01:
     problems.append(f"micro: hot reads took {rtts} round trips each (contract: 1)")
 print(f"micro: {hot} hot reads, {rtts} round trips each "
       f"({r.get('gengar_hot_reads_one_rtt_share')} of them exactly one); "
-      f"hot read p50 {gengar.get("hot_read_p50_us")} us = "
+      f"hot read p50 {gengar.get('hot_read_p50_us')} us = "
       f"{r.get('gengar_rdma_hot_read_p50_vs_perftest')} x perftest READ")
 for name, target, ok in [
     ("gengar_proxied_write_wait_vs_sync", "<= 0.2", lambda v: v <= 0.2),
@@ -57,9 +57,9 @@ for app, jobs in [("kv", ["kv-ycsb-a"]), ("wordcount", ["wordcount"]),
                 continue
             if m.get("checked") is not True:
                 problems.append(f"{app}: {job}/{config} not checked against single-process")
-            print(f"{job}/{config}: {m["time_s"]:.2f} s, vs plain "
-                  f"{m["vs_plain"]}, vs its round trips at perftest's "
-                  f"{m.get("vs_rtt_floor")}, result = single-process")
+            print(f"{job}/{config}: {m['time_s']:.2f} s, vs plain "
+                  f"{m['vs_plain']}, vs its round trips at perftest's "
+                  f"{m.get('vs_rtt_floor')}, result = single-process")
 
 if problems:
     print("check-gengar-rdma: " + "; ".join(problems), file=sys.stderr)
