@@ -3,7 +3,8 @@
 # ../shared/softroce/README.md): dmkit-verbs' conformance suite; `dmkit memnode --backend
 # rdma`, `dmkit bench verbs --backend rdma` (with perftest) and a FUSEE cluster as an operator
 # runs them (.ci/softroce-cli.sh); FUSEE's index grown past many splits by one and by two
-# clients (.ci/softroce-growth.sh); the FUSEE failover process tests over rdma. Fails
+# clients (.ci/softroce-growth.sh); Gengar on rdma (.ci/softroce-gengar.sh); the FUSEE
+# failover process tests over rdma. Fails
 # (non-zero) if the packages cannot be installed or the guest cannot boot: never passes
 # silently.
 set -euo pipefail
