@@ -124,7 +124,7 @@ fn jobs(args: &GengarArgs) -> Vec<Job> {
             let (records, operations) = match (quick, scale) {
                 (true, Scale::Sim) => (20_000, 40_000),
                 (true, Scale::Tcp) => (10_000, 20_000),
-                (true, Scale::Rdma) => (200, 400),
+                (true, Scale::Rdma) => (100, 200),
                 (false, Scale::Sim) => (100_000, 400_000),
                 (false, Scale::Tcp) => (50_000, 100_000),
                 (false, Scale::Rdma) => (10_000, 20_000),
@@ -160,7 +160,7 @@ fn jobs(args: &GengarArgs) -> Vec<Job> {
             let records = match (quick, scale) {
                 (true, Scale::Sim) => 100_000,
                 (true, Scale::Tcp) => 50_000,
-                (true, Scale::Rdma) => 2_500,
+                (true, Scale::Rdma) => 1_500,
                 (false, Scale::Sim) => 500_000,
                 (false, Scale::Tcp) => 200_000,
                 (false, Scale::Rdma) => 50_000,
@@ -555,7 +555,7 @@ fn run_micro(args: &GengarArgs) -> Result<(), CliError> {
     let writes = match (rdma, args.quick) {
         (false, true) => 6_000,
         (false, false) => 30_000,
-        (true, true) => 900,
+        (true, true) => 600,
         (true, false) => 6_000,
     };
     // The floors: a hot read (header and object in one round trip) and a write's round trip.
