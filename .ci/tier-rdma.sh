@@ -3,7 +3,8 @@
 # ../shared/softroce/README.md): dmkit-verbs' conformance suite; `dmkit memnode --backend
 # rdma`, `dmkit bench verbs --backend rdma` (with perftest) and a FUSEE cluster as an operator
 # runs them (.ci/softroce-cli.sh); FUSEE's index grown past many splits by one and by two
-# clients (.ci/softroce-growth.sh); the FUSEE failover process tests over rdma. Fails
+# clients (.ci/softroce-growth.sh); Gengar on rdma (.ci/softroce-gengar.sh); the FUSEE
+# failover process tests over rdma. Fails
 # (non-zero) if the packages cannot be installed or the guest cannot boot: never passes
 # silently.
 set -euo pipefail
@@ -39,6 +40,26 @@ SOFTROCE_TIMEOUT=900 CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="bash $RUNNER"
 # The dmkit binary over rdma, as operators run it.
 cargo build --release -p dmkit-tools --features rdma
 SOFTROCE_TIMEOUT=600 DMKIT="$PWD/target/release/dmkit" bash "$RUNNER" bash .ci/softroce-cli.sh
+
+# Gengar on rdma (.ci/softroce-gengar.sh, one guest boot): gengar-server --backend rdma and
+# `dmkit gengar` clients from a cluster file, a server SIGKILLed and restarted; `bench gengar
+# --backend rdma --quick` (micro and the three apps, perftest beside them, checked by
+# .ci/check-gengar-rdma.py); the Gengar process tests and linearizability histories over
+# rdma, their test binaries built here in one cargo invocation and run in the guest.
+GENGAR_TESTS=$(cargo test --release -p dmkit-tests --features rdma --no-run \
+  --test gengar_server_process --test gengar_linearizability --message-format=json \
+  | python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["executable"])')
+[ "$(echo "$GENGAR_TESTS" | wc -w)" = 2 ] || { echo "tier-rdma: Gengar test binaries not found" >&2; exit 1; }
+gengar_t0=$SECONDS
+SOFTROCE_TIMEOUT=900 DMKIT="$PWD/target/release/dmkit" OUT="$PWD/target/gengar-rdma" \
+  GENGAR_TESTS="$(echo $GENGAR_TESTS)" DMKIT_GENGAR_LIN_SEEDS=3 \
+  bash "$RUNNER" bash .ci/softroce-gengar.sh
+python3 .ci/check-gengar-rdma.py target/gengar-rdma
+echo "tier-rdma: Gengar on rdma took $((SECONDS - gengar_t0)) s in the guest"
 
 # FUSEE's operations on rdma: measured latency beside their own rounds replayed on queue
 # pairs, and the round-trip contract checked.

@@ -350,6 +350,7 @@ fn the_reference_names_every_flag_of_every_operator_command() {
         "resp",
         "ycsb",
         "gengar-server",
+        "gengar",
         "demo",
     ] {
         assert!(

@@ -1,7 +1,8 @@
-//! `dmkit gengar-server`: one Gengar server over tcp — an NVM pool in a file (created with
-//! `--size` when missing, opened with recovery otherwise; objects from the pool's object
+//! `dmkit gengar-server`: one Gengar server over tcp or rdma — an NVM pool in a file (created
+//! with `--size` when missing, opened with recovery otherwise; objects from the pool's object
 //! allocator) and a DRAM buffer for hot objects, with the hot-object window running on a
-//! background thread.
+//! background thread. On rdma both regions are registered with the NIC once, at start (a
+//! registration the memlock limit refuses stops the start with the limit and the fix).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,10 +11,9 @@ use dmkit_gengar::{GengarServer, ServerConfig};
 use dmkit_lease::{Clock, SystemClock};
 use dmkit_pmem_pool::{Pool, PoolOptions};
 use dmkit_verbs::NodeId;
-use dmkit_verbs::tcp::{TcpServer, TcpServerConfig};
 
-use crate::CliError;
 use crate::size::format_size;
+use crate::{Backend, CliError};
 
 /// Block size of a new Gengar pool (the object allocator's size classes go up to one block).
 const BLOCK: usize = 64 << 10;
@@ -26,6 +26,10 @@ pub struct GengarServerArgs {
     /// This server's id (its part of every global address; unique in the cluster).
     #[arg(long)]
     pub id: u16,
+    /// Verbs backend to serve with (rdma needs a dmkit built with --features rdma and an
+    /// RDMA interface address to listen on).
+    #[arg(long, value_enum, default_value_t = Backend::Tcp)]
+    pub backend: Backend,
     /// The NVM pool file (created if missing, with --size; opened with recovery otherwise).
     #[arg(long)]
     pub pool: std::path::PathBuf,
@@ -38,6 +42,11 @@ pub struct GengarServerArgs {
     /// Milliseconds between two hot-object windows (promotion and eviction).
     #[arg(long, default_value_t = 100)]
     pub window: u64,
+    /// Multiply every lease duration by this (the defaults suit round trips of microseconds;
+    /// on a fabric whose lease RPCs take milliseconds, e.g. SoftRoCE under emulation, leases
+    /// that short lapse between two accesses).
+    #[arg(long, default_value_t = 1)]
+    pub lease_scale: u32,
     /// A file holding the cluster secret; peers must prove they know it.
     #[arg(long, env = "DMKIT_SECRET_FILE")]
     pub secret_file: Option<std::path::PathBuf>,
@@ -47,18 +56,43 @@ pub struct GengarServerArgs {
 }
 
 pub fn run(args: GengarServerArgs) -> Result<(), CliError> {
+    match args.backend {
+        Backend::Tcp => {}
+        #[cfg(feature = "rdma")]
+        Backend::Rdma => {}
+        b => {
+            return Err(CliError::usage(format!(
+                "backend '{b}' cannot serve a Gengar server from this build (use --backend tcp{})",
+                if b == Backend::Rdma {
+                    ", or build dmkit with --features rdma"
+                } else {
+                    ""
+                }
+            )));
+        }
+    }
     if args.window == 0 {
         return Err(CliError::usage(
             "--window must be at least 1 (milliseconds)",
         ));
     }
+    if !(1..=1000).contains(&args.lease_scale) {
+        return Err(CliError::usage("--lease-scale must be 1 to 1000"));
+    }
     let dram = usize::try_from(args.dram)
         .map_err(|_| CliError::usage(format!("--dram {} is too large", args.dram)))?;
-    let secret = args
-        .secret_file
-        .as_deref()
-        .map(crate::memnode::read_secret)
-        .transpose()?;
+    let secret = match args.secret_file.as_deref() {
+        Some(p) => Some(crate::memnode::read_secret(p)?),
+        None if args.backend == Backend::Rdma => crate::connect::secret(None)?,
+        None => None,
+    };
+    if args.backend == Backend::Rdma && secret.is_some() {
+        return Err(CliError::usage(
+            "a cluster secret is set (DMKIT_SECRET, DMKIT_SECRET_FILE or --secret-file), but \
+             the rdma backend has none: on RDMA fabrics the network is the trust boundary \
+             (docs/RDMA.md); unset it, or serve over --backend tcp",
+        ));
+    }
     if let Some(m) = &args.metrics {
         let at = crate::metrics_http::serve(m).map_err(CliError::usage)?;
         eprintln!("dmkit gengar-server: metrics at http://{at}/metrics");
@@ -69,25 +103,21 @@ pub fn run(args: GengarServerArgs) -> Result<(), CliError> {
     let server = GengarServer::new(
         NodeId(args.id),
         pool,
-        ServerConfig {
-            dram_bytes: dram,
-            ..ServerConfig::default()
-        },
+        dmkit_tools::gengar_apps::scaled_leases(
+            ServerConfig {
+                dram_bytes: dram,
+                ..ServerConfig::default()
+            },
+            args.lease_scale,
+        ),
         clock,
     )
     .map_err(|e| CliError::usage(format!("cannot start the Gengar server: {e}")))?;
-    let tcp = TcpServer::start(
-        args.listen.as_str(),
-        server.node().clone(),
-        TcpServerConfig {
-            secret,
-            ..Default::default()
-        },
-    )
-    .map_err(|e| CliError::usage(e.to_string()))?;
+    let has_secret = secret.is_some();
+    let (_serving, addr, how) = serve(&args, server.node().clone(), secret)?;
     let _windows = server.spawn_windows(Duration::from_millis(args.window));
     eprintln!(
-        "dmkit gengar-server: node {} serving {} NVM pool {} ({}) and {} DRAM buffer, window {} ms on {} (tcp{})",
+        "dmkit gengar-server: node {} serving {} NVM pool {} ({}) and {} DRAM buffer, window {} ms on {} ({}{})",
         args.id,
         format_size(nvm_len),
         args.pool.display(),
@@ -98,8 +128,9 @@ pub fn run(args: GengarServerArgs) -> Result<(), CliError> {
         },
         format_size(dram as u64),
         args.window,
-        tcp.local_addr(),
-        if args.secret_file.is_some() {
+        addr,
+        how,
+        if has_secret {
             ", cluster secret required"
         } else {
             ""
@@ -107,6 +138,37 @@ pub fn run(args: GengarServerArgs) -> Result<(), CliError> {
     );
     loop {
         std::thread::park();
+    }
+}
+
+/// Serves `node` on `--listen` over `--backend`: the server (kept alive by the caller), its
+/// address and how it serves.
+fn serve(
+    args: &GengarServerArgs,
+    node: Arc<dmkit_verbs::MemoryNode>,
+    secret: Option<Vec<u8>>,
+) -> Result<(Box<dyn std::any::Any>, std::net::SocketAddr, String), CliError> {
+    match args.backend {
+        #[cfg(feature = "rdma")]
+        Backend::Rdma => {
+            use dmkit_verbs::rdma::{RdmaConfig, RdmaServer};
+            let _ = secret;
+            let cfg = RdmaConfig::from_env().map_err(|e| CliError::usage(e.to_string()))?;
+            let how = match &cfg.device {
+                Some(d) => format!("rdma on {d}"),
+                None => "rdma".to_string(),
+            };
+            // Registers the NVM pool and the DRAM buffer with the NIC now.
+            let server = RdmaServer::start(args.listen.as_str(), node, cfg)
+                .map_err(|e| CliError::usage(e.to_string()))?;
+            let addr = server.local_addr();
+            Ok((Box::new(server), addr, how))
+        }
+        _ => {
+            let server = crate::connect::serve_tcp(&args.listen, node, secret)?;
+            let addr = server.local_addr();
+            Ok((Box::new(server), addr, "tcp".to_string()))
+        }
     }
 }
 

@@ -5,6 +5,7 @@ mod bench;
 mod cluster_file;
 mod connect;
 mod demo;
+mod gengar_cmd;
 mod gengar_server;
 mod kv;
 mod master;
@@ -38,12 +39,14 @@ enum Cmd {
     Demo(demo::DemoArgs),
     /// Serve memory to clients (a memory node).
     Memnode(memnode::MemnodeArgs),
-    /// Serve a Gengar server: an NVM pool file and a DRAM buffer for hot objects, over tcp.
+    /// Serve a Gengar server: an NVM pool file and a DRAM buffer for hot objects, over tcp or rdma.
     GengarServer(gengar_server::GengarServerArgs),
     /// Initialise the cluster (format on first start) and serve its membership.
     Master(master::MasterArgs),
     /// One FUSEE operation: put KEY VALUE, get KEY, del KEY.
     Kv(kv::KvArgs),
+    /// One Gengar operation on the servers of a cluster file: alloc, write, read, free, stat.
+    Gengar(gengar_cmd::GengarArgs),
     /// A Redis-protocol (RESP2) gateway to FUSEE.
     Resp(resp_cmd::RespArgs),
     /// One FUSEE client process running a YCSB workload (load, run, summary, ack log).
@@ -217,6 +220,7 @@ fn main() -> ExitCode {
         Cmd::GengarServer(a) => gengar_server::run(a),
         Cmd::Master(a) => master::run(a),
         Cmd::Kv(a) => kv::run(a),
+        Cmd::Gengar(a) => gengar_cmd::run(a),
         Cmd::Resp(a) => resp_cmd::run(a),
         Cmd::Ycsb(a) => ycsb_cmd::run(a),
         Cmd::Bench(BenchCmd::Verbs(a)) => bench::verbs::run(a),

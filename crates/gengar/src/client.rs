@@ -2,16 +2,16 @@
 //! addresses, write-through, proxied writes with write confirms, and locks.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use dmkit_cache::{AccessCounter, CounterConfig};
 use dmkit_lease::{Clock, HeldLease};
 use dmkit_pmem_pool::ObjectHeader;
 use dmkit_verbs::wire::{Reader, Writer};
-use dmkit_verbs::{Endpoint, NodeId, RegionDesc, Tag, WriteConfirm};
-use parking_lot::Mutex;
+use dmkit_verbs::{Connection, Endpoint, NodeId, RegionDesc, Tag, WriteConfirm};
+use parking_lot::{Mutex, RwLock};
 
 use crate::addr::GlobalAddr;
 use crate::error::{Error, Result};
@@ -42,6 +42,12 @@ pub struct ClientConfig {
     pub counter: CounterConfig,
     /// How often a request the server answered "busy" (a fenced lease) is retried.
     pub busy_retry: Duration,
+    /// Post proxied writes from the client's proxy thread (Gengar's write proxy): the
+    /// writer returns once its data is copied and queued, whatever posting costs on the
+    /// backend — on a software NIC (SoftRoCE) the doorbell itself executes the write. Off,
+    /// the writer posts itself and returns once posted (the sim backend's modeled time
+    /// assumes that: its latency model charges a post, not a thread hand-over).
+    pub proxy_thread: bool,
 }
 
 impl Default for ClientConfig {
@@ -52,14 +58,32 @@ impl Default for ClientConfig {
             lock_timeout: Duration::from_secs(5),
             counter: CounterConfig::default(),
             busy_retry: Duration::from_micros(200),
+            proxy_thread: true,
         }
     }
 }
 
-#[derive(Debug)]
-struct ServerState {
+/// How a client makes a new connection to a Gengar server that restarted (or whose
+/// connection broke): the process that knows the servers' addresses supplies it
+/// ([`GengarClient::set_reconnect`]).
+pub type Reconnect = Arc<dyn Fn(NodeId) -> dmkit_verbs::Result<Arc<dyn Connection>> + Send + Sync>;
+
+/// A server's regions as this client knows them, and which connection (`epoch`: one more
+/// per reconnection) they came from. Leases carry the epoch they were granted in: a lease of
+/// an earlier connection — granted by a server process that may since have restarted with an
+/// empty DRAM buffer — is never used.
+#[derive(Debug, Clone, Copy)]
+struct Regions {
+    epoch: u64,
     nvm: RegionDesc,
     dram: RegionDesc,
+}
+
+#[derive(Debug)]
+struct ServerState {
+    regions: RwLock<Regions>,
+    /// Held while reconnecting, so that one caller reconnects and the others wait for it.
+    reconnecting: Mutex<()>,
     free_nvm: AtomicU64,
     free_dram: AtomicU64,
     counter: AccessCounter,
@@ -70,35 +94,164 @@ struct Entry {
     size: u32,
     location: Location,
     lease: HeldLease,
+    /// The server connection's epoch the lease was granted in.
+    epoch: u64,
 }
 
 /// A write confirm of Gengar: fires when every copy (DRAM and NVM) of the write completed.
 #[derive(Debug, Clone)]
-pub struct Confirm(Arc<Vec<WriteConfirm>>);
+pub struct Confirm(Arc<Posted>);
 
-impl Confirm {
-    /// Whether every part of the write has completed.
-    pub fn is_confirmed(&self) -> bool {
-        self.0.iter().all(WriteConfirm::is_confirmed)
+/// A proxied write's posting: set once the proxy (or the writer) posted every copy.
+#[derive(Debug)]
+struct Posted {
+    node: NodeId,
+    result: OnceLock<Result<Vec<WriteConfirm>>>,
+    notify: tokio::sync::Notify,
+}
+
+impl Posted {
+    fn new(node: NodeId) -> Arc<Self> {
+        Arc::new(Posted {
+            node,
+            result: OnceLock::new(),
+            notify: tokio::sync::Notify::new(),
+        })
     }
 
-    /// Waits for every part; the first failure.
+    fn set(&self, r: Result<Vec<WriteConfirm>>) {
+        let _ = self.result.set(r);
+        self.notify.notify_waiters();
+    }
+
+    /// Waits until the write is posted (or failed to be).
+    async fn posted(&self) -> &Result<Vec<WriteConfirm>> {
+        loop {
+            if let Some(r) = self.result.get() {
+                return r;
+            }
+            let n = self.notify.notified();
+            let mut n = std::pin::pin!(n);
+            n.as_mut().enable();
+            if let Some(r) = self.result.get() {
+                return r;
+            }
+            n.await;
+        }
+    }
+}
+
+/// A copy of a posting error (errors are not `Clone`).
+fn copy_error(node: NodeId, e: &Error) -> Error {
+    match e {
+        Error::ServerDown { node, reason } => Error::ServerDown {
+            node: *node,
+            reason: reason.clone(),
+        },
+        e => Error::Server {
+            node: node.0,
+            reason: e.to_string(),
+        },
+    }
+}
+
+impl Confirm {
+    /// Whether every part of the write has completed (or failed).
+    pub fn is_confirmed(&self) -> bool {
+        match self.0.result.get() {
+            None => false,
+            Some(Err(_)) => true,
+            Some(Ok(parts)) => parts.iter().all(WriteConfirm::is_confirmed),
+        }
+    }
+
+    /// Waits for every part; the first failure ([`Error::ServerDown`] when the server went
+    /// away before confirming: the write may or may not have landed).
     pub fn wait(&self) -> Result<()> {
         dmkit_verbs::block_on(self.confirmed())
     }
 
     /// [`Confirm::wait`], awaited.
     pub async fn confirmed(&self) -> Result<()> {
-        for c in self.0.iter() {
-            c.confirmed().await?;
+        match self.0.posted().await {
+            Err(e) => Err(copy_error(self.0.node, e)),
+            Ok(parts) => {
+                for c in parts {
+                    c.confirmed().await.map_err(node_error)?;
+                }
+                Ok(())
+            }
         }
-        Ok(())
+    }
+}
+
+/// A write for the proxy thread to post.
+struct ProxyJob {
+    parts: Vec<(dmkit_verbs::RemoteAddr, bool)>,
+    data: Vec<u8>,
+    done: Arc<Posted>,
+}
+
+/// The client's write proxy: a thread posting queued proxied writes in order, and the bound
+/// on the bytes queued for it (the endpoint's staging capacity: past it, writers wait).
+#[derive(Debug)]
+struct Proxy {
+    tx: std::sync::mpsc::Sender<ProxyJob>,
+    queued: Arc<AtomicUsize>,
+    limit: usize,
+}
+
+impl std::fmt::Debug for ProxyJob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxyJob")
+            .field("bytes", &self.data.len())
+            .finish()
+    }
+}
+
+impl Proxy {
+    fn start(ep: Endpoint) -> Result<Proxy> {
+        let (tx, rx) = std::sync::mpsc::channel::<ProxyJob>();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let q = queued.clone();
+        let limit = ep.staging_capacity();
+        std::thread::Builder::new()
+            .name("gengar-proxy".into())
+            .spawn(move || {
+                // Ends when the client (the only sender) is dropped and the queue is drained.
+                for job in rx {
+                    let mut posted = Vec::with_capacity(job.parts.len());
+                    let mut failed = None;
+                    for (remote, durable) in &job.parts {
+                        match ep.proxied_write(tags::WRITE, *remote, &job.data, *durable) {
+                            Ok(c) => posted.push(c),
+                            Err(e) => {
+                                failed = Some(node_error(e));
+                                break;
+                            }
+                        }
+                    }
+                    q.fetch_sub(job.data.len(), Ordering::AcqRel);
+                    job.done.set(match failed {
+                        None => Ok(posted),
+                        Some(e) => Err(e),
+                    });
+                }
+            })
+            .map_err(|e| Error::Setup(format!("cannot start the write proxy thread: {e}")))?;
+        Ok(Proxy { tx, queued, limit })
     }
 }
 
 /// A Gengar client. Share it (in an `Arc`) between threads or tasks: every operation has an
 /// `_async` form, and many may be in flight at once; the blocking forms wait for theirs.
-#[derive(Debug)]
+///
+/// **A server that goes away** (killed, restarted, its connection lost) fails the operations
+/// on *its* objects with [`Error::ServerDown`]; the other servers' objects are not affected
+/// (allocation skips it). With [`GengarClient::set_reconnect`], the next operation on that
+/// server connects again once it is back (and drops every lease of the old connection:
+/// a restarted server starts with an empty DRAM buffer and lease table). Writes that were
+/// confirmed before it went away are in its pool (durable NVM writes) and read back.
 pub struct GengarClient {
     ep: Endpoint,
     id: u64,
@@ -114,6 +267,49 @@ pub struct GengarClient {
     /// holder.
     local_locks: Mutex<HashMap<GlobalAddr, Arc<tokio::sync::Mutex<()>>>>,
     held: Mutex<HashMap<GlobalAddr, tokio::sync::OwnedMutexGuard<()>>>,
+    reconnect: Mutex<Option<Reconnect>>,
+    proxy: Option<Proxy>,
+}
+
+impl std::fmt::Debug for ReconnectSlot<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "set" } else { "none" })
+    }
+}
+
+struct ReconnectSlot<'a>(&'a Option<Reconnect>);
+
+/// A verbs error as the client reports it: a lost server is [`Error::ServerDown`].
+fn node_error(e: dmkit_verbs::Error) -> Error {
+    match e.node() {
+        Some(node) if e.is_node_failure() => Error::ServerDown {
+            node: node.0,
+            reason: e.to_string(),
+        },
+        _ => Error::Verbs(e),
+    }
+}
+
+/// The NVM pool and DRAM buffer regions of a Gengar server's region table.
+fn gengar_regions(node: NodeId, regions: &[RegionDesc]) -> Result<(RegionDesc, RegionDesc)> {
+    let find = |base| regions.iter().find(|r| r.base == base).copied();
+    match (find(NVM_BASE), find(DRAM_BASE)) {
+        (Some(nvm), Some(dram)) => Ok((nvm, dram)),
+        _ => Err(Error::NotAServer {
+            node: node.0,
+            reason: "it has no NVM pool and DRAM buffer regions".into(),
+        }),
+    }
+}
+
+impl std::fmt::Debug for GengarClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GengarClient")
+            .field("id", &self.id)
+            .field("servers", &self.servers.keys().collect::<Vec<_>>())
+            .field("reconnect", &ReconnectSlot(&self.reconnect.lock()))
+            .finish_non_exhaustive()
+    }
 }
 
 fn fail(node: NodeId, r: &mut Reader<'_>) -> String {
@@ -128,19 +324,16 @@ impl GengarClient {
     pub fn new(ep: Endpoint, id: u64, cfg: ClientConfig, clock: Arc<dyn Clock>) -> Result<Self> {
         let mut servers = BTreeMap::new();
         for node in ep.nodes() {
-            let regions = ep.regions(node)?;
-            let find = |base| regions.iter().find(|r| r.base == base).copied();
-            let (Some(nvm), Some(dram)) = (find(NVM_BASE), find(DRAM_BASE)) else {
-                return Err(Error::NotAServer {
-                    node: node.0,
-                    reason: "it has no NVM pool and DRAM buffer regions".into(),
-                });
-            };
+            let (nvm, dram) = gengar_regions(node, &ep.regions(node)?)?;
             servers.insert(
                 node,
                 ServerState {
-                    nvm,
-                    dram,
+                    regions: RwLock::new(Regions {
+                        epoch: 0,
+                        nvm,
+                        dram,
+                    }),
+                    reconnecting: Mutex::new(()),
                     free_nvm: AtomicU64::new(0),
                     free_dram: AtomicU64::new(0),
                     counter: AccessCounter::new(cfg.counter)
@@ -151,6 +344,11 @@ impl GengarClient {
         if servers.is_empty() {
             return Err(Error::Setup("no Gengar servers to use".into()));
         }
+        let proxy = if cfg.proxy_thread {
+            Some(Proxy::start(ep.clone())?)
+        } else {
+            None
+        };
         let c = GengarClient {
             ep,
             id,
@@ -162,6 +360,8 @@ impl GengarClient {
             accesses: AtomicU64::new(0),
             local_locks: Mutex::new(HashMap::new()),
             held: Mutex::new(HashMap::new()),
+            reconnect: Mutex::new(None),
+            proxy,
         };
         for node in c.servers.keys().copied().collect::<Vec<_>>() {
             dmkit_verbs::block_on(c.call(tags::ALLOC, node, Writer::tagged(tag::STAT).finish()))?;
@@ -182,10 +382,99 @@ impl GengarClient {
         self.servers.get(&node).ok_or(Error::UnknownServer(node.0))
     }
 
+    /// Sets how this client reconnects to a server whose connection was lost (a restarted
+    /// server, a broken link). Without one, such a server's objects fail with
+    /// [`Error::ServerDown`] for good.
+    pub fn set_reconnect(&self, reconnect: Reconnect) {
+        *self.reconnect.lock() = Some(reconnect);
+    }
+
+    /// The server's current regions, its connection checked first (see [`GengarClient::ensure`]).
+    fn regions(&self, node: NodeId) -> Result<Regions> {
+        self.ensure(node)?;
+        Ok(*self.server(node)?.regions.read())
+    }
+
+    /// Before using `node`: when its connection is known to be broken, connects again (with
+    /// the reconnect function) or fails with [`Error::ServerDown`].
+    fn ensure(&self, node: NodeId) -> Result<()> {
+        if self.ep.connection(node).is_ok_and(|c| c.is_alive()) {
+            return Ok(());
+        }
+        let s = self.server(node)?;
+        let _one = s.reconnecting.lock();
+        if self.ep.connection(node).is_ok_and(|c| c.is_alive()) {
+            // Another caller reconnected meanwhile.
+            return Ok(());
+        }
+        self.forget_server(node);
+        let Some(rc) = self.reconnect.lock().clone() else {
+            return Err(Error::ServerDown {
+                node: node.0,
+                reason: "its connection is lost (this client has no way to reconnect)".into(),
+            });
+        };
+        let conn = rc(node).map_err(|e| Error::ServerDown {
+            node: node.0,
+            reason: format!("reconnecting failed: {e}"),
+        })?;
+        if conn.node() != node {
+            let found = conn.node();
+            conn.close();
+            return Err(Error::ServerDown {
+                node: node.0,
+                reason: format!("its address now answers as server {found}"),
+            });
+        }
+        let (nvm, dram) = match gengar_regions(node, &conn.regions()) {
+            Ok(r) => r,
+            Err(e) => {
+                conn.close();
+                return Err(e);
+            }
+        };
+        self.ep.add_connection(conn);
+        {
+            let mut r = s.regions.write();
+            r.epoch += 1;
+            r.nvm = nvm;
+            r.dram = dram;
+        }
+        // Leases taken while this ran belong to the old connection too.
+        self.forget_server(node);
+        metrics::counter!("dmkit_gengar_reconnects_total").increment(1);
+        tracing::info!(server = %node, "reconnected to Gengar server");
+        Ok(())
+    }
+
+    /// Drops every lease this client holds on `node`'s objects.
+    fn forget_server(&self, node: NodeId) {
+        self.table.lock().retain(|a, _| a.server != node);
+    }
+
+    /// A verbs error of an operation on `node`: a lost server drops its leases and is
+    /// reported as [`Error::ServerDown`].
+    fn verbs_error(&self, node: NodeId, e: dmkit_verbs::Error) -> Error {
+        if e.is_node_failure() {
+            self.forget_server(node);
+            Error::ServerDown {
+                node: node.0,
+                reason: e.to_string(),
+            }
+        } else {
+            Error::Verbs(e)
+        }
+    }
+
     /// One RPC; returns the status and the rest of the reply, after noting free capacity.
     async fn call(&self, t: Tag, node: NodeId, req: Vec<u8>) -> Result<(Status, Vec<u8>)> {
         let s = self.server(node)?;
-        let reply = self.ep.rpc_async(t, node, &req).await?;
+        self.ensure(node)?;
+        let reply = self
+            .ep
+            .rpc_async(t, node, &req)
+            .await
+            .map_err(|e| self.verbs_error(node, e))?;
         let mut r = Reader::new(&reply);
         let ReplyHead {
             status,
@@ -219,14 +508,24 @@ impl GengarClient {
         let size32 = u32::try_from(size).map_err(|_| Error::OutOfSpace { size })?;
         let mut order: Vec<_> = self.free_nvm();
         order.sort_by_key(|(n, f)| (std::cmp::Reverse(*f), *n));
+        let mut down = None;
         for (node, _) in order {
-            let (st, rest) = self
+            let (st, rest) = match self
                 .call(
                     tags::ALLOC,
                     node,
                     Writer::tagged(tag::ALLOC).u32(size32).finish(),
                 )
-                .await?;
+                .await
+            {
+                Ok(r) => r,
+                // Place the object on another server.
+                Err(e @ Error::ServerDown { .. }) => {
+                    down = Some(e);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let mut r = Reader::new(&rest);
             match st {
                 Status::Ok => {
@@ -253,7 +552,8 @@ impl GengarClient {
                 }
             }
         }
-        Err(Error::OutOfSpace { size })
+        // No server had room: say so, unless one that might have had it is down.
+        Err(down.unwrap_or(Error::OutOfSpace { size }))
     }
 
     /// Frees an object. The server waits until every lease on it expired, so no client reads
@@ -289,14 +589,16 @@ impl GengarClient {
 
     /// A valid lease for `addr`, from the table or (one more round trip) from its server.
     async fn entry(&self, t: Tag, addr: GlobalAddr) -> Result<Entry> {
+        let epoch = self.regions(addr.server)?.epoch;
         if let Some(e) = self.table.lock().get(&addr) {
-            if e.lease.is_valid(self.clock.now()) {
+            if e.epoch == epoch && e.lease.is_valid(self.clock.now()) {
                 return Ok(*e);
             }
         }
         let deadline = Instant::now() + self.cfg.lock_timeout;
         loop {
             let requested_at = self.clock.now();
+            let epoch = self.regions(addr.server)?.epoch;
             let (st, rest) = self
                 .call(
                     t,
@@ -325,7 +627,12 @@ impl GengarClient {
                             Duration::from_nanos(g.duration_ns),
                             self.cfg.lease_skew,
                         ),
+                        epoch,
                     };
+                    if self.server(addr.server)?.regions.read().epoch != epoch {
+                        // Granted by a connection that has since been replaced: ask again.
+                        continue;
+                    }
                     self.table.lock().insert(addr, e);
                     return Ok(e);
                 }
@@ -378,7 +685,14 @@ impl GengarClient {
             for e in &rep.entries {
                 w = w.u64(e.obj).u64(e.count);
             }
-            self.call(tags::REPORT, *node, w.finish()).await?;
+            match self.call(tags::REPORT, *node, w.finish()).await {
+                Ok(_) => {}
+                // A lost server's window is lost with it; the others still get theirs.
+                Err(Error::ServerDown { node, reason }) => {
+                    tracing::debug!(server = node, %reason, "hot-object report not delivered");
+                }
+                Err(e) => return Err(e),
+            }
         }
         Ok(())
     }
@@ -400,10 +714,14 @@ impl GengarClient {
 
     /// [`GengarClient::read_at`], awaited.
     pub async fn read_at_async(&self, addr: GlobalAddr, at: usize, len: usize) -> Result<Vec<u8>> {
-        let s = self.server(addr.server)?;
+        // Reads see this client's own proxied writes.
+        self.wait_posted(addr).await;
         for _ in 0..8 {
             let e = self.entry(tags::READ, addr).await?;
             check_range(addr, at, len, e.size)?;
+            let Some(s) = self.current(addr, &e)? else {
+                continue;
+            };
             // The header word precedes the payload: read it with the data, in one READ, and
             // check the generation so a freed or reused slot is never returned as the object.
             let (remote, want_gen) = match e.location {
@@ -413,7 +731,11 @@ impl GengarClient {
             let mut b = self.ep.batch(addr.server);
             let hdr = b.read(remote, 8);
             let data = b.read(remote.add(8 + at as u64), len);
-            let res = self.ep.execute_async(tags::READ, b).await?;
+            let res = match self.ep.execute_async(tags::READ, b).await {
+                Ok(r) => r,
+                Err(dmkit_verbs::Error::RemoteAccess { .. }) if self.replaced(addr, &e) => continue,
+                Err(err) => return Err(self.verbs_error(addr.server, err)),
+            };
             let h = ObjectHeader::from_word(u64::from_le_bytes(
                 res.read(hdr).try_into().expect("8 bytes"),
             ));
@@ -431,22 +753,67 @@ impl GengarClient {
         Err(Error::Freed(addr))
     }
 
+    /// The regions to use with lease `e`, or `None` when its server's connection was replaced
+    /// since the lease was granted (the lease is dropped: take a new one).
+    fn current(&self, addr: GlobalAddr, e: &Entry) -> Result<Option<Regions>> {
+        let r = self.regions(addr.server)?;
+        if r.epoch == e.epoch {
+            return Ok(Some(r));
+        }
+        self.table.lock().remove(&addr);
+        Ok(None)
+    }
+
+    /// After a remote access error: whether the lease `e` came from a connection that has
+    /// been replaced meanwhile (its rkeys are the old server's: take a new lease and retry).
+    fn replaced(&self, addr: GlobalAddr, e: &Entry) -> bool {
+        let now = self
+            .server(addr.server)
+            .map(|s| s.regions.read().epoch)
+            .unwrap_or(e.epoch);
+        if now != e.epoch {
+            self.table.lock().remove(&addr);
+        }
+        now != e.epoch
+    }
+
+    /// The lease of `addr` and where to write, from a connection still current.
+    async fn write_target(
+        &self,
+        addr: GlobalAddr,
+        at: usize,
+        data: &[u8],
+    ) -> Result<(Entry, Vec<(dmkit_verbs::RemoteAddr, bool)>)> {
+        for _ in 0..8 {
+            let e = self.entry(tags::WRITE, addr).await?;
+            if let Some(parts) = self.write_batches(addr, at, data, &e)? {
+                return Ok((e, parts));
+            }
+        }
+        Err(Error::ServerDown {
+            node: addr.server.0,
+            reason: "its connection keeps being replaced".into(),
+        })
+    }
+
     fn write_batches(
         &self,
         addr: GlobalAddr,
         at: usize,
         data: &[u8],
         e: &Entry,
-    ) -> Result<Vec<(dmkit_verbs::RemoteAddr, bool)>> {
+    ) -> Result<Option<Vec<(dmkit_verbs::RemoteAddr, bool)>>> {
         check_range(addr, at, data.len(), e.size)?;
-        let s = self.server(addr.server)?;
+        let Some(s) = self.current(addr, e)? else {
+            return Ok(None);
+        };
         // Write-through: the DRAM copy (if cached) and always the NVM copy, durably.
         let mut parts = Vec::with_capacity(2);
         if let Location::Dram { offset, .. } = e.location {
             parts.push((s.dram.at(offset + at as u64), false));
         }
         parts.push((s.nvm.at(addr.offset + at as u64), true));
-        Ok(parts)
+        Ok(Some(parts))
     }
 
     /// Writes `data` at `at` inside the object and returns when every copy is updated (NVM
@@ -457,8 +824,9 @@ impl GengarClient {
 
     /// [`GengarClient::write`], awaited.
     pub async fn write_async(&self, addr: GlobalAddr, at: usize, data: &[u8]) -> Result<()> {
-        let e = self.entry(tags::WRITE, addr).await?;
-        let parts = self.write_batches(addr, at, data, &e)?;
+        // After this client's earlier proxied writes to the object, never before.
+        self.wait_posted(addr).await;
+        let (e, parts) = self.write_target(addr, at, data).await?;
         let mut b = self.ep.batch(addr.server);
         for (remote, durable) in parts {
             if durable {
@@ -467,8 +835,14 @@ impl GengarClient {
                 b.write(remote, data);
             }
         }
-        self.ep.execute_async(tags::WRITE, b).await?;
-        Ok(())
+        match self.ep.execute_async(tags::WRITE, b).await {
+            Ok(_) => Ok(()),
+            // The old server's rkeys on a new connection: nothing was written; once more.
+            Err(dmkit_verbs::Error::RemoteAccess { .. }) if self.replaced(addr, &e) => {
+                Box::pin(self.write_async(addr, at, data)).await
+            }
+            Err(err) => Err(self.verbs_error(addr.server, err)),
+        }
     }
 
     /// Proxied write: returns once the data is staged and posted; the confirm fires when the
@@ -485,17 +859,42 @@ impl GengarClient {
         at: usize,
         data: &[u8],
     ) -> Result<Confirm> {
-        let e = self.entry(tags::WRITE, addr).await?;
-        let parts = self.write_batches(addr, at, data, &e)?;
-        let mut confirms = Vec::with_capacity(parts.len());
-        for (remote, durable) in parts {
-            confirms.push(
-                self.ep
-                    .proxied_write_async(tags::WRITE, remote, data, durable)
-                    .await?,
-            );
+        let (_, parts) = self.write_target(addr, at, data).await?;
+        let done = Posted::new(addr.server);
+        match &self.proxy {
+            Some(p) => {
+                // Bounded: past the staging capacity queued, wait for the proxy to catch up.
+                let len = data.len();
+                while p.queued.load(Ordering::Acquire) > 0
+                    && p.queued.load(Ordering::Acquire) + len > p.limit
+                {
+                    dmkit_verbs::sleep(Duration::from_micros(50)).await;
+                }
+                p.queued.fetch_add(len, Ordering::AcqRel);
+                let job = ProxyJob {
+                    parts,
+                    data: data.to_vec(),
+                    done: done.clone(),
+                };
+                if p.tx.send(job).is_err() {
+                    p.queued.fetch_sub(len, Ordering::AcqRel);
+                    return Err(Error::Setup("the write proxy thread is gone".into()));
+                }
+            }
+            None => {
+                let mut confirms = Vec::with_capacity(parts.len());
+                for (remote, durable) in parts {
+                    confirms.push(
+                        self.ep
+                            .proxied_write_async(tags::WRITE, remote, data, durable)
+                            .await
+                            .map_err(|e| self.verbs_error(addr.server, e))?,
+                    );
+                }
+                done.set(Ok(confirms));
+            }
         }
-        let c = Confirm(Arc::new(confirms));
+        let c = Confirm(done);
         let mut all = self.confirms.lock();
         let list = all.entry(addr).or_default();
         // Confirms mostly fire in posting order: dropping the confirmed ones at the front keeps
@@ -515,9 +914,34 @@ impl GengarClient {
 
     /// [`GengarClient::flush`], awaited.
     pub async fn flush_async(&self) -> Result<()> {
-        self.ep.flush_async().await?;
-        self.confirms.lock().clear();
-        Ok(())
+        let pending: Vec<Confirm> = self.confirms.lock().drain().flat_map(|(_, l)| l).collect();
+        let mut first = None;
+        for c in pending {
+            if let Err(e) = c.confirmed().await {
+                first.get_or_insert(e);
+            }
+        }
+        let r = self.ep.flush_async().await.map_err(node_error);
+        match first {
+            Some(e) => Err(e),
+            None => r,
+        }
+    }
+
+    /// Waits until this client's queued proxied writes to `addr` are posted, so that what it
+    /// posts next on the connection (a read, a write) executes after them.
+    async fn wait_posted(&self, addr: GlobalAddr) {
+        if self.proxy.is_none() {
+            return;
+        }
+        let last = self
+            .confirms
+            .lock()
+            .get(&addr)
+            .and_then(|l| l.back().cloned());
+        if let Some(c) = last {
+            c.0.posted().await;
+        }
     }
 
     async fn wait_confirms(&self, addr: GlobalAddr) -> Result<()> {
@@ -636,10 +1060,14 @@ impl GengarClient {
 
     /// Whether this client holds a valid lease on `addr` (the next access is one round trip).
     pub fn has_lease(&self, addr: GlobalAddr) -> bool {
+        let epoch = self
+            .server(addr.server)
+            .ok()
+            .map(|s| s.regions.read().epoch);
         self.table
             .lock()
             .get(&addr)
-            .is_some_and(|e| e.lease.is_valid(self.clock.now()))
+            .is_some_and(|e| Some(e.epoch) == epoch && e.lease.is_valid(self.clock.now()))
     }
 
     /// Whether this client's lease on `addr` points at a DRAM copy.

@@ -32,6 +32,11 @@ pub enum Error {
     /// A server's region table does not look like a Gengar server's.
     #[error("memory node {node} is not a Gengar server: {reason}")]
     NotAServer { node: u16, reason: String },
+    /// The object's server is unreachable (killed, restarting, its link down): operations on
+    /// its objects fail with this until it is back (and the client reconnected, see
+    /// [`crate::GengarClient::set_reconnect`]); other servers' objects are not affected.
+    #[error("Gengar server {node} is down: {reason}")]
+    ServerDown { node: u16, reason: String },
     /// The server refused a request (the message says why).
     #[error("server {node} refused: {reason}")]
     Server { node: u16, reason: String },

@@ -19,6 +19,20 @@
 //!   object waits for the object's outstanding confirms.
 //! - **Stale addresses** are detected by generation: a read never returns a freed or
 //!   re-allocated object's bytes.
+//! - **Proxied writes go through the client's write proxy** (a thread per client,
+//!   [`ClientConfig::proxy_thread`]): the writer returns once its data is copied and queued
+//!   (bounded by the endpoint's staging capacity), whatever posting costs on the backend — on
+//!   a software NIC such as SoftRoCE, the doorbell itself executes the write. The client's
+//!   own later reads and writes of that object wait until it is posted, so they see it.
+//! - **Any verbs backend.** Serve [`GengarServer::node`] with `sim`, `tcp` or `rdma`
+//!   (`dmkit_verbs::rdma::RdmaServer`, which registers the NVM pool and the DRAM buffer with
+//!   the NIC once); hot reads from a DRAM copy are then one RDMA READ of header and payload.
+//!   `dmkit gengar-server --backend rdma` serves one; the rdma tier runs these tests on
+//!   SoftRoCE.
+//! - **Servers that go away.** A server killed or unreachable fails the operations on its own
+//!   objects with [`Error::ServerDown`], at once; the others go on. With
+//!   [`GengarClient::set_reconnect`] the client connects again when it is back and drops the
+//!   old connection's leases; confirmed writes are in its pool and read back.
 //! - **Many operations in flight.** Every operation has an `_async` form; one client (in an
 //!   `Arc`) is shared by threads and tasks, as FUSEE's coroutines share theirs. A lock is
 //!   held by one caller of the client at a time (not re-entrant): another task of the same
@@ -62,6 +76,6 @@ mod proto;
 mod server;
 
 pub use addr::GlobalAddr;
-pub use client::{ClientConfig, Confirm, GengarClient, tags};
+pub use client::{ClientConfig, Confirm, GengarClient, Reconnect, tags};
 pub use error::{Error, Result};
 pub use server::{DRAM_BASE, GengarServer, NVM_BASE, ServerConfig, ServerStats, WindowThread};

@@ -7,14 +7,22 @@
 //! cache, synchronous writes), + DRAM cache (GengarD), + proxied writes (GengarR) and both
 //! (Gengar) — with each configuration's time and its ratio to the plain pool. On `sim` the time
 //! is modeled (the latency model's virtual time: network and media, no CPU); on `tcp` it is
-//! measured wall time over loopback. Every run checks its result against a single-process
-//! computation and fails on a mismatch.
+//! measured wall time over loopback; on `rdma` (a dmkit built with `--features rdma`) it is
+//! measured wall time on the first active RDMA device, the servers in this process behind
+//! `RdmaServer`s and every client connected through rdma-cm. Every run checks its result
+//! against a single-process computation and fails on a mismatch.
+//!
+//! On rdma both benches also run perftest (`ib_read_lat`) on the same device in the same run:
+//! its READ round trip is the floor each line is set beside (`..._vs_perftest`,
+//! `..._vs_rtt_floor`), and the micro-benchmark measures its read side there too (wall time)
+//! and checks, by the round-trip accounting, that hot reads (a valid lease on a DRAM copy)
+//! take one round trip.
 
 use std::time::Duration;
 
 use dmkit_gengar::ServerConfig;
 use dmkit_tools::gengar_apps::{
-    Deployment, DeploymentConfig, Outcome, WriteMode, kv, pagerank, wordcount,
+    Deployment, DeploymentConfig, Outcome, WriteMode, kv, pagerank, scaled_leases, wordcount,
 };
 use serde_json::{Map, Value};
 
@@ -35,8 +43,9 @@ pub struct GengarArgs {
     /// The workload (default: the micro-benchmark).
     #[arg(long, value_enum)]
     pub app: Option<App>,
-    /// Backend of the apps: sim (modeled time) or tcp (measured wall time). The micro-benchmark
-    /// always models its read side on sim and measures its write side on tcp.
+    /// Backend: sim (modeled time), tcp (measured wall time; the micro-benchmark models its
+    /// read side on sim and measures its write side on tcp) or rdma (everything measured on
+    /// the RDMA device, with perftest beside it).
     #[arg(long, value_enum, default_value_t = Backend::Sim)]
     pub backend: Backend,
     /// A short run (under a minute on two cores).
@@ -57,6 +66,19 @@ const CONFIGS: [(&str, bool, WriteMode); 4] = [
     ("proxied", false, WriteMode::Proxied),
     ("dram+proxied", true, WriteMode::Proxied),
 ];
+
+/// On rdma, lease durations are this many times Gengar's defaults (see
+/// [`scaled_leases`]): an emulated device's round trips are some hundred times a NIC's.
+const RDMA_LEASE_SCALE: u32 = 20;
+
+/// The servers' settings on `backend` (leases scaled on rdma).
+fn server_cfg(backend: Backend, cfg: ServerConfig) -> ServerConfig {
+    if backend == Backend::Rdma {
+        scaled_leases(cfg, RDMA_LEASE_SCALE)
+    } else {
+        cfg
+    }
+}
 
 /// DRAM buffer per server in the cache configurations.
 const DRAM_BYTES: usize = 4 << 20;
@@ -79,21 +101,44 @@ struct Job {
     run: RunJob,
 }
 
+/// How large the apps run on a backend: sim, tcp or rdma (an emulated RDMA device moves
+/// some tens of MB/s: its runs are the smallest).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Scale {
+    Sim,
+    Tcp,
+    Rdma,
+}
+
 fn jobs(args: &GengarArgs) -> Vec<Job> {
     let quick = args.quick;
-    let tcp = args.backend != Backend::Sim;
+    let scale = match args.backend {
+        Backend::Sim => Scale::Sim,
+        Backend::Tcp => Scale::Tcp,
+        Backend::Rdma => Scale::Rdma,
+    };
     let per_server = |bytes: usize| (bytes / SERVERS as usize + (32 << 20)).next_power_of_two();
     match args.app.unwrap_or(App::Micro) {
         App::Micro => Vec::new(),
         App::Kv => {
-            let (records, operations) = match (quick, tcp) {
-                (true, false) => (20_000, 40_000),
-                (true, true) => (10_000, 20_000),
-                (false, false) => (100_000, 400_000),
-                (false, true) => (50_000, 100_000),
+            let (records, operations) = match (quick, scale) {
+                (true, Scale::Sim) => (20_000, 40_000),
+                (true, Scale::Tcp) => (10_000, 20_000),
+                (true, Scale::Rdma) => (100, 200),
+                (false, Scale::Sim) => (100_000, 400_000),
+                (false, Scale::Tcp) => (50_000, 100_000),
+                (false, Scale::Rdma) => (10_000, 20_000),
             };
-            ['a', 'b']
-                .into_iter()
+            // A quick run on rdma runs YCSB-A only (an emulated device's lock RPCs take
+            // milliseconds: CI time).
+            let workloads: &[char] = if quick && scale == Scale::Rdma {
+                &['a']
+            } else {
+                &['a', 'b']
+            };
+            workloads
+                .iter()
+                .copied()
                 .map(|workload| {
                     let cfg = kv::KvConfig {
                         workload,
@@ -112,11 +157,13 @@ fn jobs(args: &GengarArgs) -> Vec<Job> {
                 .collect()
         }
         App::Wordcount => {
-            let records = match (quick, tcp) {
-                (true, false) => 100_000,
-                (true, true) => 50_000,
-                (false, false) => 500_000,
-                (false, true) => 200_000,
+            let records = match (quick, scale) {
+                (true, Scale::Sim) => 100_000,
+                (true, Scale::Tcp) => 50_000,
+                (true, Scale::Rdma) => 1_500,
+                (false, Scale::Sim) => 500_000,
+                (false, Scale::Tcp) => 200_000,
+                (false, Scale::Rdma) => 50_000,
             };
             let cfg = wordcount::WordCountConfig {
                 records,
@@ -132,8 +179,13 @@ fn jobs(args: &GengarArgs) -> Vec<Job> {
         }
         App::Pagerank => {
             let cfg = pagerank::PageRankConfig {
-                scale: if quick { 16 } else { 18 },
-                iterations: 10,
+                scale: match (quick, scale) {
+                    (true, Scale::Rdma) => 10,
+                    (false, Scale::Rdma) => 14,
+                    (true, _) => 16,
+                    (false, _) => 18,
+                },
+                iterations: if scale == Scale::Rdma { 5 } else { 10 },
                 ..pagerank::PageRankConfig::default()
             };
             let g = std::sync::Arc::new(pagerank::rmat(cfg.scale, cfg.edge_factor, cfg.seed));
@@ -153,18 +205,13 @@ pub fn run(args: GengarArgs) -> Result<(), CliError> {
     if args.app.is_none_or(|a| a == App::Micro) {
         return run_micro(&args);
     }
-    let modeled = match args.backend {
-        Backend::Sim => true,
-        Backend::Tcp => false,
-        Backend::Rdma => {
-            return Err(CliError::usage(
-                "bench gengar runs in one process on sim or tcp",
-            ));
-        }
-    };
+    let modeled = args.backend == Backend::Sim;
     if args.workers == 0 {
         return Err(CliError::usage("--workers must be at least 1"));
     }
+    check_backend(args.backend)?;
+    // On rdma: the device's READ round trip, from perftest in this run.
+    let floor = perftest_floor(args.backend, &[64])?;
     let app = format!("{:?}", args.app.unwrap_or(App::Micro)).to_lowercase();
     let mut report = Report::new("gengar");
     report.config("app", app.clone());
@@ -175,12 +222,18 @@ pub fn run(args: GengarArgs) -> Result<(), CliError> {
     report.config("dram_bytes_per_server", DRAM_BYTES as u64);
     report.config(
         "time",
-        if modeled {
-            "modeled (sim latency model, virtual time: network and media, no CPU)"
-        } else {
-            "measured (wall time, tcp over loopback, one process)"
+        match args.backend {
+            Backend::Sim => "modeled (sim latency model, virtual time: network and media, no CPU)",
+            Backend::Tcp => "measured (wall time, tcp over loopback, one process)",
+            Backend::Rdma => {
+                "measured (wall time, rdma on the device, servers and clients in one process)"
+            }
         },
     );
+    if let Some(f) = &floor {
+        f.configure(&mut report);
+        report.config("lease_scale", u64::from(RDMA_LEASE_SCALE));
+    }
     let jobs = jobs(&args);
     let pb = progress((jobs.len() * CONFIGS.len()) as u64, "Gengar apps");
     for job in &jobs {
@@ -189,19 +242,17 @@ pub fn run(args: GengarArgs) -> Result<(), CliError> {
             let cfg = DeploymentConfig {
                 servers: SERVERS,
                 nvm_bytes: job.nvm_bytes,
-                server: ServerConfig {
-                    dram_bytes: if cache { DRAM_BYTES } else { 0 },
-                    min_hot_count: 1,
-                    ..ServerConfig::default()
-                },
+                server: server_cfg(
+                    args.backend,
+                    ServerConfig {
+                        dram_bytes: if cache { DRAM_BYTES } else { 0 },
+                        min_hot_count: 1,
+                        ..ServerConfig::default()
+                    },
+                ),
                 ..DeploymentConfig::default()
             };
-            let d = if modeled {
-                Deployment::sim(&cfg, true)
-            } else {
-                Deployment::tcp(&cfg)
-            }
-            .map_err(rt)?;
+            let d = deploy(args.backend, &cfg)?;
             let out = (job.run)(&d, args.workers, mode).map_err(|e| {
                 CliError::runtime(format!("{} ({name}): {}", job.label, e.message()))
             })?;
@@ -244,6 +295,17 @@ pub fn run(args: GengarArgs) -> Result<(), CliError> {
             extra.insert("phases".into(), Value::Object(phases));
             extra.insert("promotions".into(), Value::from(d.promotions()));
             extra.insert("checked".into(), Value::from(true));
+            if let Some(f) = &floor {
+                // The round trips one worker made, each at perftest's READ round trip: what
+                // the device alone would take for them.
+                let per_worker = out.round_trips as f64 / args.workers as f64;
+                let floor_s = per_worker * f.read_us(64) / 1e6;
+                extra.insert("rtt_floor_s".into(), Value::from(floor_s));
+                extra.insert(
+                    "vs_rtt_floor".into(),
+                    Value::from(round3(timed.as_secs_f64() / floor_s.max(1e-12))),
+                );
+            }
             for (k, v) in &out.notes {
                 extra.insert(k.clone(), Value::from(v.clone()));
             }
@@ -268,7 +330,7 @@ pub fn run(args: GengarArgs) -> Result<(), CliError> {
         }
     }
     pb.finish_and_clear();
-    print_table(&report, modeled);
+    print_table(&report, args.backend);
     if let Some(p) = &args.json {
         report.write_json(p).map_err(CliError::runtime)?;
     }
@@ -279,11 +341,11 @@ fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
-fn print_table(r: &Report, modeled: bool) {
-    let kind = if modeled {
-        "modeled (sim latency model)"
-    } else {
-        "measured (tcp, wall time)"
+fn print_table(r: &Report, backend: Backend) {
+    let kind = match backend {
+        Backend::Sim => "modeled (sim latency model)",
+        Backend::Tcp => "measured (tcp, wall time)",
+        Backend::Rdma => "measured (rdma on the device, wall time)",
     };
     println!("gengar bench — times {kind}; every configuration's result checked");
     println!(
@@ -312,6 +374,116 @@ fn print_table(r: &Report, modeled: bool) {
     }
     println!("(time = the timed part: kv run phase, wordcount map+reduce, pagerank iterations;");
     println!(" setup = kv load, wordcount TeraGen, pagerank graph load; vs plain < 1 is faster)");
+    if backend == Backend::Rdma {
+        let us = r
+            .config
+            .get("perftest_ib_read_lat_us")
+            .and_then(Value::as_object)
+            .and_then(|m| m.get("64"))
+            .and_then(Value::as_f64)
+            .unwrap_or(f64::NAN);
+        println!("perftest on the same device, same run: ib_read_lat 64 B = {us:.1} us");
+        for m in &r.results {
+            if let Some(v) = m.extra.get("vs_rtt_floor").and_then(Value::as_f64) {
+                println!(
+                    "  {:<28} time vs its round trips at perftest's READ round trip: {v:.2}",
+                    m.name
+                );
+            }
+        }
+    }
+}
+
+/// Refuses a backend this build cannot run.
+fn check_backend(b: Backend) -> Result<(), CliError> {
+    if b == Backend::Rdma && !cfg!(feature = "rdma") {
+        return Err(CliError::usage(
+            "this build has no rdma backend (build dmkit with --features rdma)",
+        ));
+    }
+    Ok(())
+}
+
+/// Gengar servers in this process on `backend`.
+fn deploy(backend: Backend, cfg: &DeploymentConfig) -> Result<Deployment, CliError> {
+    match backend {
+        Backend::Sim => Deployment::sim(cfg, true).map_err(rt),
+        Backend::Tcp => Deployment::tcp(cfg).map_err(rt),
+        #[cfg(feature = "rdma")]
+        Backend::Rdma => Deployment::rdma(cfg).map_err(rt),
+        #[cfg(not(feature = "rdma"))]
+        Backend::Rdma => Err(CliError::usage(
+            "this build has no rdma backend (build dmkit with --features rdma)",
+        )),
+    }
+}
+
+/// perftest's READ round trip on the device the rdma deployments use, per message size (µs,
+/// `ib_read_lat`'s typical latency), measured in this run.
+struct Floor {
+    device: String,
+    read_us: Vec<(usize, f64)>,
+}
+
+impl Floor {
+    fn read_us(&self, size: usize) -> f64 {
+        self.read_us
+            .iter()
+            .find(|(s, _)| *s == size)
+            .map_or(f64::NAN, |(_, u)| *u)
+    }
+
+    fn configure(&self, report: &mut Report) {
+        report.config("perftest_device", self.device.clone());
+        let m: Map<String, Value> = self
+            .read_us
+            .iter()
+            .map(|(s, u)| (s.to_string(), Value::from(round3(*u))))
+            .collect();
+        report.config("perftest_ib_read_lat_us", Value::Object(m));
+    }
+}
+
+/// On rdma, runs `ib_read_lat` for each size on the first active device; `None` elsewhere.
+fn perftest_floor(backend: Backend, sizes: &[usize]) -> Result<Option<Floor>, CliError> {
+    if backend != Backend::Rdma {
+        return Ok(None);
+    }
+    #[cfg(feature = "rdma")]
+    {
+        use super::perftest::{Target, run_pair, typical_latency_us};
+        use dmkit_verbs::rdma::{RdmaConfig, first_active_device};
+        let cfg = RdmaConfig::from_env().map_err(|e| CliError::usage(e.to_string()))?;
+        let info = first_active_device().map_err(rt)?;
+        let t = Target {
+            device: cfg.device.clone().unwrap_or(info.device.clone()),
+            port: cfg.port,
+            gid_index: cfg.gid_index.unwrap_or(info.gid_index),
+            ip: info.ipv4.to_string(),
+        };
+        let mut read_us = Vec::new();
+        for &size in sizes {
+            let a: Vec<String> = ["-s", &size.to_string(), "-n", "1000"]
+                .iter()
+                .map(|x| x.to_string())
+                .collect();
+            let out = run_pair("ib_read_lat", &t, &a, 18525)
+                .map_err(|e| CliError::runtime(format!("perftest floor: {e}")))?;
+            let us = typical_latency_us(&out, size).ok_or_else(|| {
+                CliError::runtime(format!("unreadable ib_read_lat report: {out}"))
+            })?;
+            read_us.push((size, us));
+        }
+        Ok(Some(Floor {
+            device: t.device,
+            read_us,
+        }))
+    }
+    #[cfg(not(feature = "rdma"))]
+    {
+        let _ = sizes;
+        check_backend(backend).map(|()| None)
+    }
 }
 
 /// DRAM buffer per server in the micro-benchmark (the servers' minimum).
@@ -327,39 +499,82 @@ fn hist_mean_us(h: &hdrhistogram::Histogram<u64>) -> f64 {
     h.mean() / 1000.0
 }
 
-/// The micro-benchmark: the read mix on sim (modeled time) with the plain pool (no DRAM cache,
-/// synchronous writes) and Gengar (DRAM cache, proxied writes) in the same run, then the write
-/// wait on tcp (measured).
+/// Objects of the rdma micro-benchmark fill 8 KiB slots (fewer objects for the same DRAM
+/// share: loading them over an emulated device stays short).
+const MICRO_OBJECT_RDMA: usize = (8 << 10) - 8;
+/// Accesses between two hot-object reports of a client on rdma (its traces are short).
+const MICRO_REPORT_EVERY_RDMA: u64 = 64;
+/// Hot-object windows on rdma are this many times the default (50 ms): an emulated device
+/// serves some hundred accesses a second, and a window must see enough of them to rank the
+/// objects (the leases are scaled likewise, [`RDMA_LEASE_SCALE`]).
+const MICRO_WINDOW_SCALE_RDMA: u32 = 10;
+/// Clients of the rdma micro-benchmark at most: an emulated guest has two vCPUs, and clients
+/// polling for their completions starve the servers' threads.
+const MICRO_CLIENTS_RDMA: usize = 2;
+
+/// The micro-benchmark: the read mix with the plain pool (no DRAM cache, synchronous writes)
+/// and Gengar (DRAM cache, proxied writes) in the same run, then the writer's wait per
+/// proxied and synchronous write. On sim and tcp the read side is modeled on sim and the
+/// write side measured on tcp; on rdma both are measured (wall time) on the device, with
+/// perftest's READ round trip beside them.
 fn run_micro(args: &GengarArgs) -> Result<(), CliError> {
     use dmkit_tools::gengar_apps::micro::{self, MicroConfig};
-    if args.backend == Backend::Rdma {
-        return Err(CliError::usage(
-            "bench gengar runs in one process on sim or tcp",
-        ));
-    }
+    check_backend(args.backend)?;
     if args.workers == 0 {
         return Err(CliError::usage("--workers must be at least 1"));
     }
-    let capacity = micro::dram_capacity_objects(MICRO_DRAM, MICRO_OBJECT).map_err(rt)?;
-    let cfg = MicroConfig {
-        objects: 10 * usize::from(SERVERS) * MICRO_DRAM / MICRO_OBJECT,
-        object_size: MICRO_OBJECT,
-        clients: args.workers,
-        accesses: if args.quick { 150_000 } else { 500_000 },
-        ..MicroConfig::default()
+    let rdma = args.backend == Backend::Rdma;
+    let object = if rdma {
+        MICRO_OBJECT_RDMA
+    } else {
+        MICRO_OBJECT
     };
-    let writes = if args.quick { 6_000 } else { 30_000 };
+    let capacity = micro::dram_capacity_objects(MICRO_DRAM, object).map_err(rt)?;
+    let defaults = MicroConfig::default();
+    let cfg = MicroConfig {
+        objects: 10 * usize::from(SERVERS) * MICRO_DRAM / object,
+        object_size: object,
+        clients: if rdma {
+            args.workers.min(MICRO_CLIENTS_RDMA)
+        } else {
+            args.workers
+        },
+        window: if rdma {
+            defaults.window * MICRO_WINDOW_SCALE_RDMA
+        } else {
+            defaults.window
+        },
+        accesses: match (rdma, args.quick) {
+            (false, true) => 150_000,
+            (false, false) => 500_000,
+            (true, true) => 4_000,
+            (true, false) => 12_000,
+        },
+        ..defaults
+    };
+    let writes = match (rdma, args.quick) {
+        (false, true) => 6_000,
+        (false, false) => 30_000,
+        (true, true) => 600,
+        (true, false) => 6_000,
+    };
+    // The floors: a hot read (header and object in one round trip) and a write's round trip.
+    let floor = perftest_floor(args.backend, &[object + 8, MICRO_WRITE])?;
     let mut report = Report::new("gengar");
     report.config("app", "micro");
-    // The micro-benchmark always models the read side on sim and measures the write side
-    // on tcp; --backend selects nothing here.
     report.config(
         "backend",
-        "sim (read side, modeled) + tcp (write side, measured)",
+        if rdma {
+            "rdma (read and write sides measured on the device)"
+        } else {
+            // The micro-benchmark models the read side on sim and measures the write side on
+            // tcp; --backend sim|tcp selects nothing here.
+            "sim (read side, modeled) + tcp (write side, measured)"
+        },
     );
     report.config("quick", args.quick);
     report.config("servers", u64::from(SERVERS));
-    report.config("clients", args.workers as u64);
+    report.config("clients", cfg.clients as u64);
     report.config("dram_bytes_per_server", MICRO_DRAM as u64);
     report.config("dram_capacity_objects_per_server", capacity as u64);
     report.config("objects", cfg.objects as u64);
@@ -385,33 +600,73 @@ fn run_micro(args: &GengarArgs) -> Result<(), CliError> {
     );
     report.config(
         "read_side_time",
-        "modeled (sim latency model, virtual time: network and media, no CPU)",
+        if rdma {
+            "measured (wall time of each read on the rdma device)"
+        } else {
+            "modeled (sim latency model, virtual time: network and media, no CPU)"
+        },
     );
     report.config(
         "write_side_time",
-        "measured (wall time, tcp over loopback, one writer appending records to a log object in bursts of 300 writes, flushed between bursts): the mean time until the call returns",
+        format!(
+            "measured (wall time, {}, one writer appending records to a log object in bursts of 300 writes, flushed between bursts): the mean time until the call returns",
+            if rdma {
+                "rdma on the device"
+            } else {
+                "tcp over loopback"
+            }
+        ),
     );
     report.config("write_bytes", MICRO_WRITE as u64);
     report.config("writes_per_mode", writes as u64);
+    if let Some(f) = &floor {
+        f.configure(&mut report);
+        report.config("lease_scale", u64::from(RDMA_LEASE_SCALE));
+        report.config(
+            "hot_reads",
+            "reads of an object whose lease (valid when the read began) points at a DRAM copy; their round trips counted by the READ tag, lease RPCs included",
+        );
+    }
 
     let traces = micro::trace(&cfg);
     let pb = progress(3, "Gengar micro");
-    let nvm_bytes = (cfg.objects * 1024 / usize::from(SERVERS) + (16 << 20)).next_power_of_two();
+    let nvm_bytes =
+        (cfg.objects * (object + 8) / usize::from(SERVERS) + (16 << 20)).next_power_of_two();
     let deployment = |cache: bool| DeploymentConfig {
         servers: SERVERS,
         nvm_bytes,
-        server: ServerConfig {
-            dram_bytes: if cache { MICRO_DRAM } else { 0 },
-            ..ServerConfig::default()
+        server: server_cfg(
+            args.backend,
+            ServerConfig {
+                dram_bytes: if cache { MICRO_DRAM } else { 0 },
+                ..ServerConfig::default()
+            },
+        ),
+        client: dmkit_gengar::ClientConfig {
+            report_every: if rdma {
+                MICRO_REPORT_EVERY_RDMA
+            } else {
+                dmkit_gengar::ClientConfig::default().report_every
+            },
+            ..dmkit_gengar::ClientConfig::default()
         },
-        ..DeploymentConfig::default()
     };
+    let read_backend = if rdma { Backend::Rdma } else { Backend::Sim };
     let mut reads = Vec::new();
+    // A quick run on rdma leaves the plain pool's read mix out (it only gives the informative
+    // latency and throughput ratios against it; the targets need Gengar's run alone).
+    let plain_too = !(rdma && args.quick);
+    if !plain_too {
+        report.config("plain_read_mix", "skipped (--quick on rdma)");
+    }
     for (name, cache, mode) in [
         ("plain", false, WriteMode::Sync),
         ("gengar", true, WriteMode::Proxied),
     ] {
-        let d = Deployment::sim(&deployment(cache), true).map_err(rt)?;
+        if name == "plain" && !plain_too {
+            continue;
+        }
+        let d = deploy(read_backend, &deployment(cache))?;
         let objs = micro::load(&d, &cfg).map_err(rt)?;
         let out = micro::run_read_mix(&d, &objs, &traces, mode, &cfg)
             .map_err(|e| CliError::runtime(format!("read mix ({name}): {e}")))?;
@@ -419,6 +674,15 @@ fn run_micro(args: &GengarArgs) -> Result<(), CliError> {
         pb.inc(1);
         reads.push((name, cache, out, oracle));
     }
+    // The read latency: modeled on sim, wall time on rdma.
+    let lat = |o: &micro::ReadMixOutcome| {
+        if rdma {
+            o.read_wall.clone()
+        } else {
+            o.read_latency.clone()
+        }
+    };
+    let elapsed = |o: &micro::ReadMixOutcome| if rdma { o.wall } else { o.modeled };
     for (name, cache, out, oracle) in &reads {
         let mut extra = Map::new();
         extra.insert("dram_cache".into(), Value::from(*cache));
@@ -434,10 +698,8 @@ fn run_micro(args: &GengarArgs) -> Result<(), CliError> {
             "oracle_dram_read_share".into(),
             Value::from(round3(*oracle)),
         );
-        extra.insert(
-            "read_mean_us".into(),
-            Value::from(round3(hist_mean_us(&out.read_latency))),
-        );
+        let l = lat(out);
+        extra.insert("read_mean_us".into(), Value::from(round3(hist_mean_us(&l))));
         extra.insert(
             "op_mean_us".into(),
             Value::from(round3(hist_mean_us(&out.op_latency))),
@@ -449,45 +711,91 @@ fn run_micro(args: &GengarArgs) -> Result<(), CliError> {
         extra.insert("windows".into(), Value::from(out.windows));
         extra.insert("promotions".into(), Value::from(out.promotions));
         extra.insert("evictions".into(), Value::from(out.evictions));
+        extra.insert("hot_reads".into(), Value::from(out.hot_reads));
+        extra.insert(
+            "hot_read_rtts_per_read".into(),
+            Value::from(round3(
+                out.hot_read_rtts as f64 / out.hot_reads.max(1) as f64,
+            )),
+        );
+        if rdma {
+            extra.insert(
+                "hot_read_p50_us".into(),
+                Value::from(round3(
+                    out.hot_read_wall.value_at_quantile(0.5) as f64 / 1000.0,
+                )),
+            );
+        }
         report.results.push(Measurement {
             name: format!("micro-read/{name}"),
-            ops_per_sec: out.ops() as f64 / out.modeled.as_secs_f64().max(1e-12),
-            p50_us: out.read_latency.value_at_quantile(0.5) as f64 / 1000.0,
-            p99_us: out.read_latency.value_at_quantile(0.99) as f64 / 1000.0,
+            ops_per_sec: out.ops() as f64 / elapsed(out).as_secs_f64().max(1e-12),
+            p50_us: l.value_at_quantile(0.5) as f64 / 1000.0,
+            p99_us: l.value_at_quantile(0.99) as f64 / 1000.0,
             rtts_per_op: out.round_trips as f64 / out.ops().max(1) as f64,
-            modeled: true,
+            modeled: !rdma,
             extra,
         });
     }
-    let (plain, gengar) = (&reads[0].2, &reads[1].2);
+    let (gengar, oracle) = {
+        let g = reads.last().expect("Gengar's read mix ran");
+        (&g.2, g.3)
+    };
     report.ratio(
         "gengar_dram_hit_ratio_vs_oracle",
-        gengar.dram_share() / reads[1].3.max(1e-12),
+        gengar.dram_share() / oracle.max(1e-12),
         Some(">= 0.85"),
     );
-    report.ratio(
-        "gengar_modeled_read_latency_vs_plain",
-        gengar.read_latency.mean() / plain.read_latency.mean().max(1e-12),
-        None,
-    );
-    let tput = |o: &micro::ReadMixOutcome| o.ops() as f64 / o.modeled.as_secs_f64().max(1e-12);
-    report.ratio(
-        "gengar_modeled_throughput_vs_plain",
-        tput(gengar) / tput(plain).max(1e-12),
-        None,
-    );
+    if let [(_, _, plain, _), _] = reads.as_slice() {
+        let kind = if rdma { "rdma" } else { "modeled" };
+        report.ratio(
+            &format!("gengar_{kind}_read_latency_vs_plain"),
+            lat(gengar).mean() / lat(plain).mean().max(1e-12),
+            None,
+        );
+        let tput = |o: &micro::ReadMixOutcome| o.ops() as f64 / elapsed(o).as_secs_f64().max(1e-12);
+        report.ratio(
+            &format!("gengar_{kind}_throughput_vs_plain"),
+            tput(gengar) / tput(plain).max(1e-12),
+            None,
+        );
+    }
+    if gengar.hot_reads > 0 {
+        report.ratio(
+            "gengar_hot_read_rtts_per_read",
+            gengar.hot_read_rtts as f64 / gengar.hot_reads as f64,
+            Some("== 1"),
+        );
+        report.ratio(
+            "gengar_hot_reads_one_rtt_share",
+            gengar.hot_reads_one_rtt as f64 / gengar.hot_reads as f64,
+            None,
+        );
+    }
+    if let Some(f) = &floor {
+        report.ratio(
+            "gengar_rdma_hot_read_p50_vs_perftest",
+            gengar.hot_read_wall.value_at_quantile(0.5) as f64 / 1000.0 / f.read_us(object + 8),
+            None,
+        );
+    }
 
-    // The write side, measured over tcp.
-    let d = Deployment::tcp(&DeploymentConfig {
-        servers: SERVERS,
-        nvm_bytes: 16 << 20,
-        server: ServerConfig {
-            dram_bytes: MICRO_DRAM,
-            ..ServerConfig::default()
+    // The write side, measured (tcp over loopback, or rdma on the device).
+    let write_backend = if rdma { Backend::Rdma } else { Backend::Tcp };
+    let d = deploy(
+        write_backend,
+        &DeploymentConfig {
+            servers: SERVERS,
+            nvm_bytes: 16 << 20,
+            server: server_cfg(
+                args.backend,
+                ServerConfig {
+                    dram_bytes: MICRO_DRAM,
+                    ..ServerConfig::default()
+                },
+            ),
+            ..DeploymentConfig::default()
         },
-        ..DeploymentConfig::default()
-    })
-    .map_err(rt)?;
+    )?;
     let w = micro::write_wait(&d, writes, MICRO_WRITE, MICRO_BURST).map_err(rt)?;
     pb.inc(1);
     for (name, h, rtts, how) in [
@@ -522,6 +830,13 @@ fn run_micro(args: &GengarArgs) -> Result<(), CliError> {
         w.proxied.value_at_quantile(0.5) as f64 / (w.sync.value_at_quantile(0.5) as f64).max(1.0),
         None,
     );
+    if let Some(f) = &floor {
+        report.ratio(
+            "gengar_rdma_sync_write_p50_vs_perftest",
+            w.sync.value_at_quantile(0.5) as f64 / 1000.0 / f.read_us(MICRO_WRITE),
+            None,
+        );
+    }
     pb.finish_and_clear();
     print_micro(&report);
     if let Some(p) = &args.json {
@@ -531,9 +846,18 @@ fn run_micro(args: &GengarArgs) -> Result<(), CliError> {
 }
 
 fn print_micro(r: &Report) {
-    println!(
-        "gengar micro bench — read side modeled (sim latency model), write side measured (tcp)"
-    );
+    let rdma = r
+        .config
+        .get("backend")
+        .and_then(Value::as_str)
+        .is_some_and(|b| b.starts_with("rdma"));
+    if rdma {
+        println!("gengar micro bench — read and write sides measured on the rdma device");
+    } else {
+        println!(
+            "gengar micro bench — read side modeled (sim latency model), write side measured (tcp)"
+        );
+    }
     println!(
         "{:<22} {:>12} {:>10} {:>10} {:>10} {:>9} {:>9}",
         "name", "ops/s", "mean us", "p50 us", "p99 us", "DRAM", "oracle"
@@ -559,6 +883,9 @@ fn print_micro(r: &Report) {
                 "  (measured)"
             }
         );
+    }
+    if let Some(us) = r.config.get("perftest_ib_read_lat_us") {
+        println!("perftest on the same device, same run: ib_read_lat typical us by size {us}");
     }
     println!("ratios (same run):");
     let targets = r.config.get("targets").and_then(Value::as_object);

@@ -171,6 +171,17 @@ pub struct ReadMixOutcome {
     pub read_latency: Histogram<u64>,
     /// Modeled latency of every access, reads and writes.
     pub op_latency: Histogram<u64>,
+    /// Wall-clock latency of each read (ns), for backends where time is real (tcp, rdma).
+    pub read_wall: Histogram<u64>,
+    /// Reads of objects this client held a valid lease on that pointed at a DRAM copy when
+    /// the read began: the hot reads Gengar serves in one round trip.
+    pub hot_reads: u64,
+    /// Round trips those reads took (READ tag: lease RPCs included, were any needed).
+    pub hot_read_rtts: u64,
+    /// Hot reads that took exactly one round trip.
+    pub hot_reads_one_rtt: u64,
+    /// Wall-clock latency of the hot reads (ns).
+    pub hot_read_wall: Histogram<u64>,
     /// The largest advance of a client's virtual clock over the measured part.
     pub modeled: Duration,
     pub wall: Duration,
@@ -246,6 +257,11 @@ pub fn run_read_mix(
         writes: 0,
         read_latency: hist(),
         op_latency: hist(),
+        read_wall: hist(),
+        hot_reads: 0,
+        hot_read_rtts: 0,
+        hot_reads_one_rtt: 0,
+        hot_read_wall: hist(),
         modeled: Duration::ZERO,
         wall,
         round_trips: 0,
@@ -259,6 +275,13 @@ pub fn run_read_mix(
         out.writes += p.writes;
         out.read_latency.add(&p.read_latency).expect("same bounds");
         out.op_latency.add(&p.op_latency).expect("same bounds");
+        out.read_wall.add(&p.read_wall).expect("same bounds");
+        out.hot_read_wall
+            .add(&p.hot_read_wall)
+            .expect("same bounds");
+        out.hot_reads += p.hot_reads;
+        out.hot_read_rtts += p.hot_read_rtts;
+        out.hot_reads_one_rtt += p.hot_reads_one_rtt;
         out.modeled = out.modeled.max(p.modeled);
         out.round_trips += p.round_trips;
     }
@@ -271,6 +294,11 @@ struct Part {
     writes: u64,
     read_latency: Histogram<u64>,
     op_latency: Histogram<u64>,
+    read_wall: Histogram<u64>,
+    hot_reads: u64,
+    hot_read_rtts: u64,
+    hot_reads_one_rtt: u64,
+    hot_read_wall: Histogram<u64>,
     modeled: Duration,
     round_trips: u64,
 }
@@ -299,8 +327,19 @@ fn replay(
         writes: 0,
         read_latency: hist(),
         op_latency: hist(),
+        read_wall: hist(),
+        hot_reads: 0,
+        hot_read_rtts: 0,
+        hot_reads_one_rtt: 0,
+        hot_read_wall: hist(),
         modeled: Duration::ZERO,
         round_trips: 0,
+    };
+    let read_rtts = || {
+        c.endpoint()
+            .stats()
+            .tag(dmkit_gengar::tags::READ)
+            .round_trips
     };
     let (mut v0, mut rt0) = (c.endpoint().virtual_now(), round_trips(c));
     let mut version = 0u32;
@@ -322,7 +361,10 @@ fn replay(
                 }
             }
         } else {
+            let hot = c.has_lease(addr) && c.cached_in_dram(addr);
+            let (w0, r0) = (Instant::now(), read_rtts());
             let b = c.read(addr)?;
+            let (wall, rtts) = (w0.elapsed(), read_rtts() - r0);
             if b.len() != addr.size as usize || b[..4] != a.obj.to_le_bytes() {
                 return Err(AppError::Corrupt(format!(
                     "object {} read as object {}",
@@ -336,6 +378,13 @@ fn replay(
                 let _ = p
                     .read_latency
                     .record((c.endpoint().virtual_now() - s).as_nanos() as u64);
+                let _ = p.read_wall.record(wall.as_nanos() as u64);
+                if hot {
+                    p.hot_reads += 1;
+                    p.hot_read_rtts += rtts;
+                    p.hot_reads_one_rtt += u64::from(rtts == 1);
+                    let _ = p.hot_read_wall.record(wall.as_nanos() as u64);
+                }
             }
         }
         if i >= warm {

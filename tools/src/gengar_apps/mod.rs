@@ -6,7 +6,9 @@
 //! Every app runs as a sequence of *phases* on several worker clients (one thread each) through
 //! a [`Runner`], and checks its result against a single-process computation of the same job,
 //! failing with [`AppError::Mismatch`] when they differ. A [`Deployment`] starts the servers
-//! in-process on `sim` (optionally with the virtual-time latency model) or `tcp`.
+//! in-process on `sim` (optionally with the virtual-time latency model), `tcp`, or `rdma`
+//! (with this crate's `rdma` feature: served by `RdmaServer` on the first active RDMA
+//! device's address, every client connected through rdma-cm).
 //!
 //! Timing: each phase's *wall* time is measured; its *modeled* time (sim with a latency model)
 //! is the largest advance of a worker endpoint's virtual clock during the phase. Workers' clocks
@@ -274,6 +276,11 @@ pub struct Deployment {
     pub servers: Vec<Arc<GengarServer>>,
     sim: Option<SimCluster>,
     tcp: Vec<TcpServer>,
+    #[cfg(feature = "rdma")]
+    rdma: Option<(
+        dmkit_verbs::rdma::RdmaConfig,
+        Vec<dmkit_verbs::rdma::RdmaServer>,
+    )>,
     clock: Arc<dyn Clock>,
     client_cfg: ClientConfig,
     next_client: AtomicU64,
@@ -322,8 +329,15 @@ impl Deployment {
             servers,
             sim: Some(sim),
             tcp: Vec::new(),
+            #[cfg(feature = "rdma")]
+            rdma: None,
             clock,
-            client_cfg: cfg.client.clone(),
+            // The latency model charges the writer for posting: no proxy thread on sim (its
+            // hand-over would take the write out of the writer's modeled time altogether).
+            client_cfg: ClientConfig {
+                proxy_thread: false,
+                ..cfg.client.clone()
+            },
             next_client: AtomicU64::new(1),
         })
     }
@@ -343,15 +357,67 @@ impl Deployment {
             servers,
             sim: None,
             tcp,
+            #[cfg(feature = "rdma")]
+            rdma: None,
             clock,
             client_cfg: cfg.client.clone(),
             next_client: AtomicU64::new(1),
         })
     }
 
+    /// Servers behind `RdmaServer`s on the first active RDMA device's IPv4 address (the
+    /// `DMKIT_RDMA_*` settings apply); clients connect through rdma-cm. Wall time is real.
+    #[cfg(feature = "rdma")]
+    pub fn rdma(cfg: &DeploymentConfig) -> AppResult<Self> {
+        use dmkit_verbs::rdma::{RdmaConfig, RdmaServer, first_active_device};
+        let rcfg = RdmaConfig::from_env().map_err(setup)?;
+        let info = first_active_device().map_err(setup)?;
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
+        let servers = Self::servers(cfg, &clock)?;
+        let rdma = servers
+            .iter()
+            .map(|s| {
+                RdmaServer::start(&format!("{}:0", info.ipv4), s.node().clone(), rcfg.clone())
+                    .map_err(setup)
+            })
+            .collect::<AppResult<Vec<_>>>()?;
+        Ok(Self {
+            servers,
+            sim: None,
+            tcp: Vec::new(),
+            rdma: Some((rcfg, rdma)),
+            clock,
+            client_cfg: cfg.client.clone(),
+            next_client: AtomicU64::new(1),
+        })
+    }
+
+    /// The RDMA device and address the servers listen on (rdma deployments only).
+    #[cfg(feature = "rdma")]
+    pub fn rdma_addrs(&self) -> Option<Vec<String>> {
+        self.rdma
+            .as_ref()
+            .map(|(_, servers)| servers.iter().map(|s| s.local_addr().to_string()).collect())
+    }
+
     /// A new client with a fresh id (and, on sim, its own virtual clock).
     pub fn client(&self) -> AppResult<GengarClient> {
         let id = self.next_client.fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "rdma")]
+        if let Some((cfg, servers)) = &self.rdma {
+            let nodes: Vec<_> = servers
+                .iter()
+                .map(|s| (s.node().id(), s.local_addr().to_string()))
+                .collect();
+            let c = dmkit_verbs::rdma::RdmaConnector::new(cfg.clone());
+            let ep = Endpoint::connect(&c, &nodes).map_err(setup)?;
+            return Ok(GengarClient::new(
+                ep,
+                id,
+                self.client_cfg.clone(),
+                self.clock.clone(),
+            )?);
+        }
         let ep = match &self.sim {
             Some(sim) => sim.endpoint(id).map_err(setup)?,
             None => {
@@ -386,6 +452,22 @@ impl Deployment {
             .map(|s| s.stats().promotions.load(Ordering::Relaxed))
             .sum()
     }
+}
+
+/// `cfg` with every lease duration `k` times longer: the tuner's bounds and starting points,
+/// the lease table's cap and the clock-skew allowance. Gengar's defaults suit round trips of
+/// microseconds (a hot NVM object settles near 0.3 ms); where a round trip — above all a
+/// two-sided lease RPC, which wakes server threads — takes a millisecond (SoftRoCE under
+/// emulation), leases that short lapse between two accesses and every access pays the RPC.
+pub fn scaled_leases(mut cfg: ServerConfig, k: u32) -> ServerConfig {
+    let t = &mut cfg.tuner;
+    t.min *= k;
+    t.max *= k;
+    t.initial_nvm *= k;
+    t.initial_dram *= k;
+    cfg.lease.max_duration *= k;
+    cfg.lease.skew *= k;
+    cfg
 }
 
 /// Memory standing in for NVM: the servers' pools are DRAM that reports itself persistent, so
