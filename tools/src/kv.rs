@@ -224,7 +224,12 @@ pub fn client_with(
     let deadline = std::time::Instant::now() + cfg.failover_wait;
     let mut said = false;
     let view = loop {
-        match dmkit_fusee::cluster::open(&ep, &nodes) {
+        let open = if recover {
+            dmkit_fusee::cluster::open
+        } else {
+            dmkit_fusee::cluster::open_tolerant
+        };
+        match open(&ep, &nodes) {
             Ok(v) => break v,
             Err(dmkit_fusee::Error::Cluster(m)) if m.contains("no FUSEE superblock") => {
                 return Err(join(format!(
@@ -263,6 +268,7 @@ pub fn client_with(
     let lock = take_id_lock(view.uuid, id, wait_lock)?;
     LOCKS.lock().push(lock);
     if !recover {
+        cfg.join_without_silent_members = true;
         return Client::connect(ep, &nodes, cfg).map_err(|e| join(explain(&e, file)));
     }
     let first = parking_lot::Mutex::new(Some(ep));

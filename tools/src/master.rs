@@ -96,7 +96,7 @@ pub fn run(args: MasterArgs) -> Result<(), CliError> {
     // (whose refusal would name another cluster's master).
     let ep = crate::connect::endpoint(&file)?;
     let nodes = crate::connect::node_ids(&file);
-    match cluster::open(&ep, &nodes) {
+    match cluster::open_tolerant(&ep, &nodes) {
         Ok(_) => {}
         Err(dmkit_fusee::Error::Cluster(m)) if m.contains("no FUSEE superblock") => {}
         Err(e) => return Err(CliError::runtime(format!("cannot open the cluster: {e}"))),
@@ -115,7 +115,7 @@ pub fn run(args: MasterArgs) -> Result<(), CliError> {
     let _ = stop_requested();
     claim.clone().keep(held_until)?;
     let ep = crate::connect::endpoint_again(&file)?;
-    let (view, formatted) = match cluster::open(&ep, &nodes) {
+    let (view, formatted) = match cluster::open_tolerant(&ep, &nodes) {
         Ok(v) => (v, false),
         Err(dmkit_fusee::Error::Cluster(m)) if m.contains("no FUSEE superblock") => {
             let mut cfg =

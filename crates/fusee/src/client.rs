@@ -97,6 +97,11 @@ pub struct ClientConfig {
     /// How to reconnect to a memory node that restarted or was unreachable (its old
     /// connection is dead). Without it, such a node is only used by new clients.
     pub reconnect: Option<crate::failover::Reconnect>,
+    /// Join even when a member does not answer this client (the master still counts it):
+    /// operations that need it fail after `failover_wait`, reads of the others go on. For a
+    /// reader that must not wait for a failover that may never come (`dmkit kv get` with a
+    /// member only it cannot reach). Off: joining waits for an epoch whose members answer.
+    pub join_without_silent_members: bool,
 }
 
 impl std::fmt::Debug for ClientConfig {
@@ -127,6 +132,7 @@ impl ClientConfig {
             inline_jobs: false,
             failover_wait: Duration::from_secs(30),
             reconnect: None,
+            join_without_silent_members: false,
         }
     }
 }
@@ -379,7 +385,12 @@ impl Client {
         // meanwhile means waiting for the master's next one.
         let deadline = std::time::Instant::now() + cfg.failover_wait;
         let (view, index) = loop {
-            let opened = cluster::open(&ep, nodes).and_then(|v| {
+            let open = if cfg.join_without_silent_members {
+                cluster::open_tolerant
+            } else {
+                cluster::open
+            };
+            let opened = open(&ep, nodes).and_then(|v| {
                 let index = RaceIndex::open(&ep, &v.index_spaces())?;
                 Ok((v, index))
             });

@@ -350,18 +350,43 @@ pub fn open(ep: &Endpoint, nodes: &[NodeId]) -> Result<ClusterView> {
     open_at(ep, nodes, &membership)
 }
 
-/// [`open`] with a known membership: reads the superblocks of its members only.
-///
-/// A member that does not answer does not stop the open: its region is taken from the
-/// membership (pools are registered at [`POOL_BASE`], and the membership carries each
-/// member's rkey), a warning names it, and every operation that needs it fails with its
-/// error while those that do not go on (a SEARCH whose index primary and object live
-/// elsewhere; the master's failure detector, which then fails it over). At least one
-/// member must answer.
+/// [`open`], going on without the members that do not answer (see [`open_at_tolerant`]).
+pub fn open_tolerant(ep: &Endpoint, nodes: &[NodeId]) -> Result<ClusterView> {
+    let membership = crate::membership::newest(ep, nodes)?;
+    open_at_tolerant(ep, nodes, &membership)
+}
+
+/// [`open`] with a known membership: reads the superblocks of its members only. Every
+/// member must answer (the error of the first that does not): a client works only in
+/// epochs whose members it reaches, and waits for the master's next one otherwise.
 pub fn open_at(
     ep: &Endpoint,
     nodes: &[NodeId],
     membership: &crate::membership::Membership,
+) -> Result<ClusterView> {
+    open_members(ep, nodes, membership, false)
+}
+
+/// [`open_at`], except that a member that does not answer does not stop the open: its region is taken from the
+/// membership (pools are registered at [`POOL_BASE`], and the membership carries each
+/// member's rkey), a warning names it, and every operation that needs it fails with its
+/// error while those that do not go on (a SEARCH whose index primary and object live
+/// elsewhere; the master's failure detector, which then fails it over). At least one
+/// member must answer. For a master starting with members down, and a reader that must
+/// not wait for the failover of a member it alone cannot reach.
+pub fn open_at_tolerant(
+    ep: &Endpoint,
+    nodes: &[NodeId],
+    membership: &crate::membership::Membership,
+) -> Result<ClusterView> {
+    open_members(ep, nodes, membership, true)
+}
+
+fn open_members(
+    ep: &Endpoint,
+    nodes: &[NodeId],
+    membership: &crate::membership::Membership,
+    tolerant: bool,
 ) -> Result<ClusterView> {
     let region_of = |node: NodeId| -> Result<RegionDesc> {
         let mut r = pool_region(ep, node)?;
@@ -398,6 +423,9 @@ pub fn open_at(
                 )));
             }
         }
+    }
+    if !tolerant && !silent.is_empty() {
+        return Err(silent.swap_remove(0).1);
     }
     let Some((first_node, _, _)) = seen.first() else {
         return Err(match silent.into_iter().next() {

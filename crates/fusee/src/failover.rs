@@ -210,7 +210,7 @@ impl Master {
     /// waits out the leases and carries the claim).
     pub fn open(ep: Endpoint, nodes: &[NodeId], opts: MasterOptions) -> Result<Arc<Master>> {
         let mut m = membership::newest(&ep, nodes)?;
-        let uuid = cluster::open_at(&ep, nodes, &m)?.uuid;
+        let uuid = cluster::open_at_tolerant(&ep, nodes, &m)?.uuid;
         if m.cluster != 0 && m.cluster != uuid {
             return Err(Error::Cluster(format!(
                 "the membership belongs to cluster {:032x}, the superblocks to {uuid:032x}",
@@ -512,7 +512,7 @@ impl Master {
     /// The cluster's shape (from any serving superblock).
     fn shape(&self) -> Result<ClusterView> {
         let m = self.membership();
-        cluster::open_at(&self.ep, &self.nodes, &m)
+        cluster::open_at_tolerant(&self.ep, &self.nodes, &m)
     }
 
     /// The value of a slot whose replicas disagree, and whether a commit record was written
