@@ -424,11 +424,16 @@ fn open_members(
             }
         }
     }
-    if !tolerant && !silent.is_empty() {
-        return Err(silent.swap_remove(0).1);
+    // (The last error, as the superblocks were read: a node that answers but refuses, e.g.
+    // fenced, comes after those that do not answer in ring order only by chance; keep the
+    // order callers have always seen.)
+    if !tolerant {
+        if let Some((_, e)) = silent.pop() {
+            return Err(e);
+        }
     }
     let Some((first_node, _, _)) = seen.first() else {
-        return Err(match silent.into_iter().next() {
+        return Err(match silent.pop() {
             Some((_, e)) => e,
             None => Error::Cluster("no memory nodes".into()),
         });
