@@ -56,21 +56,7 @@ pub struct GengarServerArgs {
 }
 
 pub fn run(args: GengarServerArgs) -> Result<(), CliError> {
-    match args.backend {
-        Backend::Tcp => {}
-        #[cfg(feature = "rdma")]
-        Backend::Rdma => {}
-        b => {
-            return Err(CliError::usage(format!(
-                "backend '{b}' cannot serve a Gengar server from this build (use --backend tcp{})",
-                if b == Backend::Rdma {
-                    ", or build dmkit with --features rdma"
-                } else {
-                    ""
-                }
-            )));
-        }
-    }
+    args.backend.check_serves("a Gengar server")?;
     if args.window == 0 {
         return Err(CliError::usage(
             "--window must be at least 1 (milliseconds)",

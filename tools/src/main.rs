@@ -78,6 +78,26 @@ pub enum Backend {
     Rdma,
 }
 
+impl Backend {
+    /// Whether this build can serve `what` (e.g. "a memory node") over this backend: tcp,
+    /// and rdma when built with the `rdma` feature; a usage error naming the way out if not.
+    pub fn check_serves(self, what: &str) -> Result<(), CliError> {
+        match self {
+            Backend::Tcp => Ok(()),
+            #[cfg(feature = "rdma")]
+            Backend::Rdma => Ok(()),
+            b => Err(CliError::usage(format!(
+                "backend '{b}' cannot serve {what} from this build (use --backend tcp{})",
+                if b == Backend::Rdma {
+                    ", or build dmkit with --features rdma"
+                } else {
+                    ""
+                }
+            ))),
+        }
+    }
+}
+
 impl fmt::Display for Backend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

@@ -51,21 +51,7 @@ pub fn read_secret(path: &std::path::Path) -> Result<Vec<u8>, CliError> {
 }
 
 pub fn run(args: MemnodeArgs) -> Result<(), CliError> {
-    match args.backend {
-        Backend::Tcp => {}
-        #[cfg(feature = "rdma")]
-        Backend::Rdma => {}
-        b => {
-            return Err(CliError::usage(format!(
-                "backend '{b}' cannot serve a memory node from this build (use --backend tcp{})",
-                if b == Backend::Rdma {
-                    ", or build dmkit with --features rdma"
-                } else {
-                    ""
-                }
-            )));
-        }
-    }
+    args.backend.check_serves("a memory node")?;
     if args.size.is_some() && args.pool.is_none() {
         return Err(CliError::usage(
             "--size needs --pool PATH (the size of the pool file to create)",

@@ -357,7 +357,7 @@ pub fn open_tolerant(ep: &Endpoint, nodes: &[NodeId]) -> Result<ClusterView> {
 }
 
 /// [`open`] with a known membership: reads the superblocks of its members only. Every
-/// member must answer (the error of the first that does not): a client works only in
+/// member must answer (the error of the last that does not): a client works only in
 /// epochs whose members it reaches, and waits for the master's next one otherwise.
 pub fn open_at(
     ep: &Endpoint,
