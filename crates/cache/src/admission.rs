@@ -202,6 +202,39 @@ impl DramCachePolicy {
         self.m_promotions.increment(plan.promote.len() as u64);
         plan
     }
+
+    /// Takes objects that are not hot enough to displace a resident (lukewarm: seen, but
+    /// under the caller's hotness bar) into the DRAM buffer's *free* bytes, hottest first,
+    /// and returns the ones to promote. It never evicts: free DRAM serves some reads rather
+    /// than none, and a lukewarm resident is the first victim of the next hot object (its
+    /// score starts at its count and decays with every window it is not hot in).
+    pub fn fill(&mut self, lukewarm: &[HotObject]) -> Vec<HotObject> {
+        let mut candidates: Vec<HotObject> = lukewarm
+            .iter()
+            .filter(|h| !self.residents.contains_key(&h.obj) && h.count > 0)
+            .copied()
+            .collect();
+        candidates.sort_unstable_by(|a, b| b.count.cmp(&a.count).then(a.obj.cmp(&b.obj)));
+        candidates.dedup_by_key(|h| h.obj);
+        let mut out = Vec::new();
+        for c in candidates {
+            if self.used + c.size > self.config.capacity_bytes {
+                continue;
+            }
+            self.used += c.size;
+            self.residents.insert(
+                c.obj,
+                Resident {
+                    size: c.size,
+                    score: c.count as f64,
+                    since: self.window,
+                },
+            );
+            out.push(c);
+        }
+        self.m_promotions.increment(out.len() as u64);
+        out
+    }
 }
 
 #[cfg(test)]
@@ -227,6 +260,26 @@ mod tests {
             min_residency_windows: 1,
         })
         .unwrap()
+    }
+
+    #[test]
+    fn lukewarm_objects_fill_free_bytes_only_and_go_first() {
+        let mut p = policy(300);
+        // One hot object, then lukewarm ones take what is free — never a resident's place.
+        assert_eq!(p.plan(&hot(&[(1, 50)])).promote.len(), 1);
+        let filled = p.fill(&hot(&[(7, 1), (8, 3), (1, 2), (9, 2)]));
+        assert_eq!(filled.iter().map(|h| h.obj).collect::<Vec<_>>(), vec![8, 9]);
+        assert!(p.fill(&hot(&[(10, 3)])).is_empty(), "the buffer is full");
+        assert_eq!(p.used_bytes(), 300);
+        // A hot newcomer displaces a lukewarm resident (not seen since), not the hot one.
+        p.plan(&hot(&[(1, 50)]));
+        let plan = p.plan(&hot(&[(1, 50), (2, 20)]));
+        assert_eq!(
+            plan.promote.iter().map(|h| h.obj).collect::<Vec<_>>(),
+            vec![2]
+        );
+        assert_eq!(plan.evict.len(), 1);
+        assert!(!plan.evict.contains(&1), "{plan:?}");
     }
 
     #[test]

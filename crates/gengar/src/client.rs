@@ -2,12 +2,15 @@
 //! addresses, write-through, proxied writes with write confirms, and locks.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use dmkit_cache::{AccessCounter, CounterConfig};
-use dmkit_lease::{Clock, HeldLease};
+use dmkit_lease::{Clock, HeldLease, Timestamp};
 use dmkit_pmem_pool::ObjectHeader;
 use dmkit_verbs::wire::{Reader, Writer};
 use dmkit_verbs::{Connection, Endpoint, NodeId, RegionDesc, Tag, WriteConfirm};
@@ -27,6 +30,9 @@ pub mod tags {
     pub const FREE: &str = "gengar_free";
     pub const LOCK: &str = "gengar_lock";
     pub const REPORT: &str = "gengar_report";
+    /// Leases renewed before they lapse, off the callers' path
+    /// ([`ClientConfig::renew_early`](super::ClientConfig::renew_early)).
+    pub const RENEW: &str = "gengar_renew";
 }
 
 /// Settings of a Gengar client.
@@ -48,6 +54,12 @@ pub struct ClientConfig {
     /// the writer posts itself and returns once posted (the sim backend's modeled time
     /// assumes that: its latency model charges a post, not a thread hand-over).
     pub proxy_thread: bool,
+    /// Renew a lease once half of it has passed, off the caller's path: the access that
+    /// finds it past half posts the renewal and goes on with the lease it holds; a later
+    /// access installs the new one. An object accessed steadily then never waits for a lease
+    /// RPC — which matters where RPCs queue behind other work at the server (persists on
+    /// rdma). Off, a lease is renewed when it has lapsed, by the access that needs it.
+    pub renew_early: bool,
 }
 
 impl Default for ClientConfig {
@@ -59,6 +71,7 @@ impl Default for ClientConfig {
             counter: CounterConfig::default(),
             busy_retry: Duration::from_micros(200),
             proxy_thread: true,
+            renew_early: true,
         }
     }
 }
@@ -96,6 +109,15 @@ struct Entry {
     lease: HeldLease,
     /// The server connection's epoch the lease was granted in.
     epoch: u64,
+    /// Half of the lease: past this, an access renews it early (`ClientConfig::renew_early`).
+    renew_at: Timestamp,
+}
+
+/// A lease renewal in flight, posted before the lease lapsed.
+struct Renewal {
+    requested_at: Timestamp,
+    epoch: u64,
+    reply: dmkit_verbs::Pending<Vec<u8>>,
 }
 
 /// A write confirm of Gengar: fires when every copy (DRAM and NVM) of the write completed.
@@ -269,6 +291,8 @@ pub struct GengarClient {
     held: Mutex<HashMap<GlobalAddr, tokio::sync::OwnedMutexGuard<()>>>,
     reconnect: Mutex<Option<Reconnect>>,
     proxy: Option<Proxy>,
+    /// Early lease renewals in flight, one per object at most.
+    renewing: Mutex<HashMap<GlobalAddr, Renewal>>,
 }
 
 impl std::fmt::Debug for ReconnectSlot<'_> {
@@ -362,6 +386,7 @@ impl GengarClient {
             held: Mutex::new(HashMap::new()),
             reconnect: Mutex::new(None),
             proxy,
+            renewing: Mutex::new(HashMap::new()),
         };
         for node in c.servers.keys().copied().collect::<Vec<_>>() {
             dmkit_verbs::block_on(c.call(tags::ALLOC, node, Writer::tagged(tag::STAT).finish()))?;
@@ -450,6 +475,7 @@ impl GengarClient {
     /// Drops every lease this client holds on `node`'s objects.
     fn forget_server(&self, node: NodeId) {
         self.table.lock().retain(|a, _| a.server != node);
+        self.renewing.lock().retain(|a, _| a.server != node);
     }
 
     /// A verbs error of an operation on `node`: a lost server drops its leases and is
@@ -468,14 +494,20 @@ impl GengarClient {
 
     /// One RPC; returns the status and the rest of the reply, after noting free capacity.
     async fn call(&self, t: Tag, node: NodeId, req: Vec<u8>) -> Result<(Status, Vec<u8>)> {
-        let s = self.server(node)?;
+        self.server(node)?;
         self.ensure(node)?;
         let reply = self
             .ep
             .rpc_async(t, node, &req)
             .await
             .map_err(|e| self.verbs_error(node, e))?;
-        let mut r = Reader::new(&reply);
+        self.reply_head(node, &reply)
+    }
+
+    /// The status and the rest of a reply from `node`, after noting its free capacity.
+    fn reply_head(&self, node: NodeId, reply: &[u8]) -> Result<(Status, Vec<u8>)> {
+        let s = self.server(node)?;
+        let mut r = Reader::new(reply);
         let ReplyHead {
             status,
             free_nvm,
@@ -590,45 +622,34 @@ impl GengarClient {
     /// A valid lease for `addr`, from the table or (one more round trip) from its server.
     async fn entry(&self, t: Tag, addr: GlobalAddr) -> Result<Entry> {
         let epoch = self.regions(addr.server)?.epoch;
-        if let Some(e) = self.table.lock().get(&addr) {
-            if e.epoch == epoch && e.lease.is_valid(self.clock.now()) {
-                return Ok(*e);
+        let now = self.clock.now();
+        let held = self.table.lock().get(&addr).copied();
+        if let Some(e) = held {
+            if e.epoch == epoch && e.lease.is_valid(now) {
+                if self.cfg.renew_early && now >= e.renew_at {
+                    self.renew_early(addr, epoch);
+                }
+                return Ok(e);
+            }
+        }
+        // Lapsed: a renewal already in flight is the quickest way to a new lease.
+        let in_flight = self.renewing.lock().remove(&addr);
+        if let Some(r) = in_flight {
+            let reply = self.ep.wait_async(r.reply).await;
+            if let Some(e) = self.install_renewal(addr, r.requested_at, r.epoch, reply) {
+                if e.epoch == epoch && e.lease.is_valid(self.clock.now()) {
+                    return Ok(e);
+                }
             }
         }
         let deadline = Instant::now() + self.cfg.lock_timeout;
         loop {
             let requested_at = self.clock.now();
             let epoch = self.regions(addr.server)?.epoch;
-            let (st, rest) = self
-                .call(
-                    t,
-                    addr.server,
-                    Writer::tagged(tag::LEASE)
-                        .u64(self.id)
-                        .u64(addr.offset)
-                        .u32(addr.generation)
-                        .finish(),
-                )
-                .await?;
-            let mut r = Reader::new(&rest);
+            let (st, rest) = self.call(t, addr.server, self.lease_request(addr)).await?;
             match st {
                 Status::Ok => {
-                    let g: LeaseGrant =
-                        proto::decode_grant(&mut r).map_err(|e| Error::Protocol {
-                            node: addr.server.0,
-                            reason: e.to_string(),
-                        })?;
-                    let e = Entry {
-                        size: g.size,
-                        location: g.location,
-                        lease: HeldLease::from_grant(
-                            addr.offset,
-                            requested_at,
-                            Duration::from_nanos(g.duration_ns),
-                            self.cfg.lease_skew,
-                        ),
-                        epoch,
-                    };
+                    let e = self.granted(addr, requested_at, epoch, &rest)?;
                     if self.server(addr.server)?.regions.read().epoch != epoch {
                         // Granted by a connection that has since been replaced: ask again.
                         continue;
@@ -647,9 +668,108 @@ impl GengarClient {
                 _ => {
                     return Err(Error::Server {
                         node: addr.server.0,
-                        reason: fail(addr.server, &mut r),
+                        reason: fail(addr.server, &mut Reader::new(&rest)),
                     });
                 }
+            }
+        }
+    }
+
+    fn lease_request(&self, addr: GlobalAddr) -> Vec<u8> {
+        Writer::tagged(tag::LEASE)
+            .u64(self.id)
+            .u64(addr.offset)
+            .u32(addr.generation)
+            .finish()
+    }
+
+    /// The entry a lease grant (the reply's rest) makes, counted from `requested_at`.
+    fn granted(
+        &self,
+        addr: GlobalAddr,
+        requested_at: Timestamp,
+        epoch: u64,
+        rest: &[u8],
+    ) -> Result<Entry> {
+        let g: LeaseGrant =
+            proto::decode_grant(&mut Reader::new(rest)).map_err(|e| Error::Protocol {
+                node: addr.server.0,
+                reason: e.to_string(),
+            })?;
+        let duration = Duration::from_nanos(g.duration_ns);
+        let usable = duration.saturating_sub(self.cfg.lease_skew);
+        Ok(Entry {
+            size: g.size,
+            location: g.location,
+            lease: HeldLease::from_grant(addr.offset, requested_at, duration, self.cfg.lease_skew),
+            epoch,
+            renew_at: requested_at.saturating_add(usable / 2),
+        })
+    }
+
+    /// Past half of `addr`'s lease: installs the renewal in flight if its reply is in, or
+    /// posts one. Never waits; a renewal that fails leaves the lease to lapse and be taken
+    /// again by the access that needs it.
+    fn renew_early(&self, addr: GlobalAddr, epoch: u64) {
+        let mut renewing = self.renewing.lock();
+        if let Some(r) = renewing.get_mut(&addr) {
+            let mut cx = Context::from_waker(std::task::Waker::noop());
+            let Poll::Ready(reply) = Pin::new(&mut r.reply).poll(&mut cx) else {
+                return;
+            };
+            let r = renewing.remove(&addr).expect("polled just now");
+            drop(renewing);
+            self.install_renewal(addr, r.requested_at, r.epoch, reply);
+            return;
+        }
+        let requested_at = self.clock.now();
+        if let Ok(reply) = self
+            .ep
+            .post_rpc(tags::RENEW, addr.server, &self.lease_request(addr))
+        {
+            let mut reply = reply;
+            // Polled once now, so that its timeout runs from here (and progress is driven).
+            let mut cx = Context::from_waker(std::task::Waker::noop());
+            if let Poll::Ready(reply) = Pin::new(&mut reply).poll(&mut cx) {
+                drop(renewing);
+                self.install_renewal(addr, requested_at, epoch, reply);
+                return;
+            }
+            renewing.insert(
+                addr,
+                Renewal {
+                    requested_at,
+                    epoch,
+                    reply,
+                },
+            );
+        }
+    }
+
+    /// Installs an early renewal's lease (unless the table holds a longer one, or the
+    /// connection it came from was replaced). Any failure is dropped: the access that finds
+    /// the lease lapsed takes a new one.
+    fn install_renewal(
+        &self,
+        addr: GlobalAddr,
+        requested_at: Timestamp,
+        epoch: u64,
+        reply: dmkit_verbs::Result<Vec<u8>>,
+    ) -> Option<Entry> {
+        let reply = reply.ok()?;
+        let (Status::Ok, rest) = self.reply_head(addr.server, &reply).ok()? else {
+            return None;
+        };
+        let e = self.granted(addr, requested_at, epoch, &rest).ok()?;
+        if self.server(addr.server).ok()?.regions.read().epoch != epoch {
+            return None;
+        }
+        let mut table = self.table.lock();
+        match table.get(&addr) {
+            Some(old) if old.epoch == epoch && old.lease.deadline >= e.lease.deadline => Some(*old),
+            _ => {
+                table.insert(addr, e);
+                Some(e)
             }
         }
     }

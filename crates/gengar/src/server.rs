@@ -44,6 +44,8 @@ pub struct ServerConfig {
     pub tuner: TunerConfig,
     /// Objects need a heat of at least this many accesses to be considered hot (the heat is
     /// the window's count plus the decayed heat of earlier windows, see `history_decay`).
+    /// Only hot objects displace DRAM residents; DRAM that is free also takes lukewarm
+    /// objects (a heat of at least one access), which the next hot object displaces.
     pub min_hot_count: u64,
     /// Share of an object's heat kept from one window to the next (0 = every window is
     /// judged alone). Short windows see only a few accesses of all but the hottest objects;
@@ -468,11 +470,17 @@ impl GengarServer {
         };
         // Every object reported this window (that still exists), with its merged count.
         let reported = self.selector.finish_window(u64::MAX, size_of).hot;
-        let hot = self.heat_window(&reported, self.dram.free_bytes() + self.cached_bytes());
+        let (hot, lukewarm) =
+            self.heat_window(&reported, self.dram.free_bytes() + self.cached_bytes());
         let plan = if self.cfg.dram_bytes == 0 {
             dmkit_cache::Plan::default()
         } else {
-            self.policy.lock().plan(&hot)
+            // The hot objects first (they may displace colder residents); then what DRAM has
+            // free takes the lukewarm ones, which displace nothing.
+            let mut policy = self.policy.lock();
+            let mut plan = policy.plan(&hot);
+            plan.promote.extend(policy.fill(&lukewarm));
+            plan
         };
         // Fence every object that moves at once, so their leases drain together, then give
         // late operations their grace once.
@@ -524,9 +532,14 @@ impl GengarServer {
         (promoted, evicted)
     }
 
-    /// Folds one window's counts into the decayed heat and selects the hottest objects (heat
-    /// at least `min_hot_count`) that fit `capacity` bytes, hottest first.
-    fn heat_window(&self, reported: &[HotObject], capacity: u64) -> Vec<HotObject> {
+    /// Folds one window's counts into the decayed heat and selects, hottest first, the hot
+    /// objects (heat at least `min_hot_count`) that fit `capacity` bytes, then the lukewarm
+    /// ones (heat of at least one access, under `min_hot_count`) that fit what is left.
+    fn heat_window(
+        &self,
+        reported: &[HotObject],
+        capacity: u64,
+    ) -> (Vec<HotObject>, Vec<HotObject>) {
         let mut heat = self.heat.lock();
         let d = self.cfg.history_decay;
         heat.retain(|_, h| {
@@ -541,12 +554,12 @@ impl GengarServer {
         }
         let mut ranked: Vec<(f64, u64)> = heat
             .iter()
-            .filter(|(_, h)| **h >= self.cfg.min_hot_count as f64)
+            .filter(|(_, h)| **h >= 1.0)
             .map(|(o, h)| (*h, *o))
             .collect();
         drop(heat);
         ranked.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-        let mut out = Vec::new();
+        let (mut hot, mut lukewarm) = (Vec::new(), Vec::new());
         let mut bytes = 0;
         for (h, obj) in ranked {
             let sz = match size.get(&obj) {
@@ -563,13 +576,18 @@ impl GengarServer {
                 continue;
             }
             bytes += sz;
-            out.push(HotObject {
+            let o = HotObject {
                 obj,
                 count: h.round() as u64,
                 size: sz,
-            });
+            };
+            if h >= self.cfg.min_hot_count as f64 {
+                hot.push(o);
+            } else {
+                lukewarm.push(o);
+            }
         }
-        out
+        (hot, lukewarm)
     }
 
     fn cached_bytes(&self) -> u64 {

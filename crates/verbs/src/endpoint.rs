@@ -317,6 +317,17 @@ impl Endpoint {
         Ok(r)
     }
 
+    /// Posts an RPC to the node's handler and returns at once: the reply is the returned
+    /// [`Pending`], for work off the caller's path (a lease renewed before it lapses, say).
+    /// One round trip, counted under `tag`. Unlike [`Endpoint::rpc_async`], awaiting it does
+    /// not advance this endpoint's modeled clock: on a latency model, nobody waited for it.
+    pub fn post_rpc(&self, tag: Tag, node: NodeId, req: &[u8]) -> Result<Pending<Vec<u8>>> {
+        let conn = self.connection(node)?;
+        self.inner.stats.round_trip(tag);
+        self.inner.stats.rpc(tag, req.len());
+        Ok(conn.rpc(req, self.ctx()))
+    }
+
     /// Work posted on this endpoint's connections and not yet completed (see
     /// [`Connection::in_flight`]).
     pub fn in_flight(&self) -> usize {

@@ -118,6 +118,16 @@ impl InFlight {
     }
 }
 
+/// Who waits for a message from the node, by request id.
+enum Reply {
+    /// A control message (the region table).
+    Message(Arc<Slot<chan::Message>>),
+    /// An RPC's reply.
+    Rpc(Arc<Slot<Vec<u8>>>),
+    /// A batch of durable writes, done once the node says it persisted them.
+    Persist(InFlight),
+}
+
 struct Shared {
     // Field order is drop order: the QP goes (with the last CmId Arc, held by `chan`) before
     // the buffers in `inflight` that the NIC might still touch.
@@ -130,7 +140,10 @@ struct Shared {
     node: NodeId,
     peer: String,
     regions: Mutex<Table>,
-    rpcs: Mutex<HashMap<u64, Arc<Slot<chan::Message>>>>,
+    rpcs: Mutex<HashMap<u64, Reply>>,
+    /// Persist requests to send (the sender thread's queue: the poller must not block on
+    /// the channel's credits).
+    persist_tx: OnceLock<Mutex<std::sync::mpsc::Sender<(u64, Vec<u8>)>>>,
     next_id: AtomicU64,
     sq_depth: u32,
     sq_free: Mutex<u32>,
@@ -327,6 +340,7 @@ impl RdmaConnection {
             peer: addr.to_string(),
             regions: Mutex::new(regions),
             rpcs: Mutex::new(HashMap::default()),
+            persist_tx: OnceLock::new(),
             next_id: AtomicU64::new(1),
             sq_depth: send_depth,
             sq_free: Mutex::new(send_depth),
@@ -452,12 +466,66 @@ impl Shared {
         }
         let id = s.next_id.fetch_add(1, Ordering::Relaxed);
         let slot = Slot::new();
-        s.rpcs.lock().insert(id, slot.clone());
+        s.rpcs.lock().insert(id, Reply::Message(slot.clone()));
         if let Err(e) = s.chan.send(k, id, body, s.op_timeout) {
             s.rpcs.lock().remove(&id);
             return Pending::ready(s.node, Err(e));
         }
         Pending::waiting(s.node, slot, s.op_timeout, Some(self.timeout_hook()))
+    }
+
+    /// Sends an RPC and returns at once; the reply completes the returned pending (the
+    /// caller may keep many in flight).
+    fn rpc_pending(self: &Arc<Self>, body: &[u8]) -> Pending<Vec<u8>> {
+        if !self.alive.load(Ordering::SeqCst) {
+            return Pending::ready(self.node, Err(self.dead()));
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let slot = Slot::new();
+        self.rpcs.lock().insert(id, Reply::Rpc(slot.clone()));
+        if let Err(e) = self.chan.send(kind::RPC, id, body, self.op_timeout) {
+            self.rpcs.lock().remove(&id);
+            return Pending::ready(self.node, Err(e));
+        }
+        Pending::waiting(self.node, slot, self.op_timeout, Some(self.timeout_hook()))
+            .with_progress(self.progress())
+    }
+
+    /// Queues the persist request of `f` (its durable writes completed) for the sender
+    /// thread; the node's answer completes `f` (see `deliver`).
+    fn send_persist(self: &Arc<Self>, f: InFlight) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let body = f.persist().to_vec();
+        self.rpcs.lock().insert(id, Reply::Persist(f));
+        let tx = self.persist_tx.get_or_init(|| {
+            let (tx, rx) = std::sync::mpsc::channel::<(u64, Vec<u8>)>();
+            // Weak: the thread ends with the connection (its queue's sender goes with it).
+            let weak = Arc::downgrade(self);
+            let spawned = std::thread::Builder::new()
+                .name(format!("dmkit-rdma-persist-{}", self.node))
+                .spawn(move || {
+                    for (id, body) in rx {
+                        let Some(s) = weak.upgrade() else { return };
+                        if let Err(e) = s.chan.send(kind::PERSIST, id, &body, s.op_timeout) {
+                            if let Some(Reply::Persist(f)) = s.rpcs.lock().remove(&id) {
+                                f.slot.complete(Err(e));
+                            }
+                        }
+                    }
+                });
+            if let Err(e) = spawned {
+                tracing::warn!(node = %self.node, error = %e, "cannot start the persist sender");
+            }
+            Mutex::new(tx)
+        });
+        if tx.lock().send((id, body)).is_err() {
+            if let Some(Reply::Persist(f)) = self.rpcs.lock().remove(&id) {
+                f.slot.complete(Err(Error::Disconnected {
+                    node: self.node,
+                    reason: "the persist sender thread is gone".into(),
+                }));
+            }
+        }
     }
 
     fn kill(&self, reason: String) {
@@ -471,14 +539,33 @@ impl Shared {
             node: self.node,
             reason: reason.clone(),
         };
-        for (_, s) in self.rpcs.lock().drain() {
-            s.complete(Err(e()));
+        for (_, r) in self.rpcs.lock().drain() {
+            match r {
+                Reply::Message(s) => s.complete(Err(e())),
+                Reply::Rpc(s) => s.complete(Err(e())),
+                Reply::Persist(f) => f.slot.complete(Err(e())),
+            }
         }
         // Buffers stay in `inflight` until the flush completions say the NIC is done.
         for f in self.inflight.lock().values() {
             f.slot.complete(Err(e()));
         }
         self.sq_cv.notify_all();
+    }
+
+    /// The node's answer to `f`'s persist request: the batch completes (with a persist
+    /// fault on its first durable write if the node could not persist).
+    fn persisted(&self, mut f: InFlight, m: &chan::Message) {
+        if m.kind != kind::PERSIST_RESP || m.body != [0] {
+            let index = f
+                .ops
+                .iter()
+                .position(|o| matches!(o.kind, OpKind::Write { durable: true }))
+                .unwrap_or(0);
+            f.extra.get_or_insert_with(Box::default).fault =
+                Some((index, AccessFault::PersistFailed));
+        }
+        self.finish(f);
     }
 
     fn finish(&self, mut f: InFlight) {
@@ -581,31 +668,7 @@ impl Shared {
         }
         // Durable writes to persistent memory: the data has been flushed to the node's memory
         // by the read-after-write; now the node persists it, then the batch completes.
-        let s = self.clone();
-        std::thread::spawn(move || {
-            let body = f.persist().to_vec();
-            let id = s.next_id.fetch_add(1, Ordering::Relaxed);
-            let slot = Slot::new();
-            s.rpcs.lock().insert(id, slot.clone());
-            let sent = s.chan.send(kind::PERSIST, id, &body, s.op_timeout);
-            let r = sent.and_then(|()| Pending::waiting(s.node, slot, s.op_timeout, None).wait());
-            s.rpcs.lock().remove(&id);
-            match r {
-                Ok(m) if m.body == [0] => s.finish(f),
-                Ok(_) => {
-                    let mut f = f;
-                    let index = f
-                        .ops
-                        .iter()
-                        .position(|o| matches!(o.kind, OpKind::Write { durable: true }))
-                        .unwrap_or(0);
-                    f.extra.get_or_insert_with(Box::default).fault =
-                        Some((index, AccessFault::PersistFailed));
-                    s.finish(f);
-                }
-                Err(e) => f.slot.complete(Err(e)),
-            }
-        });
+        self.send_persist(f);
     }
 }
 
@@ -672,8 +735,19 @@ fn deliver(s: &Arc<Shared>, wc: &sys::ibv_wc) {
             }
             match s.chan.on_recv(wc.wr_id, wc.byte_len as usize) {
                 Ok(Some(m)) => {
-                    if let Some(slot) = s.rpcs.lock().remove(&m.req) {
-                        slot.complete(Ok(m));
+                    let waiting = s.rpcs.lock().remove(&m.req);
+                    match waiting {
+                        Some(Reply::Message(slot)) => slot.complete(Ok(m)),
+                        Some(Reply::Rpc(slot)) => slot.complete(if m.kind == kind::RPC_OK {
+                            Ok(m.body)
+                        } else {
+                            Err(Error::Rpc {
+                                node: s.node,
+                                reason: String::from_utf8_lossy(&m.body).into_owned(),
+                            })
+                        }),
+                        Some(Reply::Persist(f)) => s.persisted(f, &m),
+                        None => {}
                     }
                 }
                 Ok(None) => {}
@@ -1409,19 +1483,7 @@ impl Connection for RdmaConnection {
     }
 
     fn rpc(&self, req: &[u8], _ctx: PostCtx) -> Pending<Vec<u8>> {
-        let s = self.shared();
-        let node = s.node;
-        match s.message(kind::RPC, req).wait() {
-            Ok(m) if m.kind == kind::RPC_OK => Pending::ready(node, Ok(m.body)),
-            Ok(m) => Pending::ready(
-                node,
-                Err(Error::Rpc {
-                    node,
-                    reason: String::from_utf8_lossy(&m.body).into_owned(),
-                }),
-            ),
-            Err(e) => Pending::ready(node, Err(e)),
-        }
+        self.shared().rpc_pending(req)
     }
 
     fn is_alive(&self) -> bool {

@@ -37,6 +37,10 @@ struct Conn {
     stop: AtomicBool,
     saved: Mutex<Option<Box<sys::ibv_qp_attr>>>,
     tx: Mutex<mpsc::Sender<Message>>,
+    /// Persist requests go to a worker of their own: an RPC never queues behind a burst of
+    /// durable writes' persists (nothing orders the two: a durable write completes only
+    /// once its persist is answered).
+    persist_tx: Mutex<mpsc::Sender<Message>>,
     peer: Peer,
 }
 
@@ -395,6 +399,7 @@ fn accept(shared: &Arc<Shared>, mut id: CmId) -> Result<()> {
         }
     };
     let (tx, rx) = mpsc::channel();
+    let (persist_tx, persist_rx) = mpsc::channel();
     let conn_id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
     let conn = Arc::new(Conn {
         id: id.clone(),
@@ -403,6 +408,7 @@ fn accept(shared: &Arc<Shared>, mut id: CmId) -> Result<()> {
         stop: AtomicBool::new(false),
         saved: Mutex::new(None),
         tx: Mutex::new(tx),
+        persist_tx: Mutex::new(persist_tx),
         peer: Peer {
             conn_id,
             addr: format!("rdma-conn-{conn_id}"),
@@ -410,12 +416,16 @@ fn accept(shared: &Arc<Shared>, mut id: CmId) -> Result<()> {
     });
     shared.conns.lock().insert(id.raw() as usize, conn.clone());
     let (c1, c2, s2) = (conn.clone(), conn.clone(), shared.clone());
+    let (c3, s3) = (conn.clone(), shared.clone());
     std::thread::Builder::new()
         .name(format!("dmkit-rdma-cq-{conn_id}"))
         .spawn(move || poll_loop(&c1, &cq))?;
     std::thread::Builder::new()
         .name(format!("dmkit-rdma-srv-{conn_id}"))
         .spawn(move || worker(&s2, &c2, &rx))?;
+    std::thread::Builder::new()
+        .name(format!("dmkit-rdma-persist-{conn_id}"))
+        .spawn(move || worker(&s3, &c3, &persist_rx))?;
     if let Err(e) = id.accept(resources) {
         shared.conns.lock().remove(&(id.raw() as usize));
         conn.close();
@@ -447,7 +457,11 @@ fn poll_loop(conn: &Conn, cq: &Cq) {
             }
             match conn.chan.on_recv(wc.wr_id, wc.byte_len as usize) {
                 Ok(Some(m)) => {
-                    let _ = conn.tx.lock().send(m);
+                    let _ = if m.kind == kind::PERSIST {
+                        conn.persist_tx.lock().send(m)
+                    } else {
+                        conn.tx.lock().send(m)
+                    };
                 }
                 Ok(None) => {}
                 Err(e) => {
