@@ -76,7 +76,7 @@ G read "${obj[1]}" >/dev/null 2>"$W/down.err"
 rc=$?
 set -e
 [ "$rc" = 3 ] || fail "a read from the killed server exited $rc: $(cat "$W/down.err")"
-grep -q "server 1 is down\|no memory node\|cannot connect" "$W/down.err" \
+grep -q "server 1 is down\|no Gengar server\|cannot connect" "$W/down.err" \
   || fail "unclear error for the killed server: $(cat "$W/down.err")"
 echo "   killed server: $(cat "$W/down.err")"
 [ "$(G read "${obj[0]}" | tr -d '\0')" = "on server zero" ] || fail "the live server's object"

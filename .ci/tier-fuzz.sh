@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Tier: a short smoke run (10 s each) of every cargo-fuzz target (nightly toolchain; cargo-fuzz from
+# Tier: a short smoke run (5 s each) of every cargo-fuzz target (nightly toolchain; cargo-fuzz from
 # crates.io). Long runs: `cargo +nightly fuzz run -O TARGET -- -max_total_time=600` in fuzz/.
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
@@ -11,5 +11,5 @@ command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked
 cargo +nightly fuzz build --dev
 for t in tcp_frame slot_codec log_entry pool_superblock resp_parser; do
   echo "tier-fuzz: $t"
-  cargo +nightly fuzz run --dev "$t" -- -max_total_time=10 -rss_limit_mb=2048
+  cargo +nightly fuzz run --dev "$t" -- -max_total_time=5 -rss_limit_mb=2048
 done

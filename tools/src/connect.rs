@@ -105,6 +105,21 @@ pub fn endpoint_with(
     bound: Option<std::time::Duration>,
     warn: bool,
 ) -> Result<Endpoint, CliError> {
+    endpoint_of(file, bound, warn, "memory node")
+}
+
+/// [`endpoint`] for a cluster file of Gengar servers (the messages name them so).
+pub fn gengar_endpoint(file: &ClusterFile) -> Result<Endpoint, CliError> {
+    endpoint_of(file, None, true, "Gengar server")
+}
+
+/// Connects to every member of `file` that answers; `noun` names a member in messages.
+fn endpoint_of(
+    file: &ClusterFile,
+    bound: Option<std::time::Duration>,
+    warn: bool,
+    noun: &str,
+) -> Result<Endpoint, CliError> {
     let c = connector_bounded(file, bound)?;
     let ep = match c
         .buf_allocator()
@@ -127,15 +142,15 @@ pub fn endpoint_with(
     }
     if ep.nodes().is_empty() {
         return Err(CliError::runtime(match failed.pop() {
-            Some((_, e)) => format!("no memory node answers: {e}"),
-            None => "the cluster file names no memory node".into(),
+            Some((_, e)) => format!("no {noun} answers: {e}"),
+            None => format!("the cluster file names no {noun}"),
         }));
     }
     // Some answered: go on without the others (the master fails them over).
     for (m, e) in failed {
         if warn {
             tracing::warn!(
-                "memory node {} at {} does not answer ({e}); going on with the others",
+                "{noun} {} at {} does not answer ({e}); going on with the others",
                 m.id,
                 m.addr
             );

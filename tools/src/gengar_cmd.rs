@@ -82,7 +82,7 @@ pub fn parse_addr(s: &str) -> Result<GlobalAddr, String> {
 /// A Gengar client of the file's servers over its backend, reconnecting to a server that
 /// restarts.
 pub fn client(file: &ClusterFile, id: u64) -> Result<GengarClient, CliError> {
-    let ep = crate::connect::endpoint(file).map_err(|e| CliError::with_code(e.msg, 3))?;
+    let ep = crate::connect::gengar_endpoint(file).map_err(|e| CliError::with_code(e.msg, 3))?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
     let c = GengarClient::new(ep, id, ClientConfig::default(), clock).map_err(failed)?;
     c.set_reconnect(crate::connect::reconnect(file)?);

@@ -37,7 +37,7 @@ pub struct GengarServerArgs {
     #[arg(long, value_parser = crate::size::parse_size)]
     pub size: Option<u64>,
     /// DRAM buffer for hot objects, e.g. 16MiB (0 turns the DRAM cache off).
-    #[arg(long, value_parser = crate::size::parse_size)]
+    #[arg(long, value_parser = crate::size::parse_size_or_zero)]
     pub dram: u64,
     /// Milliseconds between two hot-object windows (promotion and eviction).
     #[arg(long, default_value_t = 100)]
@@ -103,7 +103,7 @@ pub fn run(args: GengarServerArgs) -> Result<(), CliError> {
     let (_serving, addr, how) = serve(&args, server.node().clone(), secret)?;
     let _windows = server.spawn_windows(Duration::from_millis(args.window));
     eprintln!(
-        "dmkit gengar-server: node {} serving {} NVM pool {} ({}) and {} DRAM buffer, window {} ms on {} ({}{})",
+        "dmkit gengar-server: node {} serving {} NVM pool {} ({}) and {}, window {} ms on {} ({}{})",
         args.id,
         format_size(nvm_len),
         args.pool.display(),
@@ -112,7 +112,11 @@ pub fn run(args: GengarServerArgs) -> Result<(), CliError> {
         } else {
             format!("opened, {live} objects recovered")
         },
-        format_size(dram as u64),
+        if dram == 0 {
+            "no DRAM buffer (hot-object caching off)".to_string()
+        } else {
+            format!("{} DRAM buffer", format_size(dram as u64))
+        },
         args.window,
         addr,
         how,

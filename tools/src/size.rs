@@ -42,6 +42,15 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     Ok(v)
 }
 
+/// [`parse_size`] that also takes zero (`0`, `0MiB`): for sizes where zero turns a feature
+/// off.
+pub fn parse_size_or_zero(s: &str) -> Result<u64, String> {
+    match parse_size(s) {
+        Err(e) if e.ends_with("must be greater than zero") => Ok(0),
+        r => r,
+    }
+}
+
 /// Formats bytes with the largest binary unit that divides them exactly (else with decimals).
 pub fn format_size(bytes: u64) -> String {
     const UNITS: [(&str, u64); 4] = [
@@ -69,6 +78,11 @@ mod tests {
     #[test]
     fn parses_binary_and_decimal_units() {
         assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size_or_zero("0"), Ok(0));
+        assert_eq!(parse_size_or_zero("0MiB"), Ok(0));
+        assert_eq!(parse_size_or_zero("2KiB"), Ok(2048));
+        assert!(parse_size("0").is_err());
+        assert!(parse_size_or_zero("x").is_err());
         assert_eq!(parse_size("4GiB"), Ok(4 << 30));
         assert_eq!(parse_size("4G"), Ok(4 << 30));
         assert_eq!(parse_size("512KiB"), Ok(512 << 10));
