@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Tier: the RESP gateway driven by the real Redis tools (tests/tests/resp_redis.rs: redis-cli
-# and redis-benchmark against `dmkit resp` in front of 3 memnodes and a master), and
-# `dmkit bench resp --quick` (the gateway against a real redis-server in the same run).
-# Installs Debian's redis-tools and redis-server; fails (non-zero) if it cannot: never
+# and redis-benchmark against `dmkit resp` in front of 3 memnodes and a master; a redis-py
+# session at its defaults run against the gateway and a real redis-server, the same output),
+# and `dmkit bench resp --quick` (the gateway against a real redis-server in the same run).
+# Installs Debian's redis-tools and redis-server, and redis-py from PyPI; fails (non-zero) if it cannot: never
 # passes silently.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +20,13 @@ for tool in redis-cli redis-benchmark redis-server; do
     || { echo "tier-redis: $tool is still missing after apt-get" >&2; exit 1; }
 done
 redis-server --version
+# redis-py at its defaults (HELLO 3) against the gateway and redis-server: the same script.
+if ! python3 -c 'import redis' 2>/dev/null; then
+  python3 -m pip install --quiet 'redis==8.1.0' \
+    || { echo "tier-redis: installing redis-py (pip install redis) failed" >&2; exit 1; }
+fi
+python3 -c 'import redis; print("redis-py", redis.__version__)' \
+  || { echo "tier-redis: redis-py is still missing after pip" >&2; exit 1; }
 
 DMKIT_TIER_REDIS=1 cargo test -p dmkit-tests --test resp_redis -- --ignored --nocapture
 cargo run -q -p dmkit-tools --bin dmkit -- bench resp --quick --requests 5000 \

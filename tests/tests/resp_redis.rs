@@ -310,3 +310,86 @@ fn redis_benchmark_completes_without_errors() {
     // The data is really there: the keys redis-benchmark wrote are readable.
     assert_eq!(cli(&p, &["EXISTS", "key:__rand_int__"]), "(integer) 1");
 }
+
+/// redis-server on a free loopback port, without persistence; killed when dropped.
+struct RedisServer(std::process::Child, String);
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_redis_server() -> RedisServer {
+    need("redis-server", "redis-server");
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string();
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            &port,
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run redis-server");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(format!("127.0.0.1:{port}")).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "redis-server did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    RedisServer(child, port)
+}
+
+#[test]
+#[ignore = "needs redis-server and redis-py (pip install redis): run .ci/tier-redis.sh"]
+fn redis_py_at_its_defaults_sees_what_redis_server_gives() {
+    // The newest redis-py opens every connection with HELLO 3 (RESP3).
+    let has_py = Command::new("python3")
+        .args(["-c", "import redis"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        has_py,
+        "redis-py not found: `python3 -m pip install redis` (or run .ci/tier-redis.sh)"
+    );
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/redis_py_session.py");
+    let session = |port: &str| {
+        let out = Command::new("python3")
+            .args([script, port])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run python3");
+        assert!(
+            out.status.success(),
+            "redis-py session against port {port}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let redis = start_redis_server();
+    let expected = session(&redis.1);
+    let c = start_cluster(3, 3);
+    let (_gw, addr) = start_gateway(&c, 7340005);
+    let got = session(&port_of(&addr));
+    eprintln!("redis-py session against the gateway:\n{got}");
+    assert_eq!(
+        got, expected,
+        "the gateway and redis-server answered differently"
+    );
+    assert!(got.contains("empty key get: b'empty'"), "{got}");
+}

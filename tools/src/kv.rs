@@ -178,8 +178,7 @@ fn node_failure(e: &dmkit_fusee::Error) -> bool {
 fn is_usage(e: &dmkit_fusee::Error) -> bool {
     matches!(
         e,
-        dmkit_fusee::Error::EmptyKey
-            | dmkit_fusee::Error::KeyTooLong(_)
+        dmkit_fusee::Error::KeyTooLong(_)
             | dmkit_fusee::Error::ValueTooLong(_)
             | dmkit_fusee::Error::ObjectTooLarge(..)
     )

@@ -31,9 +31,6 @@ pub struct FuseeBackend(pub Client);
 
 impl KvBackend for FuseeBackend {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, String> {
-        if key.is_empty() {
-            return Ok(None);
-        }
         self.0.search(key).map_err(|e| e.to_string())
     }
 
@@ -51,9 +48,6 @@ impl KvBackend for FuseeBackend {
     }
 
     fn delete(&self, key: &[u8]) -> Result<bool, String> {
-        if key.is_empty() {
-            return Ok(false);
-        }
         Ok(self.0.delete(key).map_err(|e| e.to_string())? == DeleteResult::Deleted)
     }
 
@@ -63,9 +57,6 @@ impl KvBackend for FuseeBackend {
     ) -> Option<dmkit_tools::resp::BoxFuture<Result<Option<Vec<u8>>, String>>> {
         let c = self.0.clone();
         Some(Box::pin(async move {
-            if key.is_empty() {
-                return Ok(None);
-            }
             c.search_async(&key).await.map_err(|e| e.to_string())
         }))
     }
@@ -97,9 +88,6 @@ impl KvBackend for FuseeBackend {
     ) -> Option<dmkit_tools::resp::BoxFuture<Result<bool, String>>> {
         let c = self.0.clone();
         Some(Box::pin(async move {
-            if key.is_empty() {
-                return Ok(false);
-            }
             Ok(c.delete_async(&key).await.map_err(|e| e.to_string())? == DeleteResult::Deleted)
         }))
     }

@@ -497,13 +497,6 @@ impl Client {
         dmkit_verbs::block_on(self.inner.reclaim())
     }
 
-    fn check_key(key: &[u8]) -> Result<()> {
-        if key.is_empty() {
-            return Err(Error::EmptyKey);
-        }
-        Ok(())
-    }
-
     /// SEARCH: the value of `key`. One round trip on an address-cache hit (the slot and the
     /// object read together), two otherwise (buckets, then object).
     pub fn search(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
@@ -514,7 +507,6 @@ impl Client {
     /// any executor.
     pub async fn search_async(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         op_timed("search", async move {
-            Self::check_key(key)?;
             self.with_failover_async(
                 || self.search_once_async(key),
                 Some(&|view: &ClusterView, index: &RaceIndex| {
@@ -590,7 +582,6 @@ impl Client {
     /// [`Client::insert`], awaited.
     pub async fn insert_async(&self, key: &[u8], value: &[u8]) -> Result<InsertResult> {
         op_timed("insert", async move {
-            Self::check_key(key)?;
             let last = Mutex::new(None);
             self.with_failover_async(
                 || self.insert_once(key, value, &last),
@@ -656,7 +647,6 @@ impl Client {
     /// [`Client::update`], awaited.
     pub async fn update_async(&self, key: &[u8], value: &[u8]) -> Result<UpdateResult> {
         op_timed("update", async move {
-            Self::check_key(key)?;
             let last = Mutex::new(None);
             self.with_failover_async(
                 || self.update_once(key, value, &last),
@@ -737,7 +727,6 @@ impl Client {
     /// [`Client::delete`], awaited.
     pub async fn delete_async(&self, key: &[u8]) -> Result<DeleteResult> {
         op_timed("delete", async move {
-            Self::check_key(key)?;
             let last = Mutex::new(None);
             self.with_failover_async(
                 || self.delete_once(key, &last),

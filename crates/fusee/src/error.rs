@@ -11,8 +11,6 @@ pub enum Error {
     KeyTooLong(usize),
     #[error("value of {0} bytes is too long")]
     ValueTooLong(usize),
-    #[error("keys must not be empty")]
-    EmptyKey,
     /// The KV pair does not fit the largest size class.
     #[error("a KV pair of {0} bytes exceeds the largest object of {1} bytes")]
     ObjectTooLarge(usize, usize),

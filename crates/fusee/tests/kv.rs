@@ -286,3 +286,28 @@ fn a_mixed_workload_matches_a_local_model() {
         }
     }
 }
+
+#[test]
+fn the_empty_key_and_the_empty_value_are_keys_and_values_like_any() {
+    for r in [1, 3] {
+        let c = cluster(3, r);
+        let k = c.client(1).unwrap();
+        assert_eq!(k.search(b"").unwrap(), None);
+        assert_eq!(k.insert(b"", b"").unwrap(), InsertResult::Inserted);
+        assert_eq!(k.search(b"").unwrap().as_deref(), Some(&b""[..]));
+        assert_eq!(k.insert(b"a", b"x").unwrap(), InsertResult::Inserted);
+        assert_eq!(k.update(b"", b"v").unwrap(), UpdateResult::Updated);
+        let k2 = c.client(2).unwrap();
+        assert_eq!(k2.search(b"").unwrap().as_deref(), Some(&b"v"[..]));
+        assert_eq!(k2.search(b"a").unwrap().as_deref(), Some(&b"x"[..]));
+        assert_eq!(k2.delete(b"").unwrap(), DeleteResult::Deleted);
+        assert_eq!(k.search(b"").unwrap(), None);
+        assert_eq!(k.search(b"a").unwrap().as_deref(), Some(&b"x"[..]));
+        // A client restarted with its id recovers its log (the empty key's entries in it).
+        drop(k);
+        let (k, _) = c.recover(1).unwrap();
+        assert_eq!(k.search(b"").unwrap(), None);
+        k.upsert(b"", b"w").unwrap();
+        assert_eq!(k2.search(b"").unwrap().as_deref(), Some(&b"w"[..]));
+    }
+}

@@ -182,9 +182,11 @@ pub enum Reply {
     Error(String),
     Integer(i64),
     Bulk(Vec<u8>),
-    /// `$-1`
+    /// `$-1` (RESP3: `_`)
     Nil,
     Array(Vec<Reply>),
+    /// A map (RESP3 `%`; RESP2 sends its keys and values as one flat array, as Redis does).
+    Map(Vec<(Reply, Reply)>),
 }
 
 impl Reply {
@@ -197,8 +199,13 @@ impl Reply {
         Reply::Error(format!("ERR {msg}"))
     }
 
-    /// Appends the wire form to `out`.
+    /// Appends the RESP2 wire form to `out`.
     pub fn encode(&self, out: &mut Vec<u8>) {
+        self.encode_as(out, false);
+    }
+
+    /// Appends the wire form to `out`: RESP3 (after `HELLO 3`) or RESP2.
+    pub fn encode_as(&self, out: &mut Vec<u8>, resp3: bool) {
         match self {
             Reply::Simple(s) => {
                 out.push(b'+');
@@ -221,11 +228,23 @@ impl Reply {
                 out.extend_from_slice(b);
                 out.extend_from_slice(b"\r\n");
             }
+            Reply::Nil if resp3 => out.extend_from_slice(b"_\r\n"),
             Reply::Nil => out.extend_from_slice(b"$-1\r\n"),
             Reply::Array(items) => {
                 out.extend_from_slice(format!("*{}\r\n", items.len()).as_bytes());
                 for i in items {
-                    i.encode(out);
+                    i.encode_as(out, resp3);
+                }
+            }
+            Reply::Map(pairs) => {
+                if resp3 {
+                    out.extend_from_slice(format!("%{}\r\n", pairs.len()).as_bytes());
+                } else {
+                    out.extend_from_slice(format!("*{}\r\n", pairs.len() * 2).as_bytes());
+                }
+                for (k, v) in pairs {
+                    k.encode_as(out, resp3);
+                    v.encode_as(out, resp3);
                 }
             }
         }
@@ -292,6 +311,19 @@ mod tests {
             ..Limits::default()
         };
         assert!(parse_command(b"aaaaaaaaaaaaaaaaaaaaaa", &small).is_err());
+    }
+
+    #[test]
+    fn encodes_resp3_nulls_and_maps() {
+        let r = Reply::Array(vec![
+            Reply::Nil,
+            Reply::Map(vec![(Reply::Bulk(b"k".to_vec()), Reply::Integer(1))]),
+        ]);
+        let (mut v2, mut v3) = (Vec::new(), Vec::new());
+        r.encode(&mut v2);
+        r.encode_as(&mut v3, true);
+        assert_eq!(v2, b"*2\r\n$-1\r\n*2\r\n$1\r\nk\r\n:1\r\n");
+        assert_eq!(v3, b"*2\r\n_\r\n%1\r\n$1\r\nk\r\n:1\r\n");
     }
 
     #[test]

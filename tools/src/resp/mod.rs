@@ -1,6 +1,13 @@
-//! A Redis-protocol (RESP2) gateway: Redis clients talk to a key-value backend (FUSEE) through
-//! GET, SET (NX/XX), SETNX, DEL, EXISTS, MGET, MSET, PING, ECHO, INFO, COMMAND, SELECT 0 and
-//! QUIT, with Redis's error formats and pipelining.
+//! A Redis-protocol gateway (RESP2, and RESP3 after `HELLO 3`): Redis clients talk to a
+//! key-value backend (FUSEE) through GET, SET (NX/XX), SETNX, DEL, EXISTS, MGET, MSET, PING,
+//! ECHO, INFO, COMMAND, CONFIG GET, SELECT 0, TIME, HELLO, AUTH, CLIENT (ID, SETNAME,
+//! GETNAME, LIST, INFO, SETINFO), MULTI/EXEC/DISCARD, RESET and QUIT, with Redis's error
+//! formats and pipelining.
+//!
+//! **Transactions**: `EXEC` applies a `MULTI` block that holds one command (it runs alone,
+//! so whole or not at all). A block of several commands is discarded with `EXECABORT` and
+//! nothing applied: this store cannot yet make several commands one atomic step, and it
+//! never half-applies one. `WATCH` is refused for the same reason.
 
 pub mod codec;
 
@@ -106,6 +113,17 @@ struct Shared {
     /// Open connections' tasks, to end them when the gateway is dropped.
     conns: parking_lot::Mutex<std::collections::HashMap<u64, tokio::task::AbortHandle>>,
     next_conn: AtomicU64,
+    /// Open connections as CLIENT LIST shows them.
+    clients_info: parking_lot::Mutex<std::collections::BTreeMap<u64, ClientInfo>>,
+}
+
+/// A connection as CLIENT LIST shows it.
+#[derive(Debug, Clone)]
+struct ClientInfo {
+    peer: String,
+    name: String,
+    since: Instant,
+    last_command: String,
 }
 
 /// A command on keys for the dispatcher, and where its reply goes.
@@ -213,6 +231,7 @@ impl RespServer {
             jobs,
             conns: parking_lot::Mutex::new(std::collections::HashMap::new()),
             next_conn: AtomicU64::new(0),
+            clients_info: parking_lot::Mutex::new(std::collections::BTreeMap::new()),
         });
         metrics::gauge!("dmkit_resp_connected_clients").set(0.0);
         let dispatcher = handle.spawn(dispatch(rx));
@@ -266,8 +285,9 @@ async fn accept_loop(s: Arc<Shared>, l: tokio::net::TcpListener) {
                 // The map is updated under its lock before the task can remove its entry.
                 let mut conns = s.conns.lock();
                 let task = tokio::spawn(async move {
-                    serve(s2.clone(), conn).await;
+                    serve(s2.clone(), conn, id).await;
                     s2.conns.lock().remove(&id);
+                    s2.clients_info.lock().remove(&id);
                 });
                 conns.insert(id, task.abort_handle());
             }
@@ -376,8 +396,9 @@ fn submit(s: &Arc<Shared>, args: Vec<Vec<u8>>) -> BoxFuture<Reply> {
     })
 }
 
-/// Replies of everything in flight, in order, into `out`: the commands run concurrently.
-async fn finish(running: &mut Vec<Running>, out: &mut Vec<u8>) {
+/// Replies of everything in flight, in order, into `out` (RESP3 if `resp3`): the commands
+/// run concurrently.
+async fn finish(running: &mut Vec<Running>, out: &mut Vec<u8>, resp3: bool) {
     let tasks: Vec<BoxFuture<Reply>> = running
         .drain(..)
         .map(|r| match r {
@@ -386,16 +407,47 @@ async fn finish(running: &mut Vec<Running>, out: &mut Vec<u8>) {
         })
         .collect();
     for r in dmkit_verbs::join_all(tasks).await {
-        r.encode(out);
+        r.encode_as(out, resp3);
     }
 }
 
-async fn serve(s: Arc<Shared>, mut conn: tokio::net::TcpStream) {
+/// A connection's own state: its protocol, name and open transaction.
+struct ConnState {
+    id: u64,
+    resp3: bool,
+    /// Commands queued since MULTI; `None` outside a transaction.
+    multi: Option<Vec<Vec<Vec<u8>>>>,
+    /// A command queued in this transaction was refused: EXEC discards it.
+    multi_failed: bool,
+}
+
+/// Commands that read or change the connection's state (or its transaction): they run in
+/// order with the pipeline, after the commands before them finished.
+const CONN_COMMANDS: [&str; 10] = [
+    "hello", "auth", "client", "multi", "exec", "discard", "watch", "unwatch", "reset", "quit",
+];
+
+async fn serve(s: Arc<Shared>, mut conn: tokio::net::TcpStream, id: u64) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let n = s.clients.fetch_add(1, Ordering::SeqCst) + 1;
     metrics::gauge!("dmkit_resp_connected_clients").set(n as f64);
     let _guard = Guard(&s.clients);
     let peer = conn.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+    s.clients_info.lock().insert(
+        id,
+        ClientInfo {
+            peer: peer.clone(),
+            name: String::new(),
+            since: Instant::now(),
+            last_command: String::new(),
+        },
+    );
+    let mut st = ConnState {
+        id,
+        resp3: false,
+        multi: None,
+        multi_failed: false,
+    };
     if n > s.cfg.max_clients {
         let mut out = Vec::new();
         Reply::err("max number of clients reached").encode(&mut out);
@@ -422,6 +474,25 @@ async fn serve(s: Arc<Shared>, mut conn: tokio::net::TcpStream) {
                         continue;
                     }
                     let name = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
+                    if let Some(c) = s.clients_info.lock().get_mut(&id) {
+                        c.last_command.clone_from(&name);
+                    }
+                    if st.multi.is_some() && !CONN_COMMANDS.contains(&name.as_str()) {
+                        running.push(Running::Done(queue(&s, &mut st, args)));
+                        continue;
+                    }
+                    if CONN_COMMANDS.contains(&name.as_str()) {
+                        // In order: after what came before, before what comes after.
+                        dmkit_verbs::batched(finish(&mut running, &mut out, st.resp3)).await;
+                        busy.clear();
+                        let (reply, q) = execute_conn(&s, &mut st, &args).await;
+                        reply.encode_as(&mut out, st.resp3);
+                        if q {
+                            quit = true;
+                            break;
+                        }
+                        continue;
+                    }
                     let keys = command_keys(&name, &args[1..]);
                     let Some(keys) = keys else {
                         let (reply, q) = execute_local(&s, &args);
@@ -435,7 +506,7 @@ async fn serve(s: Arc<Shared>, mut conn: tokio::net::TcpStream) {
                     if running.len() >= MAX_PIPELINE_IN_FLIGHT
                         || keys.iter().any(|k| busy.contains(*k))
                     {
-                        dmkit_verbs::batched(finish(&mut running, &mut out)).await;
+                        dmkit_verbs::batched(finish(&mut running, &mut out, st.resp3)).await;
                         busy.clear();
                     }
                     busy.extend(keys.iter().map(|k| k.to_vec()));
@@ -444,15 +515,15 @@ async fn serve(s: Arc<Shared>, mut conn: tokio::net::TcpStream) {
                 Ok(None) => break,
                 Err(e) => {
                     tracing::warn!(%peer, error = %e, "closing RESP connection");
-                    dmkit_verbs::batched(finish(&mut running, &mut out)).await;
-                    Reply::err(e).encode(&mut out);
+                    dmkit_verbs::batched(finish(&mut running, &mut out, st.resp3)).await;
+                    Reply::err(e).encode_as(&mut out, st.resp3);
                     let _ = conn.write_all(&out).await;
                     return;
                 }
             }
         }
         buf.drain(..used);
-        dmkit_verbs::batched(finish(&mut running, &mut out)).await;
+        dmkit_verbs::batched(finish(&mut running, &mut out, st.resp3)).await;
         busy.clear();
         if !out.is_empty() {
             if conn.write_all(&out).await.is_err() {
@@ -517,14 +588,23 @@ fn execute_local(s: &Shared, args: &[Vec<u8>]) -> (Reply, bool) {
             [m] => Reply::Bulk(m.clone()),
             _ => arity("echo"),
         },
-        "quit" => return (Reply::ok(), true),
+        "time" if argv.is_empty() => {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            Reply::Array(vec![
+                Reply::Bulk(now.as_secs().to_string().into_bytes()),
+                Reply::Bulk(now.subsec_micros().to_string().into_bytes()),
+            ])
+        }
+        "time" => arity("time"),
         "del" | "unlink" | "exists" | "mget" | "mset" => arity(&name),
         "info" => Reply::Bulk(info(s).into_bytes()),
         "command" => match argv.first().map(|a| a.to_ascii_lowercase()) {
             Some(c) if c == b"count" => Reply::Integer(COMMANDS.len() as i64),
             _ => Reply::Array(Vec::new()),
         },
-        "config" => Reply::Array(Vec::new()),
+        "config" => config(s, argv),
         "select" => match argv {
             [db] if db.as_slice() == b"0" => Reply::ok(),
             [_] => Reply::err("DB index is out of range"),
@@ -655,10 +735,322 @@ fn count_true(r: Vec<Result<bool, String>>) -> Reply {
     Reply::Integer(n)
 }
 
-const COMMANDS: [&str; 15] = [
+const COMMANDS: [&str; 25] = [
     "ping", "echo", "quit", "get", "set", "setnx", "del", "unlink", "exists", "mget", "mset",
-    "info", "command", "config", "select",
+    "info", "command", "config", "select", "time", "hello", "auth", "client", "multi", "exec",
+    "discard", "watch", "unwatch", "reset",
 ];
+
+/// Whether `args` has the arguments its command needs (checked when MULTI queues it, as
+/// Redis does, so that EXEC never starts a block it would stop half-way).
+fn arity_ok(name: &str, argc: usize) -> bool {
+    match name {
+        "get" => argc == 1,
+        "setnx" => argc == 2,
+        "set" => argc >= 2,
+        "del" | "unlink" | "exists" | "mget" => argc >= 1,
+        "mset" => argc >= 2 && argc % 2 == 0,
+        "echo" | "select" => argc == 1,
+        "time" => argc == 0,
+        "ping" => argc <= 1,
+        _ => true,
+    }
+}
+
+/// Queues a command of an open transaction: `+QUEUED`, or its error (and EXEC will then
+/// discard the transaction).
+fn queue(s: &Shared, st: &mut ConnState, args: Vec<Vec<u8>>) -> Reply {
+    let name = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
+    let reply = if !COMMANDS.contains(&name.as_str()) {
+        let (r, _) = execute_local(s, &args);
+        r
+    } else if !arity_ok(&name, args.len() - 1) {
+        arity(&name)
+    } else {
+        st.multi.get_or_insert_with(Vec::new).push(args);
+        return Reply::Simple("QUEUED".into());
+    };
+    st.multi_failed = true;
+    counted_error(reply)
+}
+
+/// Runs a command on the connection's state (see [`CONN_COMMANDS`]); the flag says the
+/// connection closes after the reply (QUIT).
+async fn execute_conn(s: &Arc<Shared>, st: &mut ConnState, args: &[Vec<u8>]) -> (Reply, bool) {
+    let name = count(s, args);
+    let argv = &args[1..];
+    let upper = |a: &[u8]| a.to_ascii_uppercase();
+    let reply = match name.as_str() {
+        "quit" => return (Reply::ok(), true),
+        "hello" => {
+            let mut resp3 = st.resp3;
+            let mut rest = argv;
+            if let [v, more @ ..] = argv {
+                match v.as_slice() {
+                    b"2" => resp3 = false,
+                    b"3" => resp3 = true,
+                    _ => {
+                        return (
+                            counted_error(Reply::Error(
+                                "NOPROTO sorry, this protocol version is not supported".into(),
+                            )),
+                            false,
+                        );
+                    }
+                }
+                rest = more;
+            }
+            let mut name_to_set = None;
+            let mut bad = None;
+            while let [opt, tail @ ..] = rest {
+                match (upper(opt).as_slice(), tail) {
+                    (b"AUTH", [user, pass, more @ ..]) => {
+                        if let Err(e) = check_auth(Some(user), pass) {
+                            bad = Some(e);
+                        }
+                        rest = more;
+                    }
+                    (b"SETNAME", [n, more @ ..]) => {
+                        name_to_set = Some(n.clone());
+                        rest = more;
+                    }
+                    _ => {
+                        bad = Some(Reply::err(format!(
+                            "Syntax error in HELLO option '{}'",
+                            String::from_utf8_lossy(opt)
+                        )));
+                        break;
+                    }
+                }
+            }
+            if let Some(e) = bad {
+                return (counted_error(e), false);
+            }
+            if let Some(n) = name_to_set {
+                if let Err(e) = set_name(s, st.id, &n) {
+                    return (counted_error(e), false);
+                }
+            }
+            st.resp3 = resp3;
+            let bulk = |v: &str| Reply::Bulk(v.as_bytes().to_vec());
+            Reply::Map(vec![
+                (bulk("server"), bulk("redis")),
+                (bulk("version"), bulk(REDIS_VERSION)),
+                (bulk("proto"), Reply::Integer(if resp3 { 3 } else { 2 })),
+                (bulk("id"), Reply::Integer(st.id as i64 + 1)),
+                (bulk("mode"), bulk("standalone")),
+                (bulk("role"), bulk("master")),
+                (bulk("modules"), Reply::Array(Vec::new())),
+            ])
+        }
+        "auth" => match argv {
+            [pass] => match check_auth(None, pass) {
+                Ok(()) => Reply::ok(),
+                Err(e) => e,
+            },
+            [user, pass] => match check_auth(Some(user), pass) {
+                Ok(()) => Reply::ok(),
+                Err(e) => e,
+            },
+            _ => arity("auth"),
+        },
+        "client" => client(s, st, argv),
+        "multi" if st.multi.is_some() => Reply::err("MULTI calls can not be nested"),
+        "multi" => {
+            st.multi = Some(Vec::new());
+            st.multi_failed = false;
+            Reply::ok()
+        }
+        "discard" => match st.multi.take() {
+            Some(_) => Reply::ok(),
+            None => Reply::err("DISCARD without MULTI"),
+        },
+        "exec" => match st.multi.take() {
+            None => Reply::err("EXEC without MULTI"),
+            Some(_) if std::mem::take(&mut st.multi_failed) => {
+                Reply::Error("EXECABORT Transaction discarded because of previous errors.".into())
+            }
+            Some(q) if q.len() > 1 => Reply::Error(format!(
+                "EXECABORT Transaction discarded: it holds {} commands, and this store applies a \
+                 MULTI block atomically only when it holds one (nothing was applied; send them \
+                 without MULTI, e.g. a non-transactional pipeline)",
+                q.len()
+            )),
+            Some(q) => {
+                let mut replies = Vec::with_capacity(q.len());
+                for args in q {
+                    let name = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
+                    let r = if command_keys(&name, &args[1..]).is_some() {
+                        submit(s, args).await
+                    } else {
+                        execute_local(s, &args).0
+                    };
+                    replies.push(r);
+                }
+                Reply::Array(replies)
+            }
+        },
+        "watch" if st.multi.is_some() => Reply::err("WATCH inside MULTI is not allowed"),
+        "watch" => Reply::err(
+            "WATCH is not supported by this store yet (optimistic transactions need \
+             compare-and-set on values)",
+        ),
+        "unwatch" => Reply::ok(),
+        "reset" => {
+            st.resp3 = false;
+            st.multi = None;
+            st.multi_failed = false;
+            if let Some(c) = s.clients_info.lock().get_mut(&st.id) {
+                c.name.clear();
+            }
+            Reply::Simple("RESET".into())
+        }
+        _ => Reply::err(format!("'{name}' is not a connection command")),
+    };
+    (counted_error(reply), false)
+}
+
+/// The version HELLO and INFO report: the Redis whose protocol (RESP3 included) this
+/// gateway speaks for the commands it has.
+const REDIS_VERSION: &str = "7.2.0";
+
+/// AUTH without a configured password: Redis's default user takes any password; other
+/// users do not exist.
+fn check_auth(user: Option<&Vec<u8>>, _pass: &[u8]) -> Result<(), Reply> {
+    match user {
+        None => Err(Reply::err(
+            "AUTH <password> called without any password configured for the default user. \
+             Are you sure your configuration is correct?",
+        )),
+        Some(u) if u.as_slice() == b"default" => Ok(()),
+        Some(_) => Err(Reply::Error(
+            "WRONGPASS invalid username-password pair or user is disabled.".into(),
+        )),
+    }
+}
+
+fn set_name(s: &Shared, id: u64, n: &[u8]) -> Result<(), Reply> {
+    if n.iter().any(|b| *b <= b' ' || *b > b'~') {
+        return Err(Reply::err(
+            "Client names cannot contain spaces, newlines or special characters.",
+        ));
+    }
+    if let Some(c) = s.clients_info.lock().get_mut(&id) {
+        c.name = String::from_utf8_lossy(n).into_owned();
+    }
+    Ok(())
+}
+
+fn client_line(id: u64, c: &ClientInfo) -> String {
+    format!(
+        "id={} addr={} name={} age={} db=0 cmd={}\n",
+        id + 1,
+        c.peer,
+        c.name,
+        c.since.elapsed().as_secs(),
+        if c.last_command.is_empty() {
+            "NULL"
+        } else {
+            &c.last_command
+        }
+    )
+}
+
+/// CLIENT ID, SETNAME, GETNAME, LIST, INFO and SETINFO.
+fn client(s: &Shared, st: &ConnState, argv: &[Vec<u8>]) -> Reply {
+    let Some(sub) = argv.first() else {
+        return arity("client");
+    };
+    let sub = sub.to_ascii_lowercase();
+    match (sub.as_slice(), &argv[1..]) {
+        (b"id", []) => Reply::Integer(st.id as i64 + 1),
+        (b"setname", [n]) => match set_name(s, st.id, n) {
+            Ok(()) => Reply::ok(),
+            Err(e) => e,
+        },
+        (b"getname", []) => match s.clients_info.lock().get(&st.id) {
+            Some(c) if !c.name.is_empty() => Reply::Bulk(c.name.clone().into_bytes()),
+            _ => Reply::Nil,
+        },
+        (b"list", []) => {
+            let all = s.clients_info.lock();
+            Reply::Bulk(
+                all.iter()
+                    .map(|(id, c)| client_line(*id, c))
+                    .collect::<String>()
+                    .into_bytes(),
+            )
+        }
+        (b"info", []) => match s.clients_info.lock().get(&st.id) {
+            Some(c) => Reply::Bulk(client_line(st.id, c).into_bytes()),
+            None => Reply::Nil,
+        },
+        // Client libraries announce themselves (redis-py does on connect): noted, nothing to do.
+        (b"setinfo", [_, _]) => Reply::ok(),
+        (b"id" | b"getname" | b"list" | b"info" | b"setname" | b"setinfo", _) => {
+            Reply::err(format!(
+                "wrong number of arguments for 'client|{}' command",
+                String::from_utf8_lossy(&sub)
+            ))
+        }
+        _ => Reply::err(format!(
+            "unknown subcommand '{}'. Try CLIENT HELP.",
+            String::from_utf8_lossy(&argv[0])
+        )),
+    }
+}
+
+/// CONFIG GET answers the settings clients and `redis-benchmark` look at (this store has
+/// no persistence knobs: its durability is the memory nodes'); CONFIG SET changes nothing.
+fn config(s: &Shared, argv: &[Vec<u8>]) -> Reply {
+    let Some(sub) = argv.first() else {
+        return arity("config");
+    };
+    match sub.to_ascii_lowercase().as_slice() {
+        b"get" if argv.len() >= 2 => {
+            let max = s.cfg.max_clients.to_string();
+            let known: [(&str, &str); 6] = [
+                ("save", ""),
+                ("appendonly", "no"),
+                ("databases", "1"),
+                ("maxmemory", "0"),
+                ("maxclients", &max),
+                ("timeout", "0"),
+            ];
+            let mut out = Vec::new();
+            for (k, v) in known {
+                if argv[1..]
+                    .iter()
+                    .any(|p| glob_match(&p.to_ascii_lowercase(), k.as_bytes()))
+                {
+                    out.push((
+                        Reply::Bulk(k.as_bytes().to_vec()),
+                        Reply::Bulk(v.as_bytes().to_vec()),
+                    ));
+                }
+            }
+            Reply::Map(out)
+        }
+        b"get" => arity("config|get"),
+        b"resetstat" => Reply::ok(),
+        b"set" => Reply::err("CONFIG SET is not supported by this store"),
+        _ => Reply::err(format!(
+            "unknown subcommand '{}'. Try CONFIG HELP.",
+            String::from_utf8_lossy(sub)
+        )),
+    }
+}
+
+/// Redis-style glob: `*`, `?` and literal bytes (enough for CONFIG GET's patterns).
+fn glob_match(pat: &[u8], s: &[u8]) -> bool {
+    match (pat.first(), s.first()) {
+        (None, None) => true,
+        (Some(b'*'), _) => glob_match(&pat[1..], s) || (!s.is_empty() && glob_match(pat, &s[1..])),
+        (Some(b'?'), Some(_)) => glob_match(&pat[1..], &s[1..]),
+        (Some(p), Some(c)) if p == c => glob_match(&pat[1..], &s[1..]),
+        _ => false,
+    }
+}
 
 fn command_label(name: &str) -> &'static str {
     COMMANDS
@@ -695,7 +1087,9 @@ async fn set(s: &Arc<Shared>, argv: &[Vec<u8>]) -> Reply {
 
 fn info(s: &Shared) -> String {
     let mut out = String::new();
-    out.push_str("# Server\r\nredis_version:7.0.0\r\ndmkit_version:");
+    out.push_str("# Server\r\nredis_version:");
+    out.push_str(REDIS_VERSION);
+    out.push_str("\r\ndmkit_version:");
     out.push_str(env!("CARGO_PKG_VERSION"));
     out.push_str("\r\nredis_mode:standalone\r\n");
     out.push_str(&format!(
@@ -762,11 +1156,13 @@ mod tests {
 
     fn roundtrip(server: &RespServer, input: &[u8], expect: &[u8]) {
         let mut c = TcpStream::connect(server.local_addr()).unwrap();
+        c.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
         c.write_all(input).unwrap();
         let mut got = Vec::new();
         let mut chunk = [0u8; 4096];
         while got.len() < expect.len() {
-            let n = c.read(&mut chunk).unwrap();
+            let Ok(n) = c.read(&mut chunk) else { break };
             if n == 0 {
                 break;
             }
@@ -804,6 +1200,56 @@ mod tests {
             &s,
             b"FOO bar\r\nGET\r\nSET k v EX 10\r\nSET k v NX XX\r\nMSET a\r\nSELECT 3\r\n",
             b"-ERR unknown command 'FOO', with args beginning with: 'bar' \r\n-ERR wrong number of arguments for 'get' command\r\n-ERR expiry (EX/PX/EXAT/PXAT/KEEPTTL) is not supported by this store\r\n-ERR syntax error\r\n-ERR wrong number of arguments for 'mset' command\r\n-ERR DB index is out of range\r\n",
+        );
+    }
+
+    #[test]
+    fn hello_switches_the_protocol_and_names_the_connection() {
+        let s = server();
+        roundtrip(
+            &s,
+            b"HELLO 4\r\nGET nope\r\nHELLO 3 SETNAME app\r\nGET nope\r\nCLIENT GETNAME\r\nHELLO 2\r\nGET nope\r\n",
+            b"-NOPROTO sorry, this protocol version is not supported\r\n$-1\r\n\
+              %7\r\n$6\r\nserver\r\n$5\r\nredis\r\n$7\r\nversion\r\n$5\r\n7.2.0\r\n$5\r\nproto\r\n:3\r\n$2\r\nid\r\n:1\r\n$4\r\nmode\r\n$10\r\nstandalone\r\n$4\r\nrole\r\n$6\r\nmaster\r\n$7\r\nmodules\r\n*0\r\n\
+              _\r\n$3\r\napp\r\n\
+              *14\r\n$6\r\nserver\r\n$5\r\nredis\r\n$7\r\nversion\r\n$5\r\n7.2.0\r\n$5\r\nproto\r\n:2\r\n$2\r\nid\r\n:1\r\n$4\r\nmode\r\n$10\r\nstandalone\r\n$4\r\nrole\r\n$6\r\nmaster\r\n$7\r\nmodules\r\n*0\r\n\
+              $-1\r\n",
+        );
+    }
+
+    #[test]
+    fn connection_commands_answer_as_redis_does() {
+        let s = server();
+        roundtrip(
+            &s,
+            b"CLIENT SETNAME \"has space\"\r\nCLIENT SETNAME w1\r\nCLIENT GETNAME\r\nCLIENT SETINFO lib-name x\r\nCLIENT NOPE\r\nAUTH pw\r\nAUTH default pw\r\nAUTH bob pw\r\nCONFIG GET save\r\nCONFIG GET max*\r\nCONFIG SET save x\r\nTIME 1\r\nRESET\r\nCLIENT GETNAME\r\n",
+            b"-ERR Client names cannot contain spaces, newlines or special characters.\r\n+OK\r\n$2\r\nw1\r\n+OK\r\n\
+              -ERR unknown subcommand 'NOPE'. Try CLIENT HELP.\r\n\
+              -ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?\r\n\
+              +OK\r\n-WRONGPASS invalid username-password pair or user is disabled.\r\n\
+              *2\r\n$4\r\nsave\r\n$0\r\n\r\n*4\r\n$9\r\nmaxmemory\r\n$1\r\n0\r\n$10\r\nmaxclients\r\n$5\r\n10000\r\n\
+              -ERR CONFIG SET is not supported by this store\r\n-ERR wrong number of arguments for 'time' command\r\n\
+              +RESET\r\n$-1\r\n",
+        );
+    }
+
+    #[test]
+    fn a_transaction_applies_whole_or_not_at_all() {
+        let s = server();
+        roundtrip(
+            &s,
+            // One command: applied. Several: discarded, nothing applied. A refused command
+            // (arity) discards the block too. Then the misuse errors.
+            b"MULTI\r\nSET a 1\r\nEXEC\r\nMULTI\r\nSET b 1\r\nSET c 1\r\nEXEC\r\nMGET a b c\r\n\
+              MULTI\r\nGET\r\nEXEC\r\nMULTI\r\nMULTI\r\nWATCH a\r\nDISCARD\r\nEXEC\r\nDISCARD\r\nWATCH a\r\nMULTI\r\nEXEC\r\n",
+            b"+OK\r\n+QUEUED\r\n*1\r\n+OK\r\n+OK\r\n+QUEUED\r\n+QUEUED\r\n\
+              -EXECABORT Transaction discarded: it holds 2 commands, and this store applies a MULTI block atomically only when it holds one (nothing was applied; send them without MULTI, e.g. a non-transactional pipeline)\r\n\
+              *3\r\n$1\r\n1\r\n$-1\r\n$-1\r\n\
+              +OK\r\n-ERR wrong number of arguments for 'get' command\r\n-EXECABORT Transaction discarded because of previous errors.\r\n\
+              +OK\r\n-ERR MULTI calls can not be nested\r\n-ERR WATCH inside MULTI is not allowed\r\n+OK\r\n\
+              -ERR EXEC without MULTI\r\n-ERR DISCARD without MULTI\r\n\
+              -ERR WATCH is not supported by this store yet (optimistic transactions need compare-and-set on values)\r\n\
+              +OK\r\n*0\r\n",
         );
     }
 
