@@ -22,6 +22,15 @@ pub enum Call {
     Delete,
     /// Read-modify-write: writes the value and returns the one it replaced (`Ret::Value`).
     Swap(Vec<u8>),
+    /// Compare-and-set: writes `new` only over `expected` (`Ret::Flag(true)`); otherwise
+    /// returns the value it found (`Ret::Value`, `None` if absent).
+    Cas {
+        expected: Vec<u8>,
+        new: Vec<u8>,
+    },
+    /// Conditional delete: deletes only over `expected` (`Ret::Flag(true)`); otherwise as
+    /// [`Call::Cas`].
+    DeleteIf(Vec<u8>),
 }
 
 impl std::fmt::Display for Call {
@@ -34,6 +43,8 @@ impl std::fmt::Display for Call {
             Call::Update(v) => write!(f, "update {}", s(v)),
             Call::Delete => write!(f, "delete"),
             Call::Swap(v) => write!(f, "swap {}", s(v)),
+            Call::Cas { expected, new } => write!(f, "cas {} -> {}", s(expected), s(new)),
+            Call::DeleteIf(v) => write!(f, "delete-if {}", s(v)),
         }
     }
 }
@@ -58,7 +69,18 @@ pub fn apply_fusee(
         Call::Delete => client
             .delete(key)
             .map(|r| Ret::Flag(r == DeleteResult::Deleted)),
+        Call::Cas { expected, new } => client.compare_and_set(key, expected, new).map(cas_ret),
+        Call::DeleteIf(v) => client.delete_if(key, v).map(cas_ret),
         Call::Swap(_) => unreachable!("not a FUSEE operation"),
+    }
+}
+
+/// A conditional write's result in the checker's terms.
+fn cas_ret(r: dmkit_fusee::CasResult) -> Ret {
+    match r {
+        dmkit_fusee::CasResult::Swapped => Ret::Flag(true),
+        dmkit_fusee::CasResult::Mismatch(v) => Ret::Value(Some(v)),
+        dmkit_fusee::CasResult::NotFound => Ret::Value(None),
     }
 }
 
@@ -84,6 +106,11 @@ pub async fn apply_fusee_async(
             .delete_async(key)
             .await
             .map(|r| Ret::Flag(r == DeleteResult::Deleted)),
+        Call::Cas { expected, new } => client
+            .compare_and_set_async(key, expected, new)
+            .await
+            .map(cas_ret),
+        Call::DeleteIf(v) => client.delete_if_async(key, v).await.map(cas_ret),
         Call::Swap(_) => unreachable!("not a FUSEE operation"),
     }
 }
@@ -129,6 +156,14 @@ fn step(s: &State, call: &Call) -> (State, Ret) {
             None => (None, Ret::Flag(false)),
         },
         Call::Swap(v) => (Some(v.clone()), Ret::Value(s.clone())),
+        Call::Cas { expected, new } => match s {
+            Some(v) if v == expected => (Some(new.clone()), Ret::Flag(true)),
+            _ => (s.clone(), Ret::Value(s.clone())),
+        },
+        Call::DeleteIf(expected) => match s {
+            Some(v) if v == expected => (None, Ret::Flag(true)),
+            _ => (s.clone(), Ret::Value(s.clone())),
+        },
     }
 }
 

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use dmkit_fusee::{LocalCluster, LocalConfig};
-use dmkit_tests::linearizability::{Call, Event, apply_fusee, apply_fusee_async, check};
+use dmkit_tests::linearizability::{Call, Event, Ret, apply_fusee, apply_fusee_async, check};
 use dmkit_verbs::NodeId;
 use parking_lot_free::Shared;
 use rand::{Rng, SeedableRng};
@@ -56,6 +56,41 @@ fn random_call(rng: &mut ChaCha8Rng, val: String) -> (Vec<u8>, Call) {
         _ => Call::Delete,
     };
     (key, call)
+}
+
+/// A random operation with conditional writes: compare-and-set and delete-if over the value
+/// this thread last saw for the key (so that many of them succeed), beside the others.
+fn random_call_cas(
+    rng: &mut ChaCha8Rng,
+    val: String,
+    seen: &HashMap<Vec<u8>, Vec<u8>>,
+) -> (Vec<u8>, Call) {
+    let key = format!("k{}", rng.random_range(0..KEYS)).into_bytes();
+    let expected = seen.get(&key).cloned().unwrap_or_else(|| b"-".to_vec());
+    let val = val.into_bytes();
+    let call = match rng.random_range(0..7) {
+        0 => Call::Get,
+        1 => Call::Put(val),
+        2 => Call::Insert(val),
+        3 | 4 => Call::Cas { expected, new: val },
+        5 => Call::DeleteIf(expected),
+        _ => Call::Delete,
+    };
+    (key, call)
+}
+
+/// What a thread learns of a key's value from an operation's result (for its next
+/// conditional write).
+fn learn(seen: &mut HashMap<Vec<u8>, Vec<u8>>, key: &[u8], call: &Call, ret: &Ret) {
+    let v = match (call, ret) {
+        (_, Ret::Value(Some(v))) => Some(v.clone()),
+        (Call::Put(v), _) | (Call::Insert(v), Ret::Flag(true)) => Some(v.clone()),
+        (Call::Cas { new, .. }, Ret::Flag(true)) => Some(new.clone()),
+        _ => None,
+    };
+    if let Some(v) = v {
+        seen.insert(key.to_vec(), v);
+    }
 }
 
 /// A seed's cluster: 3 memory nodes with `r` = 1..3 replicas, and (half the seeds, unless
@@ -108,7 +143,7 @@ fn spawn_node_failure<'s>(
     }
 }
 
-fn run_seed(seed: u64) {
+fn run_seed(seed: u64, cas: bool) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let no_delay = std::env::var("DMKIT_LIN_NO_DELAY").is_ok();
     let no_crash = std::env::var("DMKIT_LIN_NO_CRASH").is_ok();
@@ -132,11 +167,19 @@ fn run_seed(seed: u64) {
                 if t == crash_thread && !no_crash {
                     c.sim.crash_client_after(id, crash_after);
                 }
+                let mut seen = HashMap::new();
                 for i in 0..OPS {
-                    let (key, call) = random_call(&mut trng, format!("t{t}-{i}"));
+                    let (key, call) = if cas {
+                        random_call_cas(&mut trng, format!("t{t}-{i}"), &seen)
+                    } else {
+                        random_call(&mut trng, format!("t{t}-{i}"))
+                    };
                     let start = clock.fetch_add(1, Ordering::SeqCst);
                     let r = apply_fusee(&client, &key, &call);
                     let end = clock.fetch_add(1, Ordering::SeqCst);
+                    if let Ok(ret) = &r {
+                        learn(&mut seen, &key, &call, ret);
+                    }
                     match r {
                         Ok(ret) => events.push(Event {
                             key,
@@ -192,10 +235,29 @@ fn seeds() -> (u64, u64) {
 fn fusee_histories_with_crashes_are_linearizable() {
     let (seeds, first) = seeds();
     for seed in first..first + seeds {
-        run_seed(seed);
+        run_seed(seed, false);
     }
     eprintln!(
         "{seeds} FUSEE histories linearizable (seeds {first}..{})",
+        first + seeds
+    );
+}
+
+/// The same histories (crashes, delays, node failures) with conditional writes: compare-and-
+/// set and delete-if over values the threads read, beside the other operations. Seeds are
+/// drawn as above; `DMKIT_LIN_CAS_SEEDS` of them (default 40) from `DMKIT_LIN_FIRST_SEED`.
+#[test]
+fn histories_with_conditional_writes_are_linearizable() {
+    let (_, first) = seeds();
+    let seeds = std::env::var("DMKIT_LIN_CAS_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(40u64);
+    for seed in first..first + seeds {
+        run_seed(seed, true);
+    }
+    eprintln!(
+        "{seeds} FUSEE histories with conditional writes linearizable (seeds {first}..{})",
         first + seeds
     );
 }

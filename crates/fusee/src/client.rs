@@ -38,7 +38,7 @@ use crate::alloc::{self, Allocation, FreeLists};
 use crate::cluster::{self, ClusterView, MAX_CLIENT_ID};
 use crate::error::{Error, Result};
 use crate::object::{self, Addr, Commit, Op};
-use crate::verifier::{Verifier, slot_addr};
+use crate::verifier::{ValueGuard, Verifier, slot_addr};
 
 /// Operation tags of FUSEE's own verbs (the index and the verifier have theirs).
 pub mod tags {
@@ -156,6 +156,25 @@ pub enum UpdateResult {
 pub enum DeleteResult {
     Deleted,
     NotFound,
+}
+
+/// What a conditional write ([`Client::compare_and_set`], [`Client::delete_if`]) did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CasResult {
+    /// The key held the expected value; it now holds the new one (or is deleted).
+    Swapped,
+    /// The key holds another value (this one, as read): nothing was written.
+    Mismatch(Vec<u8>),
+    /// The key is absent: nothing was written.
+    NotFound,
+}
+
+/// A conditional write's attempt: done, or lost its SNAPSHOT round to another writer (then
+/// the value is read again, and compared again).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum CondStep {
+    Done(CasResult),
+    Lost,
 }
 
 /// A read answered from an epoch being repaired (`None`: the replicas disagree, wait).
@@ -647,13 +666,58 @@ impl Client {
     /// [`Client::update`], awaited.
     pub async fn update_async(&self, key: &[u8], value: &[u8]) -> Result<UpdateResult> {
         op_timed("update", async move {
-            let last = Mutex::new(None);
-            self.with_failover_async(
-                || self.update_once(key, value, &last),
-                None,
-                Some(&|| self.settled(key, &last, UpdateResult::Updated)),
-            )
-            .await
+            loop {
+                let last = Mutex::new(None);
+                let done = CondStep::Done(CasResult::Swapped);
+                let step = self
+                    .with_failover_async(
+                        || self.update_once(key, value, None, &last),
+                        None,
+                        Some(&|| self.settled(key, &last, done.clone())),
+                    )
+                    .await?;
+                match step {
+                    CondStep::Done(CasResult::NotFound) => return Ok(UpdateResult::NotFound),
+                    CondStep::Done(_) => return Ok(UpdateResult::Updated),
+                    // Lost to a conditional write or a DELETE: write again after it.
+                    CondStep::Lost => continue,
+                }
+            }
+        })
+        .await
+    }
+
+    /// Compare-and-set: replaces the value of `key` with `value` only if it is `expected`
+    /// (byte for byte) when the write takes effect — one SNAPSHOT round, as UPDATE. Linearizable:
+    /// [`CasResult::Mismatch`] carries the value the key held instead.
+    pub fn compare_and_set(&self, key: &[u8], expected: &[u8], value: &[u8]) -> Result<CasResult> {
+        dmkit_verbs::block_on(self.compare_and_set_async(key, expected, value))
+    }
+
+    /// [`Client::compare_and_set`], awaited.
+    pub async fn compare_and_set_async(
+        &self,
+        key: &[u8],
+        expected: &[u8],
+        value: &[u8],
+    ) -> Result<CasResult> {
+        op_timed("update", async move {
+            loop {
+                let last = Mutex::new(None);
+                let done = CondStep::Done(CasResult::Swapped);
+                let step = self
+                    .with_failover_async(
+                        || self.update_once(key, value, Some(expected), &last),
+                        None,
+                        Some(&|| self.settled(key, &last, done.clone())),
+                    )
+                    .await?;
+                match step {
+                    CondStep::Done(r) => return Ok(r),
+                    // Another writer won the round: read and compare again.
+                    CondStep::Lost => continue,
+                }
+            }
         })
         .await
     }
@@ -662,8 +726,9 @@ impl Client {
         &self,
         key: &[u8],
         value: &[u8],
+        expected: Option<&[u8]>,
         last: &Mutex<Option<Attempt>>,
-    ) -> Result<UpdateResult> {
+    ) -> Result<CondStep> {
         let inner = &self.inner;
         let a = timed_async(
             "fusee.alloc",
@@ -671,19 +736,28 @@ impl Client {
         )
         .await?;
         let bytes = timed("fusee.encode", || {
-            object::encode(key, value, a.next, a.prev, a.generation, Op::Update)
+            let cond = expected.is_some();
+            object::encode_as(key, value, a.next, a.prev, a.generation, Op::Update, cond)
         })?;
         let slot = inner.slot_of(key, &a, bytes.len())?;
         let (view, index) = inner.state();
         let v = Verifier::new(&view);
+        let guard = ValueGuard::new(&v, expected);
         let hooks = inner.hooks(key, &a, &bytes, Op::Update, &v);
-        let m = timed_async("index", index.update_hooked_async(&v, key, slot, &hooks)).await?;
+        let m = timed_async(
+            "index",
+            index.update_hooked_async(&guard, key, slot, &hooks),
+        )
+        .await?;
         let found = v.take();
         match m {
             None => {
                 inner.take_back_lost(&a, last)?;
                 inner.cache.remove(&key.to_vec());
-                Ok(UpdateResult::NotFound)
+                Ok(CondStep::Done(match guard.mismatch() {
+                    Some(held) => CasResult::Mismatch(held),
+                    None => CasResult::NotFound,
+                }))
             }
             Some(Modified {
                 old,
@@ -705,16 +779,40 @@ impl Client {
                 inner
                     .enqueue_cleanup(&a, bytes.len(), Op::Update, Some((old, old_gen)))
                     .await;
-                Ok(UpdateResult::Updated)
+                Ok(CondStep::Done(CasResult::Swapped))
             }
             Some(Modified {
-                outcome: SnapshotOutcome::Lost { .. },
+                old,
+                outcome: SnapshotOutcome::Lost { now },
                 ..
             }) => {
-                // Linearized just before the winner's write: done, and overwritten at once.
+                // Unconditional, against the unconditional write that replaced the word we
+                // replace: linearized just before it, done, and overwritten at once (FUSEE's
+                // rule). When that write was conditional (it compared the value both replace,
+                // so nothing comes between), or the primary has moved on past it, or a DELETE
+                // won (maybe a delete-if): write again, after it. A conditional loser: the
+                // winner's value decides (read and compare again).
                 inner.take_back_lost(&a, last)?;
                 inner.cache.remove(&key.to_vec());
-                Ok(UpdateResult::Updated)
+                if expected.is_some() {
+                    return Ok(CondStep::Lost);
+                }
+                let again = match now {
+                    Some(w) => crate::verifier::read_objects_async(&inner.ep, &view, &[w])
+                        .await?
+                        .into_iter()
+                        .next()
+                        .flatten()
+                        .is_none_or(|o| {
+                            o.conditional || o.log.commit.is_none_or(|c| c.old != old.raw())
+                        }),
+                    None => true,
+                };
+                Ok(if again {
+                    CondStep::Lost
+                } else {
+                    CondStep::Done(CasResult::Swapped)
+                })
             }
         }
     }
@@ -728,17 +826,48 @@ impl Client {
     pub async fn delete_async(&self, key: &[u8]) -> Result<DeleteResult> {
         op_timed("delete", async move {
             let last = Mutex::new(None);
+            let r = self
+                .with_failover_async(
+                    || self.delete_once(key, None, &last),
+                    None,
+                    Some(&|| self.settled(key, &last, CasResult::Swapped)),
+                )
+                .await?;
+            Ok(if r == CasResult::Swapped {
+                DeleteResult::Deleted
+            } else {
+                DeleteResult::NotFound
+            })
+        })
+        .await
+    }
+
+    /// Conditional DELETE: removes `key` only if its value is `expected` when the delete takes
+    /// effect (GETDEL is a read, then this). Linearizable, as [`Client::compare_and_set`].
+    pub fn delete_if(&self, key: &[u8], expected: &[u8]) -> Result<CasResult> {
+        dmkit_verbs::block_on(self.delete_if_async(key, expected))
+    }
+
+    /// [`Client::delete_if`], awaited.
+    pub async fn delete_if_async(&self, key: &[u8], expected: &[u8]) -> Result<CasResult> {
+        op_timed("delete", async move {
+            let last = Mutex::new(None);
             self.with_failover_async(
-                || self.delete_once(key, &last),
+                || self.delete_once(key, Some(expected), &last),
                 None,
-                Some(&|| self.settled(key, &last, DeleteResult::Deleted)),
+                Some(&|| self.settled(key, &last, CasResult::Swapped)),
             )
             .await
         })
         .await
     }
 
-    async fn delete_once(&self, key: &[u8], last: &Mutex<Option<Attempt>>) -> Result<DeleteResult> {
+    async fn delete_once(
+        &self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        last: &Mutex<Option<Attempt>>,
+    ) -> Result<CasResult> {
         let inner = &self.inner;
         loop {
             // The log entry of a DELETE lives in a temporary object holding the key.
@@ -752,8 +881,10 @@ impl Client {
             })?;
             let (view, index) = inner.state();
             let v = Verifier::new(&view);
+            let guard = ValueGuard::new(&v, expected);
             let hooks = inner.hooks(key, &a, &bytes, Op::Delete, &v);
-            let m = match timed_async("index", index.delete_hooked_async(&v, key, &hooks)).await {
+            let m = match timed_async("index", index.delete_hooked_async(&guard, key, &hooks)).await
+            {
                 Ok(m) => m,
                 Err(e) => {
                     // Whether the attempt had found the key (a cut-short DELETE that did not
@@ -774,7 +905,10 @@ impl Client {
             match m {
                 None => {
                     inner.take_back_lost(&a, last)?;
-                    return Ok(DeleteResult::NotFound);
+                    return Ok(match guard.mismatch() {
+                        Some(held) => CasResult::Mismatch(held),
+                        None => CasResult::NotFound,
+                    });
                 }
                 Some(Modified {
                     old,
@@ -788,7 +922,7 @@ impl Client {
                     inner
                         .enqueue_cleanup(&a, bytes.len(), Op::Delete, Some((old, old_gen)))
                         .await;
-                    return Ok(DeleteResult::Deleted);
+                    return Ok(CasResult::Swapped);
                 }
                 Some(Modified {
                     outcome: SnapshotOutcome::Lost { now },
@@ -797,7 +931,7 @@ impl Client {
                     inner.take_back_lost(&a, last)?;
                     if now.is_none() {
                         // Another DELETE won: ours comes after it and finds nothing.
-                        return Ok(DeleteResult::NotFound);
+                        return Ok(CasResult::NotFound);
                     }
                     // An UPDATE won: a DELETE cannot be linearized before it; try again.
                 }

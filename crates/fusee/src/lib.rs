@@ -92,7 +92,7 @@ pub mod object;
 mod recovery;
 mod verifier;
 
-pub use client::{Client, ClientConfig, DeleteResult, InsertResult, UpdateResult, tags};
+pub use client::{CasResult, Client, ClientConfig, DeleteResult, InsertResult, UpdateResult, tags};
 pub use error::{Error, Result};
 pub use local::{LocalCluster, LocalConfig};
 pub use recovery::RecoveryReport;

@@ -49,6 +49,11 @@ pub const FINISHED_OFF: usize = 36;
 pub const FLAG_OUTDATED: u8 = 1;
 /// Flag: the owner reclaimed this object (it is free).
 pub const FLAG_RECLAIMED: u8 = 2;
+/// Offset of the header's byte that marks a conditional write (compare-and-set, delete-if):
+/// an unconditional UPDATE that loses its SNAPSHOT round to one cannot be linearized just
+/// before it (the winner compared the value it replaced), so it writes again. Its own byte:
+/// the flags byte is rewritten whole by the flag writes.
+pub const CONDITIONAL_OFF: usize = 7;
 
 /// What an operation did to the index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,6 +160,8 @@ pub struct KvObject {
     pub flags: u8,
     pub generation: u32,
     pub log: LogEntry,
+    /// Written by a conditional write (see [`CONDITIONAL_OFF`]).
+    pub conditional: bool,
 }
 
 /// Encodes a new object (commit record empty, `used` set as the last byte).
@@ -166,6 +173,19 @@ pub fn encode(
     generation: u32,
     op: Op,
 ) -> Result<Vec<u8>> {
+    encode_as(key, value, next, prev, generation, op, false)
+}
+
+/// [`encode`], marking a conditional write when `conditional`.
+pub fn encode_as(
+    key: &[u8],
+    value: &[u8],
+    next: u64,
+    prev: u64,
+    generation: u32,
+    op: Op,
+    conditional: bool,
+) -> Result<Vec<u8>> {
     let klen = u16::try_from(key.len()).map_err(|_| Error::KeyTooLong(key.len()))?;
     let vlen = u32::try_from(value.len()).map_err(|_| Error::ValueTooLong(value.len()))?;
     let lo = log_offset(key.len(), value.len());
@@ -173,6 +193,7 @@ pub fn encode(
     out[0..2].copy_from_slice(&klen.to_le_bytes());
     out[2..6].copy_from_slice(&vlen.to_le_bytes());
     out[GEN_OFF..GEN_OFF + 4].copy_from_slice(&generation.to_le_bytes());
+    out[CONDITIONAL_OFF] = u8::from(conditional);
     out[HEADER_LEN..HEADER_LEN + key.len()].copy_from_slice(key);
     out[HEADER_LEN + key.len()..HEADER_LEN + key.len() + value.len()].copy_from_slice(value);
     let l = &mut out[lo..];
@@ -253,6 +274,7 @@ pub fn decode(b: &[u8], at: Addr) -> Option<KvObject> {
         flags,
         generation,
         log,
+        conditional: b[CONDITIONAL_OFF] == 1,
     })
 }
 

@@ -206,3 +206,69 @@ impl KeyVerifier for Verifier<'_> {
         })
     }
 }
+
+/// A [`Verifier`] for a conditional write: the key's object counts as found only if its
+/// value is the expected one. Otherwise the value it holds is kept ([`ValueGuard::mismatch`])
+/// and the index is told the key is not there, so it writes nothing: the comparison is the
+/// read of that object, and a write that goes ahead replaces exactly the word whose object
+/// was compared (SNAPSHOT's CAS expects it). Without an expected value it is the verifier.
+pub(crate) struct ValueGuard<'a, 'v> {
+    inner: &'a Verifier<'v>,
+    expected: Option<&'a [u8]>,
+    mismatch: Mutex<Option<Vec<u8>>>,
+}
+
+impl<'a, 'v> ValueGuard<'a, 'v> {
+    pub fn new(inner: &'a Verifier<'v>, expected: Option<&'a [u8]>) -> Self {
+        Self {
+            inner,
+            expected,
+            mismatch: Mutex::new(None),
+        }
+    }
+
+    /// The value the key held instead of the expected one, when that is why it was not
+    /// found (by the last verification).
+    pub fn mismatch(&self) -> Option<Vec<u8>> {
+        self.mismatch.lock().clone()
+    }
+}
+
+impl KeyVerifier for ValueGuard<'_, '_> {
+    fn keys(&self, ep: &Endpoint, slots: &[Slot]) -> dmkit_kv_index::Result<Vec<Vec<u8>>> {
+        self.inner.keys(ep, slots)
+    }
+
+    fn find(
+        &self,
+        ep: &Endpoint,
+        key: &[u8],
+        candidates: &[Slot],
+    ) -> dmkit_kv_index::Result<Option<usize>> {
+        dmkit_verbs::block_on(self.find_async(ep, key, candidates))
+    }
+
+    fn find_async<'b>(
+        &'b self,
+        ep: &'b Endpoint,
+        key: &'b [u8],
+        candidates: &'b [Slot],
+    ) -> dmkit_kv_index::BoxFuture<'b, dmkit_kv_index::Result<Option<usize>>> {
+        Box::pin(async move {
+            let found = self.inner.find_async(ep, key, candidates).await?;
+            *self.mismatch.lock() = None;
+            let (Some(i), Some(expected)) = (found, self.expected) else {
+                return Ok(found);
+            };
+            let mut held = self.inner.found.lock();
+            match held.as_ref() {
+                Some((_, o)) if o.value != expected => {
+                    *self.mismatch.lock() = Some(o.value.clone());
+                    *held = None;
+                    Ok(None)
+                }
+                _ => Ok(Some(i)),
+            }
+        })
+    }
+}

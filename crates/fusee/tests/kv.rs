@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use dmkit_fusee::{
-    ClientConfig, DeleteResult, InsertResult, LocalCluster, LocalConfig, UpdateResult,
+    CasResult, ClientConfig, DeleteResult, InsertResult, LocalCluster, LocalConfig, UpdateResult,
 };
 
 fn cluster(nodes: u16, r: usize) -> LocalCluster {
@@ -51,7 +51,6 @@ fn values_of_every_size_class_round_trip() {
         assert_eq!(k.search(key.as_bytes()).unwrap().unwrap(), v, "len {len}");
     }
     assert!(k.insert(b"big", &vec![0u8; 20_000]).is_err());
-    assert!(k.insert(b"", b"x").is_err());
 }
 
 #[test]
@@ -310,4 +309,77 @@ fn the_empty_key_and_the_empty_value_are_keys_and_values_like_any() {
         k.upsert(b"", b"w").unwrap();
         assert_eq!(k2.search(b"").unwrap().as_deref(), Some(&b"w"[..]));
     }
+}
+
+#[test]
+fn compare_and_set_and_delete_if_write_only_over_the_expected_value() {
+    for r in [1, 3] {
+        let c = cluster(3, r);
+        let k = c.client(1).unwrap();
+        assert_eq!(
+            k.compare_and_set(b"n", b"0", b"1").unwrap(),
+            CasResult::NotFound
+        );
+        assert_eq!(k.insert(b"n", b"0").unwrap(), InsertResult::Inserted);
+        assert_eq!(
+            k.compare_and_set(b"n", b"0", b"1").unwrap(),
+            CasResult::Swapped
+        );
+        assert_eq!(
+            k.compare_and_set(b"n", b"0", b"2").unwrap(),
+            CasResult::Mismatch(b"1".to_vec())
+        );
+        let k2 = c.client(2).unwrap();
+        assert_eq!(k2.search(b"n").unwrap().as_deref(), Some(&b"1"[..]));
+        assert_eq!(
+            k2.delete_if(b"n", b"0").unwrap(),
+            CasResult::Mismatch(b"1".to_vec())
+        );
+        assert_eq!(k.search(b"n").unwrap().as_deref(), Some(&b"1"[..]));
+        assert_eq!(k2.delete_if(b"n", b"1").unwrap(), CasResult::Swapped);
+        assert_eq!(k.search(b"n").unwrap(), None);
+        assert_eq!(k.delete_if(b"n", b"1").unwrap(), CasResult::NotFound);
+    }
+}
+
+#[test]
+fn concurrent_compare_and_set_increments_lose_no_increment() {
+    // Read, add one, compare-and-set; again on a mismatch. Every increment lands once.
+    let c = Arc::new(cluster(3, 3));
+    c.client(100).unwrap().insert(b"counter", b"0").unwrap();
+    let (threads, each) = (4u64, 40u64);
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                let k = c.client(200 + t).unwrap();
+                let mut retries = 0;
+                for _ in 0..each {
+                    let mut cur = k.search(b"counter").unwrap().unwrap();
+                    loop {
+                        let n: u64 = std::str::from_utf8(&cur).unwrap().parse().unwrap();
+                        match k
+                            .compare_and_set(b"counter", &cur, (n + 1).to_string().as_bytes())
+                            .unwrap()
+                        {
+                            CasResult::Swapped => break,
+                            CasResult::Mismatch(now) => {
+                                retries += 1;
+                                cur = now;
+                            }
+                            CasResult::NotFound => panic!("the counter vanished"),
+                        }
+                    }
+                }
+                retries
+            })
+        })
+        .collect();
+    let retries: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    let k = c.client(100).unwrap();
+    assert_eq!(
+        k.search(b"counter").unwrap().as_deref(),
+        Some((threads * each).to_string().as_bytes()),
+        "{retries} retries"
+    );
 }
