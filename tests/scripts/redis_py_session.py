@@ -11,7 +11,7 @@ import redis
 
 port = int(sys.argv[1])
 r = redis.Redis(host="127.0.0.1", port=port, client_name="session")
-r.delete("py:a", "py:b", "py:c", "", "py:bin")
+r.delete("py:a", "py:b", "py:c", "", "py:bin", "py:n", "py:s")
 
 
 def show(label, value):
@@ -48,8 +48,25 @@ p.delete("py:c")
 show("pipeline", p.execute())
 show("delete", r.delete("py:a", "py:b", "py:missing"))
 show("get after delete", r.get("py:a"))
+show("incr", r.incr("py:n"))
+show("incrby", r.incrby("py:n", 41))
+show("decrby", r.decrby("py:n", 2))
+show("incrbyfloat", r.incrbyfloat("py:n", 0.5))
+show("append", r.append("py:s", "hello"))
+show("append again", r.append("py:s", " world"))
+show("strlen", r.strlen("py:s"))
+show("getrange", r.getrange("py:s", 0, 4))
+show("setrange", r.setrange("py:s", 6, "WORLD"))
+show("getset", r.getset("py:s", "v2"))
+show("set get", r.set("py:s", "v3", get=True))
+show("getdel", r.getdel("py:s"))
+show("getdel again", r.getdel("py:s"))
+try:
+    r.incr("py:bin")
+except redis.ResponseError as e:
+    show("incr of a non-number", str(e))
 try:
     r.execute_command("NOSUCHCOMMAND")
 except redis.ResponseError as e:
     show("unknown command error", str(e).split(",")[0])
-r.delete("", "py:bin")
+r.delete("", "py:bin", "py:n")

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use dmkit_fusee::{Client, DeleteResult, InsertResult, UpdateResult};
-use dmkit_tools::resp::{KvBackend, PutMode, RespConfig, RespServer};
+use dmkit_tools::resp::{Cas, KvBackend, PutMode, RespConfig, RespServer};
 
 use crate::CliError;
 use crate::cluster_file::ClusterFile;
@@ -23,6 +23,14 @@ pub struct RespArgs {
     /// Serve Prometheus metrics on this address (host:port).
     #[arg(long)]
     pub metrics: Option<String>,
+}
+
+fn cas(r: dmkit_fusee::CasResult) -> Cas {
+    if r == dmkit_fusee::CasResult::Swapped {
+        Cas::Swapped
+    } else {
+        Cas::Changed
+    }
 }
 
 /// FUSEE behind the RESP gateway.
@@ -89,6 +97,49 @@ impl KvBackend for FuseeBackend {
         let c = self.0.clone();
         Some(Box::pin(async move {
             Ok(c.delete_async(&key).await.map_err(|e| e.to_string())? == DeleteResult::Deleted)
+        }))
+    }
+
+    fn compare_and_set(&self, key: &[u8], expected: &[u8], value: &[u8]) -> Result<Cas, String> {
+        self.0
+            .compare_and_set(key, expected, value)
+            .map(cas)
+            .map_err(|e| e.to_string())
+    }
+
+    fn delete_if(&self, key: &[u8], expected: &[u8]) -> Result<Cas, String> {
+        self.0
+            .delete_if(key, expected)
+            .map(cas)
+            .map_err(|e| e.to_string())
+    }
+
+    fn compare_and_set_async(
+        &self,
+        key: Vec<u8>,
+        expected: Vec<u8>,
+        value: Vec<u8>,
+    ) -> Option<dmkit_tools::resp::BoxFuture<Result<Cas, String>>> {
+        let c = self.0.clone();
+        Some(Box::pin(async move {
+            c.compare_and_set_async(&key, &expected, &value)
+                .await
+                .map(cas)
+                .map_err(|e| e.to_string())
+        }))
+    }
+
+    fn delete_if_async(
+        &self,
+        key: Vec<u8>,
+        expected: Vec<u8>,
+    ) -> Option<dmkit_tools::resp::BoxFuture<Result<Cas, String>>> {
+        let c = self.0.clone();
+        Some(Box::pin(async move {
+            c.delete_if_async(&key, &expected)
+                .await
+                .map(cas)
+                .map_err(|e| e.to_string())
         }))
     }
 

@@ -293,6 +293,9 @@ pub struct GengarClient {
     proxy: Option<Proxy>,
     /// Early lease renewals in flight, one per object at most.
     renewing: Mutex<HashMap<GlobalAddr, Renewal>>,
+    /// A lease RPC's round trip, smoothed (ns): a lease is renewed early only while more
+    /// than this is left of it (else the renewal would land after it lapsed anyway).
+    lease_rtt_ns: AtomicU64,
 }
 
 impl std::fmt::Debug for ReconnectSlot<'_> {
@@ -387,6 +390,7 @@ impl GengarClient {
             reconnect: Mutex::new(None),
             proxy,
             renewing: Mutex::new(HashMap::new()),
+            lease_rtt_ns: AtomicU64::new(0),
         };
         for node in c.servers.keys().copied().collect::<Vec<_>>() {
             dmkit_verbs::block_on(c.call(tags::ALLOC, node, Writer::tagged(tag::STAT).finish()))?;
@@ -626,19 +630,24 @@ impl GengarClient {
         let held = self.table.lock().get(&addr).copied();
         if let Some(e) = held {
             if e.epoch == epoch && e.lease.is_valid(now) {
-                if self.cfg.renew_early && now >= e.renew_at {
+                let left = e.lease.deadline.saturating_duration_since(now);
+                let rtt = Duration::from_nanos(self.lease_rtt_ns.load(Ordering::Relaxed));
+                if self.cfg.renew_early && now >= e.renew_at && left > rtt {
                     self.renew_early(addr, epoch);
                 }
                 return Ok(e);
             }
         }
-        // Lapsed: a renewal already in flight is the quickest way to a new lease.
+        // Lapsed: a renewal whose reply is already in gives the new lease at once; one still
+        // in flight is dropped (it was asked earlier, so its lease ends sooner than a fresh one).
         let in_flight = self.renewing.lock().remove(&addr);
-        if let Some(r) = in_flight {
-            let reply = self.ep.wait_async(r.reply).await;
-            if let Some(e) = self.install_renewal(addr, r.requested_at, r.epoch, reply) {
-                if e.epoch == epoch && e.lease.is_valid(self.clock.now()) {
-                    return Ok(e);
+        if let Some(mut r) = in_flight {
+            let mut cx = Context::from_waker(std::task::Waker::noop());
+            if let Poll::Ready(reply) = Pin::new(&mut r.reply).poll(&mut cx) {
+                if let Some(e) = self.install_renewal(addr, r.requested_at, r.epoch, reply) {
+                    if e.epoch == epoch && e.lease.is_valid(self.clock.now()) {
+                        return Ok(e);
+                    }
                 }
             }
         }
@@ -649,6 +658,17 @@ impl GengarClient {
             let (st, rest) = self.call(t, addr.server, self.lease_request(addr)).await?;
             match st {
                 Status::Ok => {
+                    let took = self.clock.now().saturating_duration_since(requested_at);
+                    let old = self.lease_rtt_ns.load(Ordering::Relaxed);
+                    let took = took.as_nanos().min(u128::from(u64::MAX)) as u64;
+                    self.lease_rtt_ns.store(
+                        if old == 0 {
+                            took
+                        } else {
+                            old - old / 8 + took / 8
+                        },
+                        Ordering::Relaxed,
+                    );
                     let e = self.granted(addr, requested_at, epoch, &rest)?;
                     if self.server(addr.server)?.regions.read().epoch != epoch {
                         // Granted by a connection that has since been replaced: ask again.

@@ -1,8 +1,11 @@
 //! A Redis-protocol gateway (RESP2, and RESP3 after `HELLO 3`): Redis clients talk to a
-//! key-value backend (FUSEE) through GET, SET (NX/XX), SETNX, DEL, EXISTS, MGET, MSET, PING,
-//! ECHO, INFO, COMMAND, CONFIG GET, SELECT 0, TIME, HELLO, AUTH, CLIENT (ID, SETNAME,
-//! GETNAME, LIST, INFO, SETINFO), MULTI/EXEC/DISCARD, RESET and QUIT, with Redis's error
-//! formats and pipelining.
+//! key-value backend (FUSEE) through GET, SET (NX/XX/GET), SETNX, GETSET, GETDEL, DEL,
+//! EXISTS, MGET, MSET, MSETNX (one key), INCR/INCRBY/DECR/DECRBY/INCRBYFLOAT, APPEND, STRLEN,
+//! GETRANGE, SETRANGE, PING, ECHO, INFO, COMMAND, CONFIG GET, SELECT 0, TIME, HELLO, AUTH,
+//! CLIENT (ID, SETNAME, GETNAME, LIST, INFO, SETINFO), MULTI/EXEC/DISCARD, RESET and QUIT,
+//! with Redis's error formats and pipelining. Read-modify-write commands read the value and
+//! write over it with the backend's compare-and-set ([`KvBackend::compare_and_set`]), again
+//! when another writer came between.
 //!
 //! **Transactions**: `EXEC` applies a `MULTI` block that holds one command (it runs alone,
 //! so whole or not at all). A block of several commands is discarded with `EXECABORT` and
@@ -37,6 +40,35 @@ pub trait KvBackend: Send + Sync {
     fn put(&self, key: &[u8], value: &[u8], mode: PutMode) -> Result<bool, String>;
     /// Removes `key`; whether it was present.
     fn delete(&self, key: &[u8]) -> Result<bool, String>;
+    /// Replaces `key`'s value with `value` only if it is `expected` (linearizable).
+    fn compare_and_set(&self, key: &[u8], expected: &[u8], value: &[u8]) -> Result<Cas, String> {
+        let _ = (key, expected, value);
+        Err("this backend has no compare-and-set".into())
+    }
+    /// Deletes `key` only if its value is `expected` (linearizable).
+    fn delete_if(&self, key: &[u8], expected: &[u8]) -> Result<Cas, String> {
+        let _ = (key, expected);
+        Err("this backend has no conditional delete".into())
+    }
+    /// [`KvBackend::compare_and_set`] as a future (see [`KvBackend::get_async`]).
+    fn compare_and_set_async(
+        &self,
+        key: Vec<u8>,
+        expected: Vec<u8>,
+        value: Vec<u8>,
+    ) -> Option<BoxFuture<Result<Cas, String>>> {
+        let _ = (key, expected, value);
+        None
+    }
+    /// [`KvBackend::delete_if`] as a future (see [`KvBackend::get_async`]).
+    fn delete_if_async(
+        &self,
+        key: Vec<u8>,
+        expected: Vec<u8>,
+    ) -> Option<BoxFuture<Result<Cas, String>>> {
+        let _ = (key, expected);
+        None
+    }
     /// Lines for INFO's "# Keyspace"-like backend section (`name:value`).
     fn info(&self) -> Vec<(String, String)> {
         Vec::new()
@@ -68,6 +100,15 @@ pub trait KvBackend: Send + Sync {
         let _ = key;
         None
     }
+}
+
+/// What a conditional write did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cas {
+    /// Written (or deleted) over the expected value.
+    Swapped,
+    /// The key held another value, or none: nothing was written.
+    Changed,
 }
 
 /// A backend call running as a task.
@@ -311,19 +352,40 @@ enum Running {
 const MAX_PIPELINE_IN_FLIGHT: usize = 64;
 
 /// The commands on keys (see [`command_keys`]).
-const KEY_COMMANDS: [&str; 8] = [
-    "get", "set", "setnx", "del", "unlink", "exists", "mget", "mset",
+const KEY_COMMANDS: [&str; 21] = [
+    "get",
+    "set",
+    "setnx",
+    "del",
+    "unlink",
+    "exists",
+    "mget",
+    "mset",
+    "msetnx",
+    "incr",
+    "decr",
+    "incrby",
+    "decrby",
+    "incrbyfloat",
+    "append",
+    "getset",
+    "getdel",
+    "strlen",
+    "getrange",
+    "substr",
+    "setrange",
 ];
 
 /// The keys a command reads or writes (`None`: it touches no key and runs inline).
 fn command_keys<'a>(name: &str, argv: &'a [Vec<u8>]) -> Option<Vec<&'a [u8]>> {
     match name {
         // (No key: the command still runs, to answer with its arity error.)
-        "get" | "set" | "setnx" => {
+        "get" | "set" | "setnx" | "incr" | "decr" | "incrby" | "decrby" | "incrbyfloat"
+        | "append" | "getset" | "getdel" | "strlen" | "getrange" | "substr" | "setrange" => {
             Some(argv.first().map(|k| vec![k.as_slice()]).unwrap_or_default())
         }
         "del" | "unlink" | "exists" | "mget" => Some(argv.iter().map(Vec::as_slice).collect()),
-        "mset" => Some(argv.iter().step_by(2).map(Vec::as_slice).collect()),
+        "mset" | "msetnx" => Some(argv.iter().step_by(2).map(Vec::as_slice).collect()),
         _ => None,
     }
 }
@@ -365,6 +427,142 @@ async fn delete(s: &Arc<Shared>, key: &[u8]) -> Result<bool, String> {
     let k = key.to_vec();
     call(s, s.backend.delete_async(k.clone()), move |b| b.delete(&k)).await
 }
+
+async fn cas(s: &Arc<Shared>, key: &[u8], expected: &[u8], value: &[u8]) -> Result<Cas, String> {
+    let (k, e, v) = (key.to_vec(), expected.to_vec(), value.to_vec());
+    let fut = s
+        .backend
+        .compare_and_set_async(k.clone(), e.clone(), v.clone());
+    call(s, fut, move |b| b.compare_and_set(&k, &e, &v)).await
+}
+
+async fn delete_if(s: &Arc<Shared>, key: &[u8], expected: &[u8]) -> Result<Cas, String> {
+    let (k, e) = (key.to_vec(), expected.to_vec());
+    let fut = s.backend.delete_if_async(k.clone(), e.clone());
+    call(s, fut, move |b| b.delete_if(&k, &e)).await
+}
+
+/// Read-modify-write of one key, linearizable: reads the value, asks `f` for the new one
+/// (`None`: leave the key as it is; an error reply: stop), and writes it only over the value
+/// read (compare-and-set, or an insert over "absent"); again if another writer came between.
+/// Returns the value read and the one written.
+async fn rmw(
+    s: &Arc<Shared>,
+    key: &[u8],
+    f: impl Fn(Option<&[u8]>) -> Result<Option<Vec<u8>>, Reply>,
+) -> Result<(Option<Vec<u8>>, Option<Vec<u8>>), Reply> {
+    loop {
+        let cur = get(s, key).await.map_err(backend_err)?;
+        let Some(new) = f(cur.as_deref())? else {
+            return Ok((cur, None));
+        };
+        let written = match &cur {
+            None => put(s, key, &new, PutMode::IfAbsent).await,
+            Some(c) => cas(s, key, c, &new).await.map(|r| r == Cas::Swapped),
+        }
+        .map_err(backend_err)?;
+        if written {
+            return Ok((cur, Some(new)));
+        }
+    }
+}
+
+fn parse_i64(v: &[u8]) -> Option<i64> {
+    let t = std::str::from_utf8(v).ok()?;
+    // Redis's rule: no spaces, no leading '+', no leading zeros.
+    if t.is_empty() || t.starts_with('+') || t.trim() != t || (t.len() > 1 && t.starts_with('0')) {
+        return None;
+    }
+    t.parse().ok()
+}
+
+fn parse_f64(v: &[u8]) -> Option<f64> {
+    let t = std::str::from_utf8(v).ok()?;
+    if t.is_empty() || t.trim() != t {
+        return None;
+    }
+    t.parse::<f64>().ok().filter(|f| f.is_finite())
+}
+
+fn not_integer() -> Reply {
+    Reply::err("value is not an integer or out of range")
+}
+
+/// INCR, DECR, INCRBY, DECRBY and INCRBYFLOAT, read-modify-write on one key.
+async fn incr(s: &Arc<Shared>, name: &str, argv: &[Vec<u8>]) -> Reply {
+    let (key, by) = match (name, argv) {
+        ("incr" | "decr", [k]) => (k, None),
+        ("incrby" | "decrby" | "incrbyfloat", [k, b]) => (k, Some(b)),
+        _ => return arity(name),
+    };
+    if name == "incrbyfloat" {
+        let Some(by) = by.and_then(|b| parse_f64(b)) else {
+            return Reply::err("value is not a valid float");
+        };
+        let r = rmw(s, key, |cur| {
+            let n = match cur {
+                None => 0.0,
+                Some(c) => parse_f64(c).ok_or_else(|| Reply::err("value is not a valid float"))?,
+            };
+            let v = n + by;
+            if !v.is_finite() {
+                return Err(Reply::err("increment would produce NaN or Infinity"));
+            }
+            Ok(Some(format!("{v}").into_bytes()))
+        })
+        .await;
+        return match r {
+            Ok((_, Some(v))) => Reply::Bulk(v),
+            Ok((_, None)) => Reply::Nil,
+            Err(e) => e,
+        };
+    }
+    let delta = match by {
+        None => 1,
+        Some(b) => match parse_i64(b) {
+            Some(d) => d,
+            None => return not_integer(),
+        },
+    };
+    let delta = if name.starts_with("decr") {
+        match delta.checked_neg() {
+            Some(d) => d,
+            None => return Reply::err("decrement would overflow"),
+        }
+    } else {
+        delta
+    };
+    let r = rmw(s, key, |cur| {
+        let n = match cur {
+            None => 0,
+            Some(c) => parse_i64(c).ok_or_else(not_integer)?,
+        };
+        let v = n
+            .checked_add(delta)
+            .ok_or_else(|| Reply::err("increment or decrement would overflow"))?;
+        Ok(Some(v.to_string().into_bytes()))
+    })
+    .await;
+    match r {
+        Ok((_, Some(v))) => Reply::Integer(parse_i64(&v).unwrap_or_default()),
+        Ok((_, None)) => Reply::Nil,
+        Err(e) => e,
+    }
+}
+
+/// GETRANGE's slice: `start` and `end` inclusive, negative from the end, clamped.
+fn range(v: &[u8], start: i64, end: i64) -> &[u8] {
+    let len = v.len() as i64;
+    let norm = |i: i64| if i < 0 { (len + i).max(0) } else { i };
+    let (a, b) = (norm(start), norm(end).min(len - 1));
+    if len == 0 || a > b {
+        return &[];
+    }
+    &v[a as usize..=b as usize]
+}
+
+/// The largest offset + length SETRANGE accepts (Redis's 512 MB string limit).
+const MAX_STRING: usize = 512 << 20;
 
 /// Hands a command on keys to the dispatcher; the future of its reply.
 fn submit(s: &Arc<Shared>, args: Vec<Vec<u8>>) -> BoxFuture<Reply> {
@@ -680,6 +878,96 @@ async fn execute_keyed(s: &Arc<Shared>, args: &[Vec<u8>]) -> Reply {
                 Reply::Array(items)
             }
         }
+        "incr" | "decr" | "incrby" | "decrby" | "incrbyfloat" => incr(s, &name, argv).await,
+        "append" => match argv {
+            [k, v] => match rmw(s, k, |cur| {
+                let mut b = cur.unwrap_or_default().to_vec();
+                b.extend_from_slice(v);
+                Ok(Some(b))
+            })
+            .await
+            {
+                Ok((_, Some(b))) => Reply::Integer(b.len() as i64),
+                Ok((_, None)) => Reply::Integer(0),
+                Err(e) => e,
+            },
+            _ => arity("append"),
+        },
+        "getset" => match argv {
+            [k, v] => match rmw(s, k, |_| Ok(Some(v.clone()))).await {
+                Ok((old, _)) => old.map_or(Reply::Nil, Reply::Bulk),
+                Err(e) => e,
+            },
+            _ => arity("getset"),
+        },
+        "getdel" => match argv {
+            [k] => loop {
+                let cur = match get(s, k).await {
+                    Ok(Some(v)) => v,
+                    Ok(None) => break Reply::Nil,
+                    Err(e) => break backend_err(e),
+                };
+                match delete_if(s, k, &cur).await {
+                    Ok(Cas::Swapped) => break Reply::Bulk(cur),
+                    Ok(Cas::Changed) => continue,
+                    Err(e) => break backend_err(e),
+                }
+            },
+            _ => arity("getdel"),
+        },
+        "strlen" => match argv {
+            [k] => match get(s, k).await {
+                Ok(v) => Reply::Integer(v.map_or(0, |v| v.len() as i64)),
+                Err(e) => backend_err(e),
+            },
+            _ => arity("strlen"),
+        },
+        "getrange" | "substr" => match argv {
+            [k, a, b] => match (parse_i64(a), parse_i64(b)) {
+                (Some(a), Some(b)) => match get(s, k).await {
+                    Ok(v) => Reply::Bulk(range(&v.unwrap_or_default(), a, b).to_vec()),
+                    Err(e) => backend_err(e),
+                },
+                _ => not_integer(),
+            },
+            _ => arity(&name),
+        },
+        "setrange" => match argv {
+            [k, off, v] => match parse_i64(off).and_then(|o| usize::try_from(o).ok()) {
+                None => Reply::err("offset is out of range"),
+                Some(o) if o.saturating_add(v.len()) > MAX_STRING => {
+                    Reply::err("string exceeds maximum allowed size (proto-max-bulk-len)")
+                }
+                Some(o) => match rmw(s, k, |cur| {
+                    if v.is_empty() {
+                        // Redis creates nothing and changes nothing for an empty range.
+                        return Ok(None);
+                    }
+                    let mut b = cur.unwrap_or_default().to_vec();
+                    if b.len() < o + v.len() {
+                        b.resize(o + v.len(), 0);
+                    }
+                    b[o..o + v.len()].copy_from_slice(v);
+                    Ok(Some(b))
+                })
+                .await
+                {
+                    Ok((_, Some(b))) => Reply::Integer(b.len() as i64),
+                    Ok((cur, None)) => Reply::Integer(cur.map_or(0, |c| c.len() as i64)),
+                    Err(e) => e,
+                },
+            },
+            _ => arity("setrange"),
+        },
+        "msetnx" if argv.is_empty() || argv.len() % 2 != 0 => arity("msetnx"),
+        "msetnx" if argv.len() > 2 => Reply::err(
+            "MSETNX over several keys cannot be one atomic step on this store (nothing was \
+             set): use SETNX key by key",
+        ),
+        "msetnx" => match put(s, &argv[0], &argv[1], PutMode::IfAbsent).await {
+            Ok(w) => Reply::Integer(i64::from(w)),
+            Err(e) => backend_err(e),
+        },
         "mset" if argv.is_empty() || argv.len() % 2 != 0 => arity("mset"),
         "mset" => {
             // The last value of a key given twice wins: each key is written once.
@@ -735,10 +1023,45 @@ fn count_true(r: Vec<Result<bool, String>>) -> Reply {
     Reply::Integer(n)
 }
 
-const COMMANDS: [&str; 25] = [
-    "ping", "echo", "quit", "get", "set", "setnx", "del", "unlink", "exists", "mget", "mset",
-    "info", "command", "config", "select", "time", "hello", "auth", "client", "multi", "exec",
-    "discard", "watch", "unwatch", "reset",
+const COMMANDS: [&str; 38] = [
+    "ping",
+    "echo",
+    "quit",
+    "get",
+    "set",
+    "setnx",
+    "del",
+    "unlink",
+    "exists",
+    "mget",
+    "mset",
+    "info",
+    "command",
+    "config",
+    "select",
+    "time",
+    "hello",
+    "auth",
+    "client",
+    "multi",
+    "exec",
+    "discard",
+    "watch",
+    "unwatch",
+    "reset",
+    "msetnx",
+    "incr",
+    "decr",
+    "incrby",
+    "decrby",
+    "incrbyfloat",
+    "append",
+    "getset",
+    "getdel",
+    "strlen",
+    "getrange",
+    "substr",
+    "setrange",
 ];
 
 /// Whether `args` has the arguments its command needs (checked when MULTI queues it, as
@@ -749,7 +1072,10 @@ fn arity_ok(name: &str, argc: usize) -> bool {
         "setnx" => argc == 2,
         "set" => argc >= 2,
         "del" | "unlink" | "exists" | "mget" => argc >= 1,
-        "mset" => argc >= 2 && argc % 2 == 0,
+        "mset" | "msetnx" => argc >= 2 && argc % 2 == 0,
+        "incr" | "decr" | "getdel" | "strlen" => argc == 1,
+        "incrby" | "decrby" | "incrbyfloat" | "append" | "getset" => argc == 2,
+        "getrange" | "substr" | "setrange" => argc == 3,
         "echo" | "select" => argc == 1,
         "time" => argc == 0,
         "ping" => argc <= 1,
@@ -1065,6 +1391,7 @@ async fn set(s: &Arc<Shared>, argv: &[Vec<u8>]) -> Reply {
         return arity("set");
     };
     let mut mode = PutMode::Upsert;
+    let mut get_old = false;
     for o in opts {
         match o.to_ascii_uppercase().as_slice() {
             b"NX" if mode == PutMode::Upsert => mode = PutMode::IfAbsent,
@@ -1074,9 +1401,23 @@ async fn set(s: &Arc<Shared>, argv: &[Vec<u8>]) -> Reply {
                     "expiry (EX/PX/EXAT/PXAT/KEEPTTL) is not supported by this store",
                 );
             }
-            b"GET" => return Reply::err("SET ... GET is not supported by this store"),
+            b"GET" if !get_old => get_old = true,
             _ => return Reply::err("syntax error"),
         }
+    }
+    if get_old {
+        // SET ... GET: the old value (nil if none), written over it atomically.
+        return match rmw(s, k, |cur| {
+            Ok(match (mode, cur) {
+                (PutMode::IfAbsent, Some(_)) | (PutMode::IfPresent, None) => None,
+                _ => Some(v.clone()),
+            })
+        })
+        .await
+        {
+            Ok((old, _)) => old.map_or(Reply::Nil, Reply::Bulk),
+            Err(e) => e,
+        };
     }
     match put(s, k, v, mode).await {
         Ok(true) => Reply::ok(),
@@ -1145,6 +1486,24 @@ impl KvBackend for MemoryBackend {
     }
     fn delete(&self, key: &[u8]) -> Result<bool, String> {
         Ok(self.map.lock().remove(key).is_some())
+    }
+    fn compare_and_set(&self, key: &[u8], expected: &[u8], value: &[u8]) -> Result<Cas, String> {
+        let mut m = self.map.lock();
+        match m.get_mut(key) {
+            Some(v) if v.as_slice() == expected => {
+                *v = value.to_vec();
+                Ok(Cas::Swapped)
+            }
+            _ => Ok(Cas::Changed),
+        }
+    }
+    fn delete_if(&self, key: &[u8], expected: &[u8]) -> Result<Cas, String> {
+        let mut m = self.map.lock();
+        if m.get(key).is_some_and(|v| v.as_slice() == expected) {
+            m.remove(key);
+            return Ok(Cas::Swapped);
+        }
+        Ok(Cas::Changed)
     }
 }
 
@@ -1251,6 +1610,50 @@ mod tests {
               -ERR WATCH is not supported by this store yet (optimistic transactions need compare-and-set on values)\r\n\
               +OK\r\n*0\r\n",
         );
+    }
+
+    #[test]
+    fn read_modify_write_commands_answer_as_redis_does() {
+        let s = server();
+        roundtrip(
+            &s,
+            b"INCR n\r\nINCRBY n 10\r\nDECR n\r\nDECRBY n 3\r\nINCRBYFLOAT n 0.5\r\nINCR n\r\n\
+              SET big 9223372036854775807\r\nINCR big\r\nINCRBY n x\r\n\
+              APPEND s ab\r\nAPPEND s cd\r\nSTRLEN s\r\nGETRANGE s 1 -2\r\nGETRANGE s -100 100\r\n\
+              SETRANGE s 6 Z\r\nGET s\r\nSETRANGE s -1 x\r\n\
+              GETSET s new\r\nSET s newer GET\r\nSET nokey v NX GET\r\nGET nokey\r\n\
+              GETDEL s\r\nGETDEL s\r\nEXISTS s\r\nMSETNX m1 1\r\nMSETNX m1 2\r\nMSETNX a 1 b 2\r\nEXISTS a\r\n",
+            b":1\r\n:11\r\n:10\r\n:7\r\n$3\r\n7.5\r\n-ERR value is not an integer or out of range\r\n\
+              +OK\r\n-ERR increment or decrement would overflow\r\n-ERR value is not an integer or out of range\r\n\
+              :2\r\n:4\r\n:4\r\n$2\r\nbc\r\n$4\r\nabcd\r\n\
+              :7\r\n$7\r\nabcd\x00\x00Z\r\n-ERR offset is out of range\r\n\
+              $7\r\nabcd\x00\x00Z\r\n$3\r\nnew\r\n$-1\r\n$1\r\nv\r\n\
+              $5\r\nnewer\r\n$-1\r\n:0\r\n:1\r\n:0\r\n\
+              -ERR MSETNX over several keys cannot be one atomic step on this store (nothing was set): use SETNX key by key\r\n:0\r\n",
+        );
+    }
+
+    #[test]
+    fn concurrent_increments_lose_none() {
+        let s = server();
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let addr = s.local_addr();
+                std::thread::spawn(move || {
+                    let mut c = TcpStream::connect(addr).unwrap();
+                    let mut buf = [0u8; 64];
+                    for _ in 0..50 {
+                        c.write_all(b"INCR counter\r\n").unwrap();
+                        let n = c.read(&mut buf).unwrap();
+                        assert_eq!(buf[0], b':', "{:?}", &buf[..n]);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        roundtrip(&s, b"GET counter\r\n", b"$3\r\n200\r\n");
     }
 
     #[test]
