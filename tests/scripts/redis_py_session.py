@@ -41,6 +41,25 @@ show("select 0", r.select(0) if hasattr(r, "select") else True)
 p = r.pipeline()  # transaction=True: MULTI/EXEC around one command
 p.set("py:a", "5")
 show("transaction of one command", p.execute())
+p = r.pipeline()  # a transaction of several commands on one key: one atomic step
+p.set("py:n", "10")
+p.incr("py:n")
+p.get("py:n")
+show("transaction on one key", p.execute())
+r.delete("py:n")
+
+
+def add_one(pipe):
+    # The optimistic-transaction idiom: WATCH, read, MULTI, write, EXEC (redis-py retries
+    # when EXEC is aborted).
+    cur = int(pipe.get("py:w") or 0)
+    pipe.multi()
+    pipe.set("py:w", cur + 1)
+
+
+show("watch transaction", r.transaction(add_one, "py:w"))
+show("watched value", r.get("py:w"))
+r.delete("py:w")
 p = r.pipeline(transaction=False)
 p.set("py:b", "6")
 p.get("py:b")

@@ -28,6 +28,7 @@
 //! | INSERT | 3 | 4 | 1 | object write + bucket read; backup CAS (r ≥ 2); commit record; primary CAS |
 //! | UPDATE / DELETE, cached | 3 | 4 | 2 | object write + bucket read + cached object read; backup CAS; commit record; primary CAS |
 //! | UPDATE / DELETE, not cached | 4 | 5 | 2 | as cached, with the candidate object read in a round of its own |
+//! | compare-and-set / delete-if | as UPDATE / DELETE | | 2 | the object the round replaces is the one whose value was compared |
 //!
 //! This is the FUSEE paper's write path (FAST 2023, extended version, Fig. 9 and §4.6: "four
 //! RTTs are required in general cases" for INSERT, UPDATE and DELETE; the cached KV address
@@ -35,6 +36,15 @@
 //! r = 1 the paper skips the log commit (§6.1), we do not — our recovery frees the object a
 //! crashed write replaced using the old value in the commit record, so r = 1 costs 3, not 2.
 //! Rule-2/3 SNAPSHOT rounds add one or two, a directory refresh one, a split its own.
+//!
+//! **Conditional writes** ([`Client::compare_and_set`], [`Client::delete_if`]) write only over
+//! an expected value: the verifier that picks the key's slot also compares the value of the
+//! object it points to, and SNAPSHOT's CAS replaces exactly that word. A conditional writer
+//! that loses its round reads and compares again. An unconditional UPDATE that loses is
+//! linearized just before the winner (FUSEE's rule) only when the winner is the unconditional
+//! write that replaced the very word it replaced (its commit record says so); otherwise — a
+//! conditional winner, a DELETE, or a primary that moved on — it writes again, after it. The
+//! Redis gateway's INCR, APPEND, GETSET and GETDEL are built on these.
 //!
 //! ```
 //! use dmkit_fusee::{InsertResult, LocalCluster, LocalConfig};

@@ -185,6 +185,8 @@ pub enum Reply {
     /// `$-1` (RESP3: `_`)
     Nil,
     Array(Vec<Reply>),
+    /// `*-1` (RESP3: `_`): EXEC of a transaction a WATCHed key's change aborted.
+    NilArray,
     /// A map (RESP3 `%`; RESP2 sends its keys and values as one flat array, as Redis does).
     Map(Vec<(Reply, Reply)>),
 }
@@ -230,6 +232,8 @@ impl Reply {
             }
             Reply::Nil if resp3 => out.extend_from_slice(b"_\r\n"),
             Reply::Nil => out.extend_from_slice(b"$-1\r\n"),
+            Reply::NilArray if resp3 => out.extend_from_slice(b"_\r\n"),
+            Reply::NilArray => out.extend_from_slice(b"*-1\r\n"),
             Reply::Array(items) => {
                 out.extend_from_slice(format!("*{}\r\n", items.len()).as_bytes());
                 for i in items {

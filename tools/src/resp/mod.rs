@@ -7,10 +7,11 @@
 //! write over it with the backend's compare-and-set ([`KvBackend::compare_and_set`]), again
 //! when another writer came between.
 //!
-//! **Transactions**: `EXEC` applies a `MULTI` block that holds one command (it runs alone,
-//! so whole or not at all). A block of several commands is discarded with `EXECABORT` and
-//! nothing applied: this store cannot yet make several commands one atomic step, and it
-//! never half-applies one. `WATCH` is refused for the same reason.
+//! **Transactions**: a `MULTI` block on one key is one atomic step (run on a copy of the
+//! value read, written over it with compare-and-set, run again if another writer came
+//! between); `WATCH` of one key aborts `EXEC` (nil) when its value changed. A block or a
+//! `WATCH` over several keys is refused with an error and nothing applied: this store cannot
+//! yet make several keys one atomic step, and never half-applies one.
 
 pub mod codec;
 
@@ -165,6 +166,27 @@ struct ClientInfo {
     name: String,
     since: Instant,
     last_command: String,
+}
+
+impl Shared {
+    /// A gateway state over `backend` that serves no connection: a transaction's commands
+    /// run on it against a copy of their key (see [`exec_block`]).
+    fn scratch(backend: Arc<dyn KvBackend>, cfg: &RespConfig) -> Arc<Shared> {
+        let (jobs, _) = tokio::sync::mpsc::unbounded_channel();
+        Arc::new(Shared {
+            backend,
+            blocking: tokio::sync::Semaphore::new(1),
+            cfg: cfg.clone(),
+            clients: AtomicUsize::new(0),
+            commands: AtomicU64::new(0),
+            started: Instant::now(),
+            stop: AtomicBool::new(false),
+            jobs,
+            conns: parking_lot::Mutex::new(std::collections::HashMap::new()),
+            next_conn: AtomicU64::new(0),
+            clients_info: parking_lot::Mutex::new(std::collections::BTreeMap::new()),
+        })
+    }
 }
 
 /// A command on keys for the dispatcher, and where its reply goes.
@@ -617,6 +639,8 @@ struct ConnState {
     multi: Option<Vec<Vec<Vec<u8>>>>,
     /// A command queued in this transaction was refused: EXEC discards it.
     multi_failed: bool,
+    /// The key WATCH named and the value it read then (`None`: absent).
+    watched: Option<(Vec<u8>, Option<Vec<u8>>)>,
 }
 
 /// Commands that read or change the connection's state (or its transaction): they run in
@@ -645,6 +669,7 @@ async fn serve(s: Arc<Shared>, mut conn: tokio::net::TcpStream, id: u64) {
         resp3: false,
         multi: None,
         multi_failed: false,
+        watched: None,
     };
     if n > s.cfg.max_clients {
         let mut out = Vec::new();
@@ -1191,41 +1216,42 @@ async fn execute_conn(s: &Arc<Shared>, st: &mut ConnState, args: &[Vec<u8>]) -> 
             Some(_) => Reply::ok(),
             None => Reply::err("DISCARD without MULTI"),
         },
-        "exec" => match st.multi.take() {
-            None => Reply::err("EXEC without MULTI"),
-            Some(_) if std::mem::take(&mut st.multi_failed) => {
-                Reply::Error("EXECABORT Transaction discarded because of previous errors.".into())
+        "exec" => {
+            let watched = st.watched.take();
+            match st.multi.take() {
+                None => Reply::err("EXEC without MULTI"),
+                Some(_) if std::mem::take(&mut st.multi_failed) => Reply::Error(
+                    "EXECABORT Transaction discarded because of previous errors.".into(),
+                ),
+                Some(q) => exec_block(s, q, watched).await,
             }
-            Some(q) if q.len() > 1 => Reply::Error(format!(
-                "EXECABORT Transaction discarded: it holds {} commands, and this store applies a \
-                 MULTI block atomically only when it holds one (nothing was applied; send them \
-                 without MULTI, e.g. a non-transactional pipeline)",
-                q.len()
-            )),
-            Some(q) => {
-                let mut replies = Vec::with_capacity(q.len());
-                for args in q {
-                    let name = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
-                    let r = if command_keys(&name, &args[1..]).is_some() {
-                        submit(s, args).await
-                    } else {
-                        execute_local(s, &args).0
-                    };
-                    replies.push(r);
-                }
-                Reply::Array(replies)
-            }
-        },
+        }
         "watch" if st.multi.is_some() => Reply::err("WATCH inside MULTI is not allowed"),
-        "watch" => Reply::err(
-            "WATCH is not supported by this store yet (optimistic transactions need \
-             compare-and-set on values)",
-        ),
-        "unwatch" => Reply::ok(),
+        "watch" => match argv {
+            [] => arity("watch"),
+            [k] if st.watched.as_ref().is_none_or(|(w, _)| w == k) => {
+                if st.watched.is_none() {
+                    match get(s, k).await {
+                        Ok(v) => st.watched = Some((k.clone(), v)),
+                        Err(e) => return (counted_error(backend_err(e)), false),
+                    }
+                }
+                Reply::ok()
+            }
+            _ => Reply::err(
+                "WATCH of several keys is not supported by this store (a transaction is atomic \
+                 on one key)",
+            ),
+        },
+        "unwatch" => {
+            st.watched = None;
+            Reply::ok()
+        }
         "reset" => {
             st.resp3 = false;
             st.multi = None;
             st.multi_failed = false;
+            st.watched = None;
             if let Some(c) = s.clients_info.lock().get_mut(&st.id) {
                 c.name.clear();
             }
@@ -1234,6 +1260,100 @@ async fn execute_conn(s: &Arc<Shared>, st: &mut ConnState, args: &[Vec<u8>]) -> 
         _ => Reply::err(format!("'{name}' is not a connection command")),
     };
     (counted_error(reply), false)
+}
+
+/// Runs a transaction's block (`watched`: the key WATCH read and its value then). A block
+/// whose commands touch one key (or none) is one atomic step: its commands run against a copy
+/// of the key's value, and the result is written over that value with compare-and-set (an
+/// insert over "absent", a delete-if for a deleted key). When another writer came between:
+/// with WATCH, EXEC answers nil (aborted, as Redis does); without, the block runs again on
+/// the new value. A block over several keys is discarded: nothing applied.
+async fn exec_block(
+    s: &Arc<Shared>,
+    q: Vec<Vec<Vec<u8>>>,
+    watched: Option<(Vec<u8>, Option<Vec<u8>>)>,
+) -> Reply {
+    let mut keys: Vec<Vec<u8>> = Vec::new();
+    for args in &q {
+        let name = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
+        for k in command_keys(&name, &args[1..]).unwrap_or_default() {
+            if !keys.iter().any(|x| x.as_slice() == k) {
+                keys.push(k.to_vec());
+            }
+        }
+    }
+    if let Some((w, _)) = &watched {
+        if !keys.iter().any(|k| k == w) {
+            keys.insert(0, w.clone());
+        }
+    }
+    if keys.len() > 1 {
+        return Reply::Error(format!(
+            "EXECABORT Transaction discarded: it touches {} keys, and this store makes a \
+             transaction one atomic step only on one key (nothing was applied; send the \
+             commands without MULTI, e.g. a non-transactional pipeline)",
+            keys.len()
+        ));
+    }
+    let key = keys.pop();
+    loop {
+        // The value the block starts from: WATCH's, or read now.
+        let start = match (&watched, &key) {
+            (Some((_, v)), _) => v.clone(),
+            (None, Some(k)) => match get(s, k).await {
+                Ok(v) => v,
+                Err(e) => return backend_err(e),
+            },
+            (None, None) => None,
+        };
+        let copy = Arc::new(MemoryBackend::default());
+        if let (Some(k), Some(v)) = (&key, &start) {
+            let _ = copy.put(k, v, PutMode::Upsert);
+        }
+        let scratch = Shared::scratch(copy.clone(), &s.cfg);
+        let mut replies = Vec::with_capacity(q.len());
+        for args in &q {
+            let name = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
+            replies.push(if command_keys(&name, &args[1..]).is_some() {
+                execute_keyed(&scratch, args).await
+            } else {
+                execute_local(&scratch, args).0
+            });
+        }
+        s.commands
+            .fetch_add(scratch.commands.load(Ordering::Relaxed), Ordering::Relaxed);
+        let Some(k) = &key else {
+            return Reply::Array(replies);
+        };
+        let end = copy.get(k).unwrap_or_default();
+        let applied = if end == start {
+            // Nothing to write: with WATCH, the key must still hold what it read.
+            match &watched {
+                Some(_) => match get(s, k).await {
+                    Ok(now) => now == start,
+                    Err(e) => return backend_err(e),
+                },
+                None => true,
+            }
+        } else {
+            let r = match (&start, &end) {
+                (None, Some(e)) => put(s, k, e, PutMode::IfAbsent).await,
+                (Some(b), Some(e)) => cas(s, k, b, e).await.map(|c| c == Cas::Swapped),
+                (Some(b), None) => delete_if(s, k, b).await.map(|c| c == Cas::Swapped),
+                (None, None) => Ok(true),
+            };
+            match r {
+                Ok(w) => w,
+                Err(e) => return backend_err(e),
+            }
+        };
+        if applied {
+            return Reply::Array(replies);
+        }
+        if watched.is_some() {
+            return Reply::NilArray;
+        }
+    }
 }
 
 /// The version HELLO and INFO report: the Redis whose protocol (RESP3 included) this
@@ -1597,19 +1717,53 @@ mod tests {
         let s = server();
         roundtrip(
             &s,
-            // One command: applied. Several: discarded, nothing applied. A refused command
-            // (arity) discards the block too. Then the misuse errors.
-            b"MULTI\r\nSET a 1\r\nEXEC\r\nMULTI\r\nSET b 1\r\nSET c 1\r\nEXEC\r\nMGET a b c\r\n\
-              MULTI\r\nGET\r\nEXEC\r\nMULTI\r\nMULTI\r\nWATCH a\r\nDISCARD\r\nEXEC\r\nDISCARD\r\nWATCH a\r\nMULTI\r\nEXEC\r\n",
-            b"+OK\r\n+QUEUED\r\n*1\r\n+OK\r\n+OK\r\n+QUEUED\r\n+QUEUED\r\n\
-              -EXECABORT Transaction discarded: it holds 2 commands, and this store applies a MULTI block atomically only when it holds one (nothing was applied; send them without MULTI, e.g. a non-transactional pipeline)\r\n\
-              *3\r\n$1\r\n1\r\n$-1\r\n$-1\r\n\
+            // One key: applied as one step (the block sees its own writes). Two keys:
+            // discarded, nothing applied. A refused command (arity) discards the block too.
+            // Then the misuse errors.
+            b"MULTI\r\nSET a 1\r\nINCR a\r\nGET a\r\nEXEC\r\nMULTI\r\nSET b 1\r\nSET c 1\r\nEXEC\r\nMGET a b c\r\n\
+              MULTI\r\nGET\r\nEXEC\r\nMULTI\r\nMULTI\r\nWATCH a\r\nDISCARD\r\nEXEC\r\nDISCARD\r\nWATCH a b\r\nMULTI\r\nEXEC\r\n\
+              MULTI\r\nDEL a\r\nPING\r\nEXEC\r\nEXISTS a\r\n",
+            b"+OK\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n*3\r\n+OK\r\n:2\r\n$1\r\n2\r\n\
+              +OK\r\n+QUEUED\r\n+QUEUED\r\n\
+              -EXECABORT Transaction discarded: it touches 2 keys, and this store makes a transaction one atomic step only on one key (nothing was applied; send the commands without MULTI, e.g. a non-transactional pipeline)\r\n\
+              *3\r\n$1\r\n2\r\n$-1\r\n$-1\r\n\
               +OK\r\n-ERR wrong number of arguments for 'get' command\r\n-EXECABORT Transaction discarded because of previous errors.\r\n\
               +OK\r\n-ERR MULTI calls can not be nested\r\n-ERR WATCH inside MULTI is not allowed\r\n+OK\r\n\
               -ERR EXEC without MULTI\r\n-ERR DISCARD without MULTI\r\n\
-              -ERR WATCH is not supported by this store yet (optimistic transactions need compare-and-set on values)\r\n\
-              +OK\r\n*0\r\n",
+              -ERR WATCH of several keys is not supported by this store (a transaction is atomic on one key)\r\n\
+              +OK\r\n*0\r\n\
+              +OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n:1\r\n+PONG\r\n:0\r\n",
         );
+    }
+
+    #[test]
+    fn watch_aborts_exec_when_the_key_changed_and_applies_it_otherwise() {
+        let s = server();
+        let mut other = TcpStream::connect(s.local_addr()).unwrap();
+        let mut tx = TcpStream::connect(s.local_addr()).unwrap();
+        let mut buf = [0u8; 256];
+        let mut say = |c: &mut TcpStream, what: &[u8]| {
+            c.write_all(what).unwrap();
+            let n = c.read(&mut buf).unwrap();
+            String::from_utf8_lossy(&buf[..n]).into_owned()
+        };
+        assert_eq!(say(&mut tx, b"SET k 1\r\n"), "+OK\r\n");
+        assert_eq!(say(&mut tx, b"WATCH k\r\n"), "+OK\r\n");
+        assert_eq!(say(&mut other, b"SET k 5\r\n"), "+OK\r\n");
+        assert_eq!(say(&mut tx, b"MULTI\r\n"), "+OK\r\n");
+        assert_eq!(say(&mut tx, b"INCR k\r\n"), "+QUEUED\r\n");
+        assert_eq!(say(&mut tx, b"EXEC\r\n"), "*-1\r\n", "aborted: k changed");
+        assert_eq!(say(&mut tx, b"GET k\r\n"), "$1\r\n5\r\n");
+        // Unchanged since WATCH: applied.
+        assert_eq!(say(&mut tx, b"WATCH k\r\n"), "+OK\r\n");
+        assert_eq!(say(&mut tx, b"MULTI\r\n"), "+OK\r\n");
+        assert_eq!(say(&mut tx, b"INCR k\r\n"), "+QUEUED\r\n");
+        assert_eq!(say(&mut tx, b"EXEC\r\n"), "*1\r\n:6\r\n");
+        // EXEC forgets the WATCH: the next transaction is not aborted by an old change.
+        assert_eq!(say(&mut other, b"SET k 9\r\n"), "+OK\r\n");
+        assert_eq!(say(&mut tx, b"MULTI\r\n"), "+OK\r\n");
+        assert_eq!(say(&mut tx, b"INCR k\r\n"), "+QUEUED\r\n");
+        assert_eq!(say(&mut tx, b"EXEC\r\n"), "*1\r\n:10\r\n");
     }
 
     #[test]
