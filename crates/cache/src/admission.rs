@@ -53,6 +53,8 @@ struct Resident {
     size: u64,
     score: f64,
     since: u64,
+    /// Taken in by [`DramCachePolicy::fill`] and not hot since.
+    lukewarm: bool,
 }
 
 /// Decides, window by window, which objects the DRAM buffer holds. It assumes every
@@ -63,6 +65,8 @@ pub struct DramCachePolicy {
     config: AdmissionConfig,
     residents: HashMap<u64, Resident>,
     used: u64,
+    /// Bytes of the lukewarm residents.
+    lukewarm: u64,
     window: u64,
     m_promotions: metrics::Counter,
     m_evictions: metrics::Counter,
@@ -92,6 +96,7 @@ impl DramCachePolicy {
             config,
             residents: HashMap::new(),
             used: 0,
+            lukewarm: 0,
             window: 0,
             m_promotions: metrics::counter!("dmkit_cache_promotions_total"),
             m_evictions: metrics::counter!("dmkit_cache_evictions_total"),
@@ -123,6 +128,9 @@ impl DramCachePolicy {
         match self.residents.remove(&obj) {
             Some(r) => {
                 self.used -= r.size;
+                if r.lukewarm {
+                    self.lukewarm -= r.size;
+                }
                 true
             }
             None => false,
@@ -138,6 +146,11 @@ impl DramCachePolicy {
         for (obj, r) in self.residents.iter_mut() {
             let now = counts.get(obj).copied().unwrap_or(0) as f64;
             r.score = (1.0 - alpha) * r.score + alpha * now;
+            if r.lukewarm && now > 0.0 {
+                // Hot now: an ordinary resident.
+                r.lukewarm = false;
+                self.lukewarm -= r.size;
+            }
         }
 
         let mut candidates: Vec<HotObject> = hot
@@ -194,6 +207,7 @@ impl DramCachePolicy {
                     size: p.size,
                     score: p.count as f64,
                     since: self.window,
+                    lukewarm: false,
                 },
             );
             self.used += p.size;
@@ -207,7 +221,9 @@ impl DramCachePolicy {
     /// under the caller's hotness bar) into the DRAM buffer's *free* bytes, hottest first,
     /// and returns the ones to promote. It never evicts: free DRAM serves some reads rather
     /// than none, and a lukewarm resident is the first victim of the next hot object (its
-    /// score starts at its count and decays with every window it is not hot in).
+    /// score starts at its count and decays with every window it is not hot in). Lukewarm
+    /// residents take at most half the buffer: the rest stays for hot newcomers, which must
+    /// not find every slot of their size taken (a DRAM pool allocates by size class).
     pub fn fill(&mut self, lukewarm: &[HotObject]) -> Vec<HotObject> {
         let mut candidates: Vec<HotObject> = lukewarm
             .iter()
@@ -218,16 +234,20 @@ impl DramCachePolicy {
         candidates.dedup_by_key(|h| h.obj);
         let mut out = Vec::new();
         for c in candidates {
-            if self.used + c.size > self.config.capacity_bytes {
+            if self.used + c.size > self.config.capacity_bytes
+                || self.lukewarm + c.size > self.config.capacity_bytes / 2
+            {
                 continue;
             }
             self.used += c.size;
+            self.lukewarm += c.size;
             self.residents.insert(
                 c.obj,
                 Resident {
                     size: c.size,
                     score: c.count as f64,
                     since: self.window,
+                    lukewarm: true,
                 },
             );
             out.push(c);
@@ -264,13 +284,19 @@ mod tests {
 
     #[test]
     fn lukewarm_objects_fill_free_bytes_only_and_go_first() {
-        let mut p = policy(300);
-        // One hot object, then lukewarm ones take what is free — never a resident's place.
+        let mut p = policy(500);
+        // One hot object, then lukewarm ones take what is free — never a resident's place,
+        // and at most half the buffer.
         assert_eq!(p.plan(&hot(&[(1, 50)])).promote.len(), 1);
         let filled = p.fill(&hot(&[(7, 1), (8, 3), (1, 2), (9, 2)]));
         assert_eq!(filled.iter().map(|h| h.obj).collect::<Vec<_>>(), vec![8, 9]);
-        assert!(p.fill(&hot(&[(10, 3)])).is_empty(), "the buffer is full");
+        assert!(
+            p.fill(&hot(&[(10, 3)])).is_empty(),
+            "lukewarm at their half"
+        );
         assert_eq!(p.used_bytes(), 300);
+        assert_eq!(p.plan(&hot(&[(1, 50), (3, 30), (4, 30)])).promote.len(), 2);
+        assert_eq!(p.used_bytes(), 500, "hot newcomers take the free half");
         // A hot newcomer displaces a lukewarm resident (not seen since), not the hot one.
         p.plan(&hot(&[(1, 50)]));
         let plan = p.plan(&hot(&[(1, 50), (2, 20)]));

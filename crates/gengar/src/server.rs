@@ -45,7 +45,8 @@ pub struct ServerConfig {
     /// Objects need a heat of at least this many accesses to be considered hot (the heat is
     /// the window's count plus the decayed heat of earlier windows, see `history_decay`).
     /// Only hot objects displace DRAM residents; DRAM that is free also takes lukewarm
-    /// objects (a heat of at least one access), which the next hot object displaces.
+    /// objects (a heat of at least one access; at most half the buffer), which the next hot
+    /// object displaces.
     pub min_hot_count: u64,
     /// Share of an object's heat kept from one window to the next (0 = every window is
     /// judged alone). Short windows see only a few accesses of all but the hottest objects;
