@@ -89,3 +89,11 @@ try:
 except redis.ResponseError as e:
     show("unknown command error", str(e).split(",")[0])
 r.delete("", "py:bin", "py:n")
+r.mset({"py:k1": "1", "py:k2": "2", "py:other": "3"})
+show("dbsize", r.dbsize())
+show("keys", sorted(r.keys("py:k*")))
+show("scan_iter", sorted(r.scan_iter(match="py:k*", count=2)))
+show("type", (r.type("py:k1"), r.type("py:nope")))
+show("randomkey is a key", r.randomkey() in (b"py:k1", b"py:k2", b"py:other"))
+show("flushdb", r.flushdb())
+show("dbsize after flushdb", r.dbsize())

@@ -143,6 +143,20 @@ impl KvBackend for FuseeBackend {
         }))
     }
 
+    fn scan(&self, cursor: u64) -> Result<(Vec<Vec<u8>>, u64), String> {
+        self.0.scan(cursor).map_err(|e| e.to_string())
+    }
+
+    fn scan_async(
+        &self,
+        cursor: u64,
+    ) -> Option<dmkit_tools::resp::BoxFuture<Result<(Vec<Vec<u8>>, u64), String>>> {
+        let c = self.0.clone();
+        Some(Box::pin(async move {
+            c.scan_async(cursor).await.map_err(|e| e.to_string())
+        }))
+    }
+
     fn info(&self) -> Vec<(String, String)> {
         let s = self.0.cache_stats();
         vec![

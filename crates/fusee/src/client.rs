@@ -1116,6 +1116,29 @@ impl Client {
         dmkit_verbs::block_on(self.upsert_async(key, value))
     }
 
+    /// One step of a scan over every key: the keys of one index subtable, and the cursor of
+    /// the next step (0 when the scan is done; start with 0). Every key present for the whole
+    /// scan is returned at least once, even while the index grows; a key may come twice
+    /// (deduplicate to count), and one written or deleted during the scan may or may not come
+    /// (as Redis's SCAN). Three round trips a step: directory, subtable, objects.
+    pub fn scan(&self, cursor: u64) -> Result<(Vec<Vec<u8>>, u64)> {
+        dmkit_verbs::block_on(self.scan_async(cursor))
+    }
+
+    /// [`Client::scan`], awaited.
+    pub async fn scan_async(&self, cursor: u64) -> Result<(Vec<Vec<u8>>, u64)> {
+        let (view, index) = self.inner.state();
+        let (slots, next) = index.scan_async(cursor).await?;
+        let objs = crate::verifier::read_objects_async(&self.inner.ep, &view, &slots).await?;
+        let keys = objs
+            .into_iter()
+            .flatten()
+            .filter(|o| o.flags & object::FLAG_RECLAIMED == 0)
+            .map(|o| o.key)
+            .collect();
+        Ok((keys, next))
+    }
+
     /// [`Client::upsert`], awaited. A key whose address is cached is most likely present:
     /// it is updated first (the rounds of an UPDATE). Any other key is inserted first, which
     /// for a new key takes the rounds of an INSERT (an UPDATE first would spend a round to

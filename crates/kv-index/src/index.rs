@@ -8,9 +8,9 @@ use parking_lot::RwLock;
 use crate::error::{Error, Result};
 use crate::hooks::{NoHooks, WriteHooks};
 use crate::layout::{
-    COMBINED_BYTES, DIR_OFFSET, DirEntry, HDR_CAPACITY, HDR_GLOBAL_DEPTH, HDR_PARAMS, HDR_SEED,
-    HEADER_WORD, IndexReplicaSpace, KeyHash, Layout, MAGIC, SLOTS_PER_BUCKET, SlotPos, VERSION,
-    check_spaces, combined_first_bucket,
+    BUCKET_BYTES, COMBINED_BYTES, DIR_OFFSET, DirEntry, HDR_CAPACITY, HDR_GLOBAL_DEPTH, HDR_PARAMS,
+    HDR_SEED, HEADER_WORD, IndexReplicaSpace, KeyHash, Layout, MAGIC, SLOTS_PER_BUCKET, SlotPos,
+    VERSION, check_spaces, combined_first_bucket,
 };
 use crate::slot::{Header, Slot, is_empty_word, is_frozen, thaw, tombstone};
 use crate::snapshot::{RawOutcome, Rule};
@@ -32,6 +32,8 @@ pub mod tags {
     pub const FORMAT: &str = "kv_index.format";
     /// Everything a split does (lock, allocation, freeze, copies, directory writes).
     pub const SPLIT: &str = "kv_index.split";
+    /// Scans: the directory and one subtable per step.
+    pub const SCAN: &str = "kv_index.scan";
 }
 
 /// Settings fixed when the index is formatted.
@@ -452,6 +454,89 @@ impl RaceIndex {
             node: self.primary_node(),
             what: what.into(),
         }
+    }
+
+    /// One step of a scan over every key's slot: the occupied slots of the subtable `cursor`
+    /// names (0 starts a scan) and the cursor of the next step (0 when the scan is done).
+    /// Two round trips: the directory, then the subtable, from the primary.
+    ///
+    /// Subtables are scanned in the order of their numbers, and a split always moves entries
+    /// to a subtable numbered after every existing one: so every key present for the whole
+    /// scan is returned at least once, even while the index grows (as Redis's SCAN
+    /// guarantees). A key may be returned twice (a split's copy and its source, a stale entry
+    /// a split left): callers that count deduplicate, by key.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use dmkit_verbs::sim::{SimCluster, SimConfig};
+    /// use dmkit_verbs::{Access, DramBacking, MemoryNode, NodeId};
+    /// use dmkit_kv_index::{IndexConfig, IndexReplicaSpace, RaceIndex, KeyVerifier};
+    /// use dmkit_kv_index::test_utils::KeyStore;
+    ///
+    /// let cluster = SimCluster::new(SimConfig::default());
+    /// let node = Arc::new(MemoryNode::new(NodeId(0)));
+    /// let region = node.register(Arc::new(DramBacking::new(8 << 20)), Access::ALL, None)?;
+    /// let objects = node.register(Arc::new(DramBacking::new(1 << 20)), Access::ALL, None)?;
+    /// cluster.add_node(node);
+    /// let ep = cluster.endpoint(1)?;
+    /// let space = IndexReplicaSpace { region, offset: 0, len: region.len };
+    /// let config = IndexConfig { groups_per_subtable_log2: 2, ..IndexConfig::default() };
+    /// let index = RaceIndex::format(&ep, &config, &[space])?;
+    /// let keys = KeyStore::new(vec![objects]);
+    /// for k in ["a", "b", "c"] {
+    ///     index.insert(&keys, k.as_bytes(), index.slot_for(k.as_bytes(), keys.put(&ep, k.as_bytes())?)?)?;
+    /// }
+    /// let (mut found, mut cursor) = (Vec::new(), 0);
+    /// loop {
+    ///     let (slots, next) = index.scan(cursor)?;
+    ///     found.extend(keys.keys(&ep, &slots)?);
+    ///     cursor = next;
+    ///     if cursor == 0 {
+    ///         break;
+    ///     }
+    /// }
+    /// found.sort();
+    /// assert_eq!(found, [b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn scan(&self, cursor: u64) -> Result<(Vec<Slot>, u64)> {
+        dmkit_verbs::block_on(self.scan_async(cursor))
+    }
+
+    /// [`RaceIndex::scan`], awaited.
+    pub async fn scan_async(&self, cursor: u64) -> Result<(Vec<Slot>, u64)> {
+        self.refresh_directory_tagged_async(tags::SCAN).await?;
+        let mut subtables: Vec<u32> = self.dir.read().entries.iter().map(|e| e.subtable).collect();
+        subtables.sort_unstable();
+        subtables.dedup();
+        let Some(&st) = subtables.iter().find(|s| u64::from(**s) >= cursor) else {
+            return Ok((Vec::new(), 0));
+        };
+        let next = subtables
+            .iter()
+            .find(|s| **s > st)
+            .map_or(0, |s| u64::from(*s));
+        let bytes = self
+            .ep
+            .read_async(
+                tags::SCAN,
+                self.spaces[0].at(self.layout.subtable_off(st)),
+                self.layout.subtable_bytes() as usize,
+            )
+            .await?;
+        let mut out = Vec::new();
+        for bucket in bytes.chunks_exact(BUCKET_BYTES as usize) {
+            for (i, w) in bucket.chunks_exact(8).enumerate() {
+                if i == HEADER_WORD {
+                    continue;
+                }
+                let raw = u64::from_le_bytes(w.try_into().expect("8 bytes"));
+                if let Some(slot) = Slot::from_raw(raw)? {
+                    out.push(slot);
+                }
+            }
+        }
+        Ok((out, next))
     }
 
     /// Re-reads the directory from the primary (one round trip, two if it doubled).

@@ -1,7 +1,8 @@
 //! A Redis-protocol gateway (RESP2, and RESP3 after `HELLO 3`): Redis clients talk to a
 //! key-value backend (FUSEE) through GET, SET (NX/XX/GET), SETNX, GETSET, GETDEL, DEL,
 //! EXISTS, MGET, MSET, MSETNX (one key), INCR/INCRBY/DECR/DECRBY/INCRBYFLOAT, APPEND, STRLEN,
-//! GETRANGE, SETRANGE, PING, ECHO, INFO, COMMAND, CONFIG GET, SELECT 0, TIME, HELLO, AUTH,
+//! GETRANGE, SETRANGE, TYPE, SCAN, KEYS, DBSIZE, RANDOMKEY, FLUSHDB/FLUSHALL, PING, ECHO,
+//! INFO, COMMAND, CONFIG GET, SELECT 0, TIME, HELLO, AUTH,
 //! CLIENT (ID, SETNAME, GETNAME, LIST, INFO, SETINFO), MULTI/EXEC/DISCARD, RESET and QUIT,
 //! with Redis's error formats and pipelining. Read-modify-write commands read the value and
 //! write over it with the backend's compare-and-set ([`KvBackend::compare_and_set`]), again
@@ -68,6 +69,18 @@ pub trait KvBackend: Send + Sync {
         expected: Vec<u8>,
     ) -> Option<BoxFuture<Result<Cas, String>>> {
         let _ = (key, expected);
+        None
+    }
+    /// One step of a scan over every key: some keys and the next cursor (0: done; start
+    /// with 0). Every key present for the whole scan comes at least once; a key may come
+    /// twice.
+    fn scan(&self, cursor: u64) -> Result<(Vec<Vec<u8>>, u64), String> {
+        let _ = cursor;
+        Err("this backend cannot scan its keys".into())
+    }
+    /// [`KvBackend::scan`] as a future (see [`KvBackend::get_async`]).
+    fn scan_async(&self, cursor: u64) -> Option<BoxFuture<Result<(Vec<Vec<u8>>, u64), String>>> {
+        let _ = cursor;
         None
     }
     /// Lines for INFO's "# Keyspace"-like backend section (`name:value`).
@@ -403,9 +416,8 @@ fn command_keys<'a>(name: &str, argv: &'a [Vec<u8>]) -> Option<Vec<&'a [u8]>> {
     match name {
         // (No key: the command still runs, to answer with its arity error.)
         "get" | "set" | "setnx" | "incr" | "decr" | "incrby" | "decrby" | "incrbyfloat"
-        | "append" | "getset" | "getdel" | "strlen" | "getrange" | "substr" | "setrange" => {
-            Some(argv.first().map(|k| vec![k.as_slice()]).unwrap_or_default())
-        }
+        | "append" | "getset" | "getdel" | "strlen" | "getrange" | "substr" | "setrange"
+        | "type" => Some(argv.first().map(|k| vec![k.as_slice()]).unwrap_or_default()),
         "del" | "unlink" | "exists" | "mget" => Some(argv.iter().map(Vec::as_slice).collect()),
         "mset" | "msetnx" => Some(argv.iter().step_by(2).map(Vec::as_slice).collect()),
         _ => None,
@@ -448,6 +460,29 @@ async fn put(s: &Arc<Shared>, key: &[u8], value: &[u8], mode: PutMode) -> Result
 async fn delete(s: &Arc<Shared>, key: &[u8]) -> Result<bool, String> {
     let k = key.to_vec();
     call(s, s.backend.delete_async(k.clone()), move |b| b.delete(&k)).await
+}
+
+async fn scan_step(s: &Arc<Shared>, cursor: u64) -> Result<(Vec<Vec<u8>>, u64), String> {
+    call(s, s.backend.scan_async(cursor), move |b| b.scan(cursor)).await
+}
+
+/// Every key, once each (a whole scan, deduplicated).
+async fn all_keys(s: &Arc<Shared>) -> Result<Vec<Vec<u8>>, String> {
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    let mut cursor = 0;
+    loop {
+        let (keys, next) = scan_step(s, cursor).await?;
+        for k in keys {
+            if seen.insert(k.clone()) {
+                out.push(k);
+            }
+        }
+        if next == 0 {
+            return Ok(out);
+        }
+        cursor = next;
+    }
 }
 
 async fn cas(s: &Arc<Shared>, key: &[u8], expected: &[u8], value: &[u8]) -> Result<Cas, String> {
@@ -645,9 +680,27 @@ struct ConnState {
 
 /// Commands that read or change the connection's state (or its transaction): they run in
 /// order with the pipeline, after the commands before them finished.
-const CONN_COMMANDS: [&str; 10] = [
-    "hello", "auth", "client", "multi", "exec", "discard", "watch", "unwatch", "reset", "quit",
+const CONN_COMMANDS: [&str; 16] = [
+    "hello",
+    "auth",
+    "client",
+    "multi",
+    "exec",
+    "discard",
+    "watch",
+    "unwatch",
+    "reset",
+    "quit",
+    "scan",
+    "keys",
+    "dbsize",
+    "randomkey",
+    "flushdb",
+    "flushall",
 ];
+
+/// Commands over every key (they run after the commands before them, as [`CONN_COMMANDS`]).
+const ALL_KEYS_COMMANDS: [&str; 6] = ["scan", "keys", "dbsize", "randomkey", "flushdb", "flushall"];
 
 async fn serve(s: Arc<Shared>, mut conn: tokio::net::TcpStream, id: u64) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -700,7 +753,10 @@ async fn serve(s: Arc<Shared>, mut conn: tokio::net::TcpStream, id: u64) {
                     if let Some(c) = s.clients_info.lock().get_mut(&id) {
                         c.last_command.clone_from(&name);
                     }
-                    if st.multi.is_some() && !CONN_COMMANDS.contains(&name.as_str()) {
+                    if st.multi.is_some()
+                        && (!CONN_COMMANDS.contains(&name.as_str())
+                            || ALL_KEYS_COMMANDS.contains(&name.as_str()))
+                    {
                         running.push(Running::Done(queue(&s, &mut st, args)));
                         continue;
                     }
@@ -940,6 +996,14 @@ async fn execute_keyed(s: &Arc<Shared>, args: &[Vec<u8>]) -> Reply {
             },
             _ => arity("getdel"),
         },
+        "type" => match argv {
+            [k] => match get(s, k).await {
+                Ok(Some(_)) => Reply::Simple("string".into()),
+                Ok(None) => Reply::Simple("none".into()),
+                Err(e) => backend_err(e),
+            },
+            _ => arity("type"),
+        },
         "strlen" => match argv {
             [k] => match get(s, k).await {
                 Ok(v) => Reply::Integer(v.map_or(0, |v| v.len() as i64)),
@@ -1048,45 +1112,13 @@ fn count_true(r: Vec<Result<bool, String>>) -> Reply {
     Reply::Integer(n)
 }
 
-const COMMANDS: [&str; 38] = [
-    "ping",
-    "echo",
-    "quit",
-    "get",
-    "set",
-    "setnx",
-    "del",
-    "unlink",
-    "exists",
-    "mget",
-    "mset",
-    "info",
-    "command",
-    "config",
-    "select",
-    "time",
-    "hello",
-    "auth",
-    "client",
-    "multi",
-    "exec",
-    "discard",
-    "watch",
-    "unwatch",
-    "reset",
-    "msetnx",
-    "incr",
-    "decr",
-    "incrby",
-    "decrby",
-    "incrbyfloat",
-    "append",
-    "getset",
-    "getdel",
-    "strlen",
-    "getrange",
-    "substr",
-    "setrange",
+#[rustfmt::skip]
+const COMMANDS: [&str; 45] = [
+    "ping", "echo", "quit", "get", "set", "setnx", "del", "unlink", "exists", "mget", "mset",
+    "info", "command", "config", "select", "time", "hello", "auth", "client", "multi", "exec",
+    "discard", "watch", "unwatch", "reset", "msetnx", "incr", "decr", "incrby", "decrby",
+    "incrbyfloat", "append", "getset", "getdel", "strlen", "getrange", "substr", "setrange",
+    "scan", "keys", "dbsize", "randomkey", "flushdb", "flushall", "type",
 ];
 
 /// Whether `args` has the arguments its command needs (checked when MULTI queues it, as
@@ -1098,7 +1130,7 @@ fn arity_ok(name: &str, argc: usize) -> bool {
         "set" => argc >= 2,
         "del" | "unlink" | "exists" | "mget" => argc >= 1,
         "mset" | "msetnx" => argc >= 2 && argc % 2 == 0,
-        "incr" | "decr" | "getdel" | "strlen" => argc == 1,
+        "incr" | "decr" | "getdel" | "strlen" | "type" => argc == 1,
         "incrby" | "decrby" | "incrbyfloat" | "append" | "getset" => argc == 2,
         "getrange" | "substr" | "setrange" => argc == 3,
         "echo" | "select" => argc == 1,
@@ -1112,7 +1144,12 @@ fn arity_ok(name: &str, argc: usize) -> bool {
 /// discard the transaction).
 fn queue(s: &Shared, st: &mut ConnState, args: Vec<Vec<u8>>) -> Reply {
     let name = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
-    let reply = if !COMMANDS.contains(&name.as_str()) {
+    let reply = if ALL_KEYS_COMMANDS.contains(&name.as_str()) {
+        Reply::err(format!(
+            "{} inside MULTI is not supported by this store (a transaction is atomic on one key)",
+            name.to_ascii_uppercase()
+        ))
+    } else if !COMMANDS.contains(&name.as_str()) {
         let (r, _) = execute_local(s, &args);
         r
     } else if !arity_ok(&name, args.len() - 1) {
@@ -1247,6 +1284,43 @@ async fn execute_conn(s: &Arc<Shared>, st: &mut ConnState, args: &[Vec<u8>]) -> 
             st.watched = None;
             Reply::ok()
         }
+        "scan" => scan_command(s, argv).await,
+        "keys" => match argv {
+            [pattern] => match all_keys(s).await {
+                Ok(keys) => Reply::Array(
+                    keys.into_iter()
+                        .filter(|k| glob_match(pattern, k))
+                        .map(Reply::Bulk)
+                        .collect(),
+                ),
+                Err(e) => backend_err(e),
+            },
+            _ => arity("keys"),
+        },
+        "dbsize" if !argv.is_empty() => arity("dbsize"),
+        "dbsize" => match all_keys(s).await {
+            Ok(keys) => Reply::Integer(keys.len() as i64),
+            Err(e) => backend_err(e),
+        },
+        "randomkey" if !argv.is_empty() => arity("randomkey"),
+        "randomkey" => match all_keys(s).await {
+            Ok(keys) if keys.is_empty() => Reply::Nil,
+            Ok(keys) => {
+                let seed = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .subsec_nanos() as usize;
+                Reply::Bulk(keys[(seed ^ st.id as usize) % keys.len()].clone())
+            }
+            Err(e) => backend_err(e),
+        },
+        "flushdb" | "flushall" => match argv {
+            [] => flush(s).await,
+            [m] if m.eq_ignore_ascii_case(b"sync") || m.eq_ignore_ascii_case(b"async") => {
+                flush(s).await
+            }
+            _ => Reply::err("syntax error"),
+        },
         "reset" => {
             st.resp3 = false;
             st.multi = None;
@@ -1353,6 +1427,82 @@ async fn exec_block(
         if watched.is_some() {
             return Reply::NilArray;
         }
+    }
+}
+
+/// SCAN cursor [MATCH pattern] [COUNT n] [TYPE t]: scan steps until `COUNT` keys (default
+/// 10; a hint, as in Redis) or the end; the cursor is the backend's.
+async fn scan_command(s: &Arc<Shared>, argv: &[Vec<u8>]) -> Reply {
+    let Some(c) = argv.first() else {
+        return arity("scan");
+    };
+    let Some(mut cursor) = std::str::from_utf8(c)
+        .ok()
+        .and_then(|t| t.parse::<u64>().ok())
+    else {
+        return Reply::err("invalid cursor");
+    };
+    let (mut pattern, mut count, mut only_strings) = (None, 10usize, true);
+    let mut rest = &argv[1..];
+    while let [opt, v, more @ ..] = rest {
+        match opt.to_ascii_uppercase().as_slice() {
+            b"MATCH" => pattern = Some(v.clone()),
+            b"COUNT" => match parse_i64(v).filter(|n| *n > 0) {
+                Some(n) => count = n as usize,
+                None => return Reply::err("syntax error"),
+            },
+            // Every key holds a string.
+            b"TYPE" => only_strings = v.eq_ignore_ascii_case(b"string"),
+            _ => return Reply::err("syntax error"),
+        }
+        rest = more;
+    }
+    if !rest.is_empty() {
+        return Reply::err("syntax error");
+    }
+    let mut out = Vec::new();
+    loop {
+        let (keys, next) = match scan_step(s, cursor).await {
+            Ok(r) => r,
+            Err(e) => return backend_err(e),
+        };
+        out.extend(
+            keys.into_iter()
+                .filter(|k| only_strings && pattern.as_ref().is_none_or(|p| glob_match(p, k)))
+                .map(Reply::Bulk),
+        );
+        cursor = next;
+        if cursor == 0 || out.len() >= count {
+            break;
+        }
+    }
+    Reply::Array(vec![
+        Reply::Bulk(cursor.to_string().into_bytes()),
+        Reply::Array(out),
+    ])
+}
+
+/// FLUSHDB: deletes every key (each a DELETE, so its space is reclaimed). Not one atomic
+/// step: a key written while it runs may survive it.
+async fn flush(s: &Arc<Shared>) -> Reply {
+    let keys = match all_keys(s).await {
+        Ok(k) => k,
+        Err(e) => return backend_err(e),
+    };
+    let futs = keys
+        .into_iter()
+        .map(|k| {
+            let s = s.clone();
+            Box::pin(async move { delete(&s, &k).await }) as BoxFuture<_>
+        })
+        .collect();
+    match dmkit_verbs::join_all(futs)
+        .await
+        .into_iter()
+        .find_map(Result::err)
+    {
+        Some(e) => backend_err(e),
+        None => Reply::ok(),
     }
 }
 
@@ -1617,6 +1767,13 @@ impl KvBackend for MemoryBackend {
             _ => Ok(Cas::Changed),
         }
     }
+    fn scan(&self, cursor: u64) -> Result<(Vec<Vec<u8>>, u64), String> {
+        // One step: every key (a copy of a map is the whole scan).
+        if cursor != 0 {
+            return Ok((Vec::new(), 0));
+        }
+        Ok((self.map.lock().keys().cloned().collect(), 0))
+    }
     fn delete_if(&self, key: &[u8], expected: &[u8]) -> Result<Cas, String> {
         let mut m = self.map.lock();
         if m.get(key).is_some_and(|v| v.as_slice() == expected) {
@@ -1808,6 +1965,30 @@ mod tests {
             t.join().unwrap();
         }
         roundtrip(&s, b"GET counter\r\n", b"$3\r\n200\r\n");
+    }
+
+    #[test]
+    fn commands_over_every_key() {
+        let s = server();
+        roundtrip(
+            &s,
+            b"MSET user:1 a user:2 b other c\r\nDBSIZE\r\nTYPE user:1\r\nTYPE nope\r\n\
+              MULTI\r\nKEYS *\r\nDISCARD\r\nEXISTS user:1\r\n\
+              SCAN 0 MATCH other\r\nSCAN 0 TYPE hash\r\nSCAN x\r\nFLUSHDB\r\nDBSIZE\r\nRANDOMKEY\r\n",
+            b"+OK\r\n:3\r\n+string\r\n+none\r\n\
+              +OK\r\n-ERR KEYS inside MULTI is not supported by this store (a transaction is atomic on one key)\r\n+OK\r\n:1\r\n\
+              *2\r\n$1\r\n0\r\n*1\r\n$5\r\nother\r\n*2\r\n$1\r\n0\r\n*0\r\n-ERR invalid cursor\r\n\
+              +OK\r\n:0\r\n$-1\r\n",
+        );
+        let mut c = TcpStream::connect(s.local_addr()).unwrap();
+        c.write_all(b"MSET user:1 a user:2 b other c\r\nKEYS user:*\r\n")
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let mut buf = [0u8; 256];
+        let n = c.read(&mut buf).unwrap();
+        let got = String::from_utf8_lossy(&buf[..n]);
+        assert!(got.starts_with("+OK\r\n*2\r\n"), "{got}");
+        assert!(got.contains("user:1") && got.contains("user:2") && !got.contains("other"));
     }
 
     #[test]
