@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use dmkit_fusee::{Client, DeleteResult, InsertResult, UpdateResult};
-use dmkit_tools::resp::{Cas, KvBackend, PutMode, RespConfig, RespServer};
+use dmkit_tools::resp::{Cas, KvBackend, PutMode, RespConfig, RespServer, ScanStep};
 
 use crate::CliError;
 use crate::cluster_file::ClusterFile;
@@ -143,14 +143,14 @@ impl KvBackend for FuseeBackend {
         }))
     }
 
-    fn scan(&self, cursor: u64) -> Result<(Vec<Vec<u8>>, u64), String> {
+    fn scan(&self, cursor: u64) -> Result<ScanStep, String> {
         self.0.scan(cursor).map_err(|e| e.to_string())
     }
 
     fn scan_async(
         &self,
         cursor: u64,
-    ) -> Option<dmkit_tools::resp::BoxFuture<Result<(Vec<Vec<u8>>, u64), String>>> {
+    ) -> Option<dmkit_tools::resp::BoxFuture<Result<ScanStep, String>>> {
         let c = self.0.clone();
         Some(Box::pin(async move {
             c.scan_async(cursor).await.map_err(|e| e.to_string())

@@ -74,12 +74,12 @@ pub trait KvBackend: Send + Sync {
     /// One step of a scan over every key: some keys and the next cursor (0: done; start
     /// with 0). Every key present for the whole scan comes at least once; a key may come
     /// twice.
-    fn scan(&self, cursor: u64) -> Result<(Vec<Vec<u8>>, u64), String> {
+    fn scan(&self, cursor: u64) -> Result<ScanStep, String> {
         let _ = cursor;
         Err("this backend cannot scan its keys".into())
     }
     /// [`KvBackend::scan`] as a future (see [`KvBackend::get_async`]).
-    fn scan_async(&self, cursor: u64) -> Option<BoxFuture<Result<(Vec<Vec<u8>>, u64), String>>> {
+    fn scan_async(&self, cursor: u64) -> Option<BoxFuture<Result<ScanStep, String>>> {
         let _ = cursor;
         None
     }
@@ -124,6 +124,9 @@ pub enum Cas {
     /// The key held another value, or none: nothing was written.
     Changed,
 }
+
+/// One step of a scan: some keys, and the cursor of the next step (0: the scan is done).
+pub type ScanStep = (Vec<Vec<u8>>, u64);
 
 /// A backend call running as a task.
 pub type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
@@ -462,7 +465,7 @@ async fn delete(s: &Arc<Shared>, key: &[u8]) -> Result<bool, String> {
     call(s, s.backend.delete_async(k.clone()), move |b| b.delete(&k)).await
 }
 
-async fn scan_step(s: &Arc<Shared>, cursor: u64) -> Result<(Vec<Vec<u8>>, u64), String> {
+async fn scan_step(s: &Arc<Shared>, cursor: u64) -> Result<ScanStep, String> {
     call(s, s.backend.scan_async(cursor), move |b| b.scan(cursor)).await
 }
 
@@ -1767,7 +1770,7 @@ impl KvBackend for MemoryBackend {
             _ => Ok(Cas::Changed),
         }
     }
-    fn scan(&self, cursor: u64) -> Result<(Vec<Vec<u8>>, u64), String> {
+    fn scan(&self, cursor: u64) -> Result<ScanStep, String> {
         // One step: every key (a copy of a map is the whole scan).
         if cursor != 0 {
             return Ok((Vec::new(), 0));
