@@ -100,6 +100,39 @@ fn resp_rejects_a_bad_or_missing_cluster_file() {
     assert_eq!(out.status.code(), Some(2));
     let err = one_line_error(&out);
     assert!(err.contains("/nonexistent/cluster.toml"), "{err}");
+
+    // A password file that is missing or empty: a usage error naming it, before anything.
+    let good = dir.path().join("good.toml");
+    std::fs::write(
+        &good,
+        "backend = \"tcp\"\nindex_replicas = 1\ndata_replicas = 1\n[[memnode]]\nid = 0\naddr = \"127.0.0.1:1\"\n",
+    )
+    .unwrap();
+    let empty = dir.path().join("empty-password");
+    std::fs::write(&empty, "\n").unwrap();
+    for (file, says) in [
+        (
+            "/nonexistent/password",
+            "cannot read --password-file /nonexistent/password",
+        ),
+        (empty.to_str().unwrap(), "is empty"),
+    ] {
+        let out = run_dmkit(
+            &[
+                "resp",
+                "--listen",
+                "127.0.0.1:0",
+                "--cluster",
+                good.to_str().unwrap(),
+                "--password-file",
+                file,
+            ],
+            Duration::from_secs(20),
+        );
+        assert_eq!(out.status.code(), Some(2));
+        let err = one_line_error(&out);
+        assert!(err.contains(says), "{err}");
+    }
 }
 
 #[test]

@@ -23,6 +23,30 @@ pub struct RespArgs {
     /// Serve Prometheus metrics on this address (host:port).
     #[arg(long)]
     pub metrics: Option<String>,
+    /// A file holding the password clients must give with AUTH (Redis's `requirepass`; one
+    /// line, its trailing newline ignored). Without it, any client is served.
+    #[arg(long)]
+    pub password_file: Option<PathBuf>,
+}
+
+/// The password in `path` (its trailing newline ignored): usage errors name the file.
+fn read_password(path: &std::path::Path) -> Result<Vec<u8>, CliError> {
+    let mut p = std::fs::read(path).map_err(|e| {
+        CliError::usage(format!(
+            "cannot read --password-file {}: {e}",
+            path.display()
+        ))
+    })?;
+    while p.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+        p.pop();
+    }
+    if p.is_empty() {
+        return Err(CliError::usage(format!(
+            "--password-file {} is empty",
+            path.display()
+        )));
+    }
+    Ok(p)
 }
 
 fn cas(r: dmkit_fusee::CasResult) -> Cas {
@@ -173,21 +197,35 @@ impl KvBackend for FuseeBackend {
 
 pub fn run(args: RespArgs) -> Result<(), CliError> {
     let file = ClusterFile::load(&args.cluster).map_err(CliError::usage)?;
+    let password = args
+        .password_file
+        .as_deref()
+        .map(read_password)
+        .transpose()?;
     if let Some(m) = &args.metrics {
         let at = crate::metrics_http::serve(m).map_err(CliError::usage)?;
         eprintln!("dmkit resp: metrics at http://{at}/metrics");
     }
     let _lock = crate::kv::lock_id(args.client_id, false)?;
     let client = crate::kv::client(&file, args.client_id)?;
+    let with_password = password.is_some();
     let server = RespServer::start(
         &args.listen,
         Arc::new(FuseeBackend(client)),
-        RespConfig::default(),
+        RespConfig {
+            password,
+            ..RespConfig::default()
+        },
     )
     .map_err(|e| CliError::usage(format!("cannot listen on {}: {e}", args.listen)))?;
     eprintln!(
-        "dmkit resp: serving Redis clients on {}",
-        server.local_addr()
+        "dmkit resp: serving Redis clients on {}{}",
+        server.local_addr(),
+        if with_password {
+            " (AUTH required)"
+        } else {
+            ""
+        }
     );
     loop {
         std::thread::park();

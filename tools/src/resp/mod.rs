@@ -144,6 +144,9 @@ pub struct RespConfig {
     pub io_threads: usize,
     /// Backend calls running at once, at most (the blocking pool's threads).
     pub backend_threads: usize,
+    /// The password of the default user (Redis's `requirepass`): when set, a connection
+    /// must `AUTH` (or `HELLO … AUTH default PASSWORD`) before any other command.
+    pub password: Option<Vec<u8>>,
 }
 
 impl Default for RespConfig {
@@ -153,6 +156,7 @@ impl Default for RespConfig {
             max_clients: 10_000,
             io_threads: 0,
             backend_threads: 64,
+            password: None,
         }
     }
 }
@@ -679,6 +683,8 @@ struct ConnState {
     multi_failed: bool,
     /// The key WATCH named and the value it read then (`None`: absent).
     watched: Option<(Vec<u8>, Option<Vec<u8>>)>,
+    /// Authenticated (always, without a password).
+    authed: bool,
 }
 
 /// Commands that read or change the connection's state (or its transaction): they run in
@@ -726,6 +732,7 @@ async fn serve(s: Arc<Shared>, mut conn: tokio::net::TcpStream, id: u64) {
         multi: None,
         multi_failed: false,
         watched: None,
+        authed: s.cfg.password.is_none(),
     };
     if n > s.cfg.max_clients {
         let mut out = Vec::new();
@@ -755,6 +762,12 @@ async fn serve(s: Arc<Shared>, mut conn: tokio::net::TcpStream, id: u64) {
                     let name = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
                     if let Some(c) = s.clients_info.lock().get_mut(&id) {
                         c.last_command.clone_from(&name);
+                    }
+                    if !st.authed && !matches!(name.as_str(), "auth" | "hello" | "quit") {
+                        running.push(Running::Done(counted_error(Reply::Error(
+                            "NOAUTH Authentication required.".into(),
+                        ))));
+                        continue;
                     }
                     if st.multi.is_some()
                         && (!CONN_COMMANDS.contains(&name.as_str())
@@ -1193,11 +1206,13 @@ async fn execute_conn(s: &Arc<Shared>, st: &mut ConnState, args: &[Vec<u8>]) -> 
             }
             let mut name_to_set = None;
             let mut bad = None;
+            let mut authed = st.authed;
             while let [opt, tail @ ..] = rest {
                 match (upper(opt).as_slice(), tail) {
                     (b"AUTH", [user, pass, more @ ..]) => {
-                        if let Err(e) = check_auth(Some(user), pass) {
-                            bad = Some(e);
+                        match check_auth(&s.cfg, Some(user), pass) {
+                            Ok(()) => authed = true,
+                            Err(e) => bad = Some(e),
                         }
                         rest = more;
                     }
@@ -1214,9 +1229,18 @@ async fn execute_conn(s: &Arc<Shared>, st: &mut ConnState, args: &[Vec<u8>]) -> 
                     }
                 }
             }
+            if bad.is_none() && !authed {
+                bad = Some(Reply::Error(
+                    "NOAUTH HELLO must be called with the client already authenticated, otherwise \
+                     the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the \
+                     client and select the RESP protocol version at the same time"
+                        .into(),
+                ));
+            }
             if let Some(e) = bad {
                 return (counted_error(e), false);
             }
+            st.authed = true;
             if let Some(n) = name_to_set {
                 if let Err(e) = set_name(s, st.id, &n) {
                     return (counted_error(e), false);
@@ -1234,17 +1258,20 @@ async fn execute_conn(s: &Arc<Shared>, st: &mut ConnState, args: &[Vec<u8>]) -> 
                 (bulk("modules"), Reply::Array(Vec::new())),
             ])
         }
-        "auth" => match argv {
-            [pass] => match check_auth(None, pass) {
-                Ok(()) => Reply::ok(),
+        "auth" => {
+            let r = match argv {
+                [pass] => check_auth(&s.cfg, None, pass),
+                [user, pass] => check_auth(&s.cfg, Some(user), pass),
+                _ => return (counted_error(arity("auth")), false),
+            };
+            match r {
+                Ok(()) => {
+                    st.authed = true;
+                    Reply::ok()
+                }
                 Err(e) => e,
-            },
-            [user, pass] => match check_auth(Some(user), pass) {
-                Ok(()) => Reply::ok(),
-                Err(e) => e,
-            },
-            _ => arity("auth"),
-        },
+            }
+        }
         "client" => client(s, st, argv),
         "multi" if st.multi.is_some() => Reply::err("MULTI calls can not be nested"),
         "multi" => {
@@ -1329,6 +1356,7 @@ async fn execute_conn(s: &Arc<Shared>, st: &mut ConnState, args: &[Vec<u8>]) -> 
             st.multi = None;
             st.multi_failed = false;
             st.watched = None;
+            st.authed = s.cfg.password.is_none();
             if let Some(c) = s.clients_info.lock().get_mut(&st.id) {
                 c.name.clear();
             }
@@ -1513,19 +1541,28 @@ async fn flush(s: &Arc<Shared>) -> Reply {
 /// gateway speaks for the commands it has.
 const REDIS_VERSION: &str = "7.2.0";
 
-/// AUTH without a configured password: Redis's default user takes any password; other
-/// users do not exist.
-fn check_auth(user: Option<&Vec<u8>>, _pass: &[u8]) -> Result<(), Reply> {
-    match user {
-        None => Err(Reply::err(
+/// AUTH as Redis answers it: only the default user exists; without a configured password it
+/// takes any password (and `AUTH <password>` alone is an error), with one it takes that one.
+fn check_auth(cfg: &RespConfig, user: Option<&Vec<u8>>, pass: &[u8]) -> Result<(), Reply> {
+    let wrong =
+        || Reply::Error("WRONGPASS invalid username-password pair or user is disabled.".into());
+    if user.is_some_and(|u| u.as_slice() != b"default") {
+        return Err(wrong());
+    }
+    match &cfg.password {
+        None if user.is_none() => Err(Reply::err(
             "AUTH <password> called without any password configured for the default user. \
              Are you sure your configuration is correct?",
         )),
-        Some(u) if u.as_slice() == b"default" => Ok(()),
-        Some(_) => Err(Reply::Error(
-            "WRONGPASS invalid username-password pair or user is disabled.".into(),
-        )),
+        None => Ok(()),
+        Some(p) if same(p, pass) => Ok(()),
+        Some(_) => Err(wrong()),
     }
+}
+
+/// Byte equality whose time does not depend on where the inputs differ.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 fn set_name(s: &Shared, id: u64, n: &[u8]) -> Result<(), Reply> {
@@ -1992,6 +2029,33 @@ mod tests {
         let got = String::from_utf8_lossy(&buf[..n]);
         assert!(got.starts_with("+OK\r\n*2\r\n"), "{got}");
         assert!(got.contains("user:1") && got.contains("user:2") && !got.contains("other"));
+    }
+
+    #[test]
+    fn with_a_password_nothing_runs_before_auth() {
+        let s = RespServer::start(
+            "127.0.0.1:0",
+            Arc::new(MemoryBackend::default()),
+            RespConfig {
+                password: Some(b"s3cret".to_vec()),
+                ..RespConfig::default()
+            },
+        )
+        .unwrap();
+        roundtrip(
+            &s,
+            b"SET a 1\r\nPING\r\nHELLO 3\r\nAUTH wrong\r\nAUTH bob s3cret\r\nAUTH s3cret\r\nSET a 1\r\nGET a\r\nRESET\r\nGET a\r\n",
+            b"-NOAUTH Authentication required.\r\n-NOAUTH Authentication required.\r\n\
+              -NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time\r\n\
+              -WRONGPASS invalid username-password pair or user is disabled.\r\n\
+              -WRONGPASS invalid username-password pair or user is disabled.\r\n\
+              +OK\r\n+OK\r\n$1\r\n1\r\n+RESET\r\n-NOAUTH Authentication required.\r\n",
+        );
+        roundtrip(
+            &s,
+            b"HELLO 2 AUTH default s3cret\r\nGET a\r\n",
+            b"*14\r\n$6\r\nserver\r\n$5\r\nredis\r\n$7\r\nversion\r\n$5\r\n7.2.0\r\n$5\r\nproto\r\n:2\r\n$2\r\nid\r\n:2\r\n$4\r\nmode\r\n$10\r\nstandalone\r\n$4\r\nrole\r\n$6\r\nmaster\r\n$7\r\nmodules\r\n*0\r\n$1\r\n1\r\n",
+        );
     }
 
     #[test]
