@@ -842,40 +842,32 @@ impl Client {
         let blind_since = view.blind.iter().any(|e| *e > at.epoch);
         // (A round with no backup at all — the index down to one replica in the attempt's
         // epoch — leaves no trace a repair could see: its commit record says the primary
-        // swap was next, not that it happened; the slot itself tells.)
-        let visible = !blind_since
-            && at.replicas >= 2
-            && (index.replicas() >= 2 || index.primary() != at.primary);
-        let took = if at.delete {
-            // A DELETE the master completed has no commit record (its value, a tombstone,
-            // points to no log entry): the membership lists the DELETE rounds the master
-            // completed. When a
-            // repair could not see the backups (blind), a committed DELETE that had found the
-            // key took effect if the key is gone now — a concurrent DELETE could also explain
-            // that; an uncommitted one never swapped the primary (the record comes first).
-            // A round that had every backup (it was about to swap the primary) when the old
-            // primary was lost: the repair, which saw the backups, kept their value — the
-            // DELETE's. (No other writer can win a round once one holds every backup; the
-            // master lists no DELETE here, since it never saw the value replaced.)
-            let primary_lost = view.primary_lost.iter().any(|e| *e > at.epoch);
-            let kept_by_repair = at.swapping && !blind_since && primary_lost;
-            let listed = at.round.is_some_and(|(off, old)| {
-                view.deletes
-                    .iter()
-                    .any(|&(e, o, v)| e > at.epoch && o == off && (v == old || v == 0))
-            });
-            let took = kept_by_repair
-                || (committed && visible)
-                || listed
-                || (committed && at.found && self.search_once(key)?.is_none());
-            match at.round {
-                // Another DELETE of the same value, cut short in the same epoch, can pass the
-                // same tests: only one of the two did it (see `claim_delete`).
-                Some((off, old)) if took => self.claim_delete((at.epoch, off, old))?,
-                _ => took,
-            }
-        } else {
-            inner.is_referenced(key, at.addr)? || (committed && visible)
+        // swap was next, not that it happened; the slot itself tells. A DELETE the master
+        // completed has no commit record — its value, a tombstone, points to no log entry —
+        // so the membership lists the DELETE rounds the master completed, and the epochs of
+        // failovers that lost the index primary. The rules: `rules::settle`.)
+        let facts = crate::rules::SettleFacts {
+            delete: at.delete,
+            committed,
+            blind_since,
+            attempt_replicas: at.replicas,
+            replicas_now: index.replicas(),
+            primary_moved: index.primary() != at.primary,
+            primary_lost_since: view.primary_lost.iter().any(|e| *e > at.epoch),
+            swapping: at.swapping,
+            listed: crate::rules::delete_listed(at.round, at.epoch, &view.deletes),
+            found: at.found,
+        };
+        let took = crate::rules::settle(
+            &facts,
+            || inner.is_referenced(key, at.addr),
+            || Ok(self.search_once(key)?.is_none()),
+        )?;
+        let took = match at.round {
+            // Another DELETE of the same value, cut short in the same epoch, can pass the
+            // same tests: only one of the two did it (see `claim_delete`).
+            Some((off, old)) if at.delete && took => self.claim_delete((at.epoch, off, old))?,
+            _ => took,
         };
         if took {
             inner.cache.remove(&key.to_vec());

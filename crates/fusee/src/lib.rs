@@ -90,6 +90,7 @@ pub mod memnode;
 mod mm;
 pub mod object;
 mod recovery;
+pub mod rules;
 mod verifier;
 
 pub use client::{Client, ClientConfig, DeleteResult, InsertResult, UpdateResult, tags};
