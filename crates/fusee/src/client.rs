@@ -181,6 +181,10 @@ pub(crate) struct Attempt {
     round: Option<(u64, u64)>,
     /// (DELETE) that round reached its primary swap: every backup held the DELETE's value.
     swapping: bool,
+    /// (DELETE) that round's primary CAS may have run: it was posted (the commit record was
+    /// written) and the error that cut the attempt short is not the node refusing a verb
+    /// (a refused verb did not run; so did none after it).
+    primary_may_have_run: bool,
     /// The index decided the attempt did not take effect (lost its round, found nothing to
     /// do): whatever cuts the operation short afterwards, it is not settled as done.
     lost: bool,
@@ -201,6 +205,7 @@ impl Attempt {
             found: false,
             round: None,
             swapping: false,
+            primary_may_have_run: false,
             lost: false,
             epoch: view.epoch,
         }
@@ -275,6 +280,8 @@ pub(crate) struct Hooks<'a> {
     round: Mutex<Option<(SlotPos, u64)>>,
     /// The last round reached its primary swap: every backup held this writer's value.
     swapping: std::sync::atomic::AtomicBool,
+    /// The last round's commit record is written: its primary CAS is posted next.
+    posted: std::sync::atomic::AtomicBool,
     /// The cached object read in the first round: (its cache entry, batch, op index).
     prefetch: Option<(CachedAddr, usize, dmkit_verbs::OpIdx)>,
     key: &'a [u8],
@@ -301,6 +308,8 @@ impl WriteHooks for Hooks<'_> {
     fn round(&self, pos: SlotPos, expected: u64) {
         *self.round.lock() = Some((pos, expected));
         self.swapping
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        self.posted
             .store(false, std::sync::atomic::Ordering::Relaxed);
     }
 
@@ -341,7 +350,10 @@ impl WriteHooks for Hooks<'_> {
                     old,
                 )
                 .await
-                .map_err(to_index)
+                .map_err(to_index)?;
+            self.posted
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            Ok(())
         })
     }
 }
@@ -776,6 +788,8 @@ impl Client {
                             .lock()
                             .map(|(pos, old)| (index.slot_offset(pos), old));
                         at.swapping = hooks.swapping.load(std::sync::atomic::Ordering::Relaxed);
+                        at.primary_may_have_run =
+                            hooks.posted.load(std::sync::atomic::Ordering::Relaxed) && !refused(&e);
                     }
                     return Err(e.into());
                 }
@@ -855,6 +869,7 @@ impl Client {
             primary_moved: index.primary() != at.primary,
             primary_lost_since: view.primary_lost.iter().any(|e| *e > at.epoch),
             swapping: at.swapping,
+            primary_may_have_run: at.primary_may_have_run,
             listed: crate::rules::delete_listed(at.round, at.epoch, &view.deletes),
             found: at.found,
         };
@@ -1027,6 +1042,15 @@ fn keep_newest(
 
 /// Whether `e` means the membership changed under the operation (a failed or fenced node, a
 /// rotated rkey), so it should be retried in the next epoch.
+/// The memory node refused a verb of the index (a fenced or stale rkey, a bad access): that
+/// verb did not run, nor any after it (SNAPSHOT posts nothing after a verb that failed).
+fn refused(e: &dmkit_kv_index::Error) -> bool {
+    matches!(
+        e,
+        dmkit_kv_index::Error::Verbs(dmkit_verbs::Error::RemoteAccess { .. })
+    )
+}
+
 pub(crate) fn needs_membership(e: &Error) -> bool {
     let verbs = match e {
         Error::Verbs(v) | Error::Index(dmkit_kv_index::Error::Verbs(v)) => v,
@@ -1430,6 +1454,7 @@ impl Inner {
             verifier: v,
             round: Mutex::new(None),
             swapping: std::sync::atomic::AtomicBool::new(false),
+            posted: std::sync::atomic::AtomicBool::new(false),
             prefetch,
             key,
         }
@@ -1450,6 +1475,7 @@ impl Inner {
             verifier: v,
             round: Mutex::new(None),
             swapping: std::sync::atomic::AtomicBool::new(false),
+            posted: std::sync::atomic::AtomicBool::new(false),
             prefetch: None,
             key: &[],
         }

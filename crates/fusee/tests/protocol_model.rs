@@ -146,6 +146,10 @@ struct At {
     /// The value the last round replaced.
     round: Option<u64>,
     swapping: bool,
+    /// The round's commit record is written: its primary CAS is posted next.
+    posted: bool,
+    /// The primary CAS may have run (`Attempt::primary_may_have_run`).
+    may_have_run: bool,
     lost: bool,
 }
 
@@ -163,11 +167,21 @@ enum Ph {
     /// Next: invoke program operation `pc` and read the key (the first round trip).
     Idle,
     /// Next: read the key again (a retry); `fresh`: a new object (a new attempt).
-    Read { fresh: bool },
+    Read {
+        fresh: bool,
+    },
     /// Backup CASes `e → new` in flight.
-    Backups { e: u64, new: u64, olds: Vec<Res> },
+    Backups {
+        e: u64,
+        new: u64,
+        olds: Vec<Res>,
+    },
     /// Rule 3: re-read the primary.
-    Recheck { e: u64, new: u64, olds: Vec<u64> },
+    Recheck {
+        e: u64,
+        new: u64,
+        olds: Vec<u64>,
+    },
     /// Repairs of the backups lost (`None`: won, no repair).
     Repairs {
         e: u64,
@@ -184,11 +198,23 @@ enum Ph {
         todo: Vec<usize>,
     },
     /// `before_primary`: the commit record.
-    Commit { e: u64, new: u64, rule: Rule },
+    Commit {
+        e: u64,
+        new: u64,
+        rule: Rule,
+    },
     /// The primary CAS.
-    Primary { e: u64, new: u64, rule: Rule },
+    Primary {
+        e: u64,
+        new: u64,
+        rule: Rule,
+    },
     /// A loser waiting for the primary to change.
-    Wait { e: u64, new: u64, olds: Vec<u64> },
+    Wait {
+        e: u64,
+        new: u64,
+        olds: Vec<u64>,
+    },
     /// Taking our value back out of backups `which` (`new → e`), then losing to `now`.
     Withdraw {
         e: u64,
@@ -198,7 +224,9 @@ enum Ph {
         res: Vec<Res>,
     },
     /// A SEARCH failed on a fenced or failed node: retry in a newer epoch.
-    SearchFailed { epoch: u64 },
+    SearchFailed {
+        epoch: u64,
+    },
     /// The attempt hit a fenced or failed node: settle it once a newer membership is active.
     Failed,
     /// The program is done.
@@ -218,9 +246,15 @@ enum Rec {
     /// Pick the next unfinished log entry.
     Next,
     /// Read the key's slot on the primary: `redo_start`, then resume's first look.
-    Prim { id: u8 },
+    Prim {
+        id: u8,
+    },
     /// Read the backups.
-    Backups { id: u8, exp: u64, new: u64 },
+    Backups {
+        id: u8,
+        exp: u64,
+        new: u64,
+    },
     /// CASes of the backups still holding `exp`.
     Cas {
         id: u8,
@@ -228,20 +262,32 @@ enum Rec {
         new: u64,
         ans: Vec<Res>,
     },
-    /// Repairs of the backups not holding `new`: CAS from the value each answered (a
-    /// repair that misses is not retried: `resume` has no forced repair).
-    Repairs {
+    /// (`legacy_resume`, the code before the fix) repairs from the values answered.
+    LegacyRepairs {
         id: u8,
         exp: u64,
         new: u64,
         from: Vec<u64>,
         res: Vec<Option<Res>>,
     },
-    Commit { id: u8, exp: u64, new: u64 },
-    Primary { id: u8, exp: u64, new: u64 },
-    Wait { id: u8, exp: u64 },
+    LegacyCommit {
+        id: u8,
+        exp: u64,
+        new: u64,
+    },
+    LegacyPrimary {
+        id: u8,
+        exp: u64,
+        new: u64,
+    },
+    LegacyWait {
+        id: u8,
+        exp: u64,
+    },
     /// A verb failed: start over once a membership newer than `epoch` is active.
-    Retry { epoch: u64 },
+    Retry {
+        epoch: u64,
+    },
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
@@ -257,6 +303,10 @@ struct Cl {
     at: Option<At>,
     /// Log entries whose cleanup (finish mark) has not run yet.
     cleanup: Vec<u8>,
+    /// Recovery is resuming this entry's round (the round's steps are a live writer's).
+    rec: Option<u8>,
+    /// The index replicas of the client's epoch (primary first), as its view names them.
+    view: Vec<usize>,
 }
 
 /// The master's progress through a failover.
@@ -264,9 +314,13 @@ struct Cl {
 enum Master {
     Idle,
     /// Node `dead` failed; the master has not fenced yet.
-    Detected { dead: usize },
+    Detected {
+        dead: usize,
+    },
     /// Fenced and published `repairing`; the repair is next.
-    Repairing { old_primary: usize },
+    Repairing {
+        old_primary: usize,
+    },
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
@@ -308,6 +362,13 @@ struct Seen {
 
 type DecideFn = fn(u64, u64, &[u64]) -> Option<Rule>;
 type RepairFn = fn(Option<u64>, &[u64], &mut dyn FnMut(u64) -> Result<bool, ()>) -> u64;
+type RedoFn = fn(bool, Option<(bool, bool)>) -> rules::RedoStart;
+/// `rules::settle` with its two lazily read facts given: (facts, referenced, key absent).
+type SettleFn = fn(&rules::SettleFacts, bool, bool) -> bool;
+
+fn settle_impl(f: &rules::SettleFacts, referenced: bool, absent: bool) -> bool {
+    rules::settle::<()>(f, || Ok(referenced), || Ok(absent)).expect("no errors in the model")
+}
 
 #[derive(Clone)]
 struct ProtocolModel {
@@ -320,8 +381,14 @@ struct ProtocolModel {
     failure: bool,
     /// Attempts one operation may take (failovers and lost rounds) before it counts as a stall.
     max_attempts: u8,
+    /// The decision functions: the implementation's, or a seeded bug (mutation check).
     decide: DecideFn,
     repair: RepairFn,
+    redo: RedoFn,
+    settle: SettleFn,
+    /// Recovery resumes a round as `resume` did before the fix (no rule-3 re-check of the
+    /// primary, no withdrawal, repairs not forced, a failed primary CAS looks again).
+    legacy_resume: bool,
 }
 
 fn repair_impl(p: Option<u64>, b: &[u64], valid: &mut dyn FnMut(u64) -> Result<bool, ()>) -> u64 {
@@ -338,6 +405,9 @@ impl ProtocolModel {
             max_attempts: 4,
             decide,
             repair: repair_impl,
+            redo: rules::redo_start,
+            settle: settle_impl,
+            legacy_resume: false,
         }
     }
 
@@ -408,7 +478,11 @@ impl ProtocolModel {
     /// The first round trip of an attempt (`fresh`: a new object, the log entry).
     fn read(&self, s: &mut St, c: usize, fresh: bool) {
         let op = self.op(s, c);
-        s.clients[c].epoch = s.epoch;
+        if !fresh && op != KvOp::Search && s.clients[c].epoch != s.epoch {
+            // The index retries in the attempt's epoch, which was fenced meanwhile.
+            return self.fail(s, c, false);
+        }
+        Self::adopt(s, c);
         if op == KvOp::Search {
             let p = s.prim();
             if !s.ok(s.epoch, &[p]) {
@@ -452,14 +526,15 @@ impl ProtocolModel {
                 found: false,
                 round: None,
                 swapping: false,
+                posted: false,
+                may_have_run: false,
                 lost: false,
             });
         }
         let id = s.clients[c].at.as_ref().expect("an attempt").id;
         let p = s.prim();
         if !s.ok(s.epoch, &[p]) {
-            s.clients[c].ph = Ph::Failed;
-            return;
+            return self.fail(s, c, false);
         }
         let e = s.slot[p];
         let new = match op {
@@ -478,6 +553,7 @@ impl ProtocolModel {
         at.found |= op == KvOp::Delete;
         at.round = Some(e);
         at.swapping = false;
+        at.posted = false;
         s.clients[c].ph = if s.members.len() == 1 {
             Ph::Commit {
                 e,
@@ -549,7 +625,35 @@ impl ProtocolModel {
         };
     }
 
+    /// The client works in the current membership.
+    fn adopt(s: &mut St, c: usize) {
+        s.clients[c].epoch = s.epoch;
+        s.clients[c].view = s.members.clone();
+    }
+
+    /// A verb of the attempt failed: refused by a fenced node (it did not run) or, with
+    /// `unknown`, unanswered by a failed node.
+    fn fail(&self, s: &mut St, c: usize, unknown: bool) {
+        let cl = &mut s.clients[c];
+        if let Some(at) = cl.at.as_mut() {
+            at.may_have_run = at.posted && unknown;
+        }
+        cl.ph = if cl.rec.take().is_some() {
+            // Recovery is idempotent: it starts over in the next membership.
+            Ph::Rec(Rec::Retry { epoch: cl.epoch })
+        } else {
+            Ph::Failed
+        };
+    }
+
     fn won(&self, s: &mut St, c: usize) {
+        if let Some(id) = s.clients[c].rec.take() {
+            // `ResumeOutcome::Won`: completed, the entry finished.
+            let delete = s.objs[&id].delete;
+            Self::finish(s, id, delete);
+            s.clients[c].ph = Ph::Rec(Rec::Next);
+            return;
+        }
         let id = s.clients[c].at.as_ref().expect("an attempt").id;
         s.clients[c].cleanup.push(id);
         let r = match self.op(s, c) {
@@ -563,6 +667,13 @@ impl ProtocolModel {
     /// The round ended lost, the primary holding `now` (`snapshot.rs` → `index.rs` →
     /// `client.rs`).
     fn lost(&self, s: &mut St, c: usize, e: u64, now: u64) {
+        if let Some(id) = s.clients[c].rec.take() {
+            // `ResumeOutcome::Lost`: rolled back, the object taken back.
+            let _ = (e, now);
+            Self::finish(s, id, true);
+            s.clients[c].ph = Ph::Rec(Rec::Next);
+            return;
+        }
         let op = self.op(s, c);
         if now == e {
             // Abandoned round: the index looks again with the same object.
@@ -589,7 +700,7 @@ impl ProtocolModel {
 
     /// A cut-short attempt, once a newer membership is active (`Client::settled`).
     fn settle(&self, s: &mut St, c: usize) {
-        s.clients[c].epoch = s.epoch;
+        Self::adopt(s, c);
         let at = s.clients[c].at.clone().expect("an attempt");
         if at.lost {
             s.clients[c].ph = Ph::Read { fresh: true };
@@ -605,15 +716,11 @@ impl ProtocolModel {
             primary_moved: s.prim() != at.primary,
             primary_lost_since: s.primary_lost.iter().any(|e| *e > at.epoch),
             swapping: at.swapping,
+            primary_may_have_run: at.may_have_run,
             listed: rules::delete_listed(at.round.map(|o| (SLOT_OFF, o)), at.epoch, &s.deletes),
             found: at.found,
         };
-        let took = rules::settle::<()>(
-            &facts,
-            || Ok(id_of(p) == Some(at.id)),
-            || Ok(is_empty_word(p)),
-        )
-        .expect("no errors in the model");
+        let took = (self.settle)(&facts, id_of(p) == Some(at.id), is_empty_word(p));
         let took = match at.round {
             Some(old) if at.delete && took => *s.claims.entry((at.epoch, old)).or_insert(c) == c,
             _ => took,
@@ -645,7 +752,7 @@ impl ProtocolModel {
             Ph::Recheck { e, new, olds } => {
                 let p = s.prim();
                 if !s.ok(ep, &[p]) {
-                    s.clients[c].ph = Ph::Failed;
+                    return self.fail(s, c, false);
                 } else if s.slot[p] != e {
                     let won = (0..olds.len()).filter(|k| olds[*k] == e).collect();
                     let now = s.slot[p];
@@ -656,27 +763,34 @@ impl ProtocolModel {
             }
             Ph::Commit { e, new, rule } => {
                 // `before_primary` marks the round as reaching its swap before its first verb.
-                let at = s.clients[c].at.as_mut().expect("an attempt");
-                at.swapping = true;
-                let id = at.id;
+                let id = match (s.clients[c].rec, s.clients[c].at.as_mut()) {
+                    (Some(id), _) => id,
+                    (None, Some(at)) => {
+                        at.swapping = true;
+                        at.id
+                    }
+                    (None, None) => unreachable!("a round without an attempt"),
+                };
                 if !s.ok(ep, &[]) {
-                    s.clients[c].ph = Ph::Failed;
-                    return;
+                    return self.fail(s, c, false);
                 }
                 // The record goes to every data replica; those alive take it.
                 s.objs.get_mut(&id).expect("allocated").commit = Some(e);
                 let all = s.members.clone();
-                s.clients[c].ph = if s.ok(ep, &all) {
-                    Ph::Primary { e, new, rule }
-                } else {
-                    Ph::Failed
-                };
+                if !s.ok(ep, &all) {
+                    return self.fail(s, c, false);
+                }
+                if let (None, Some(at)) = (s.clients[c].rec, s.clients[c].at.as_mut()) {
+                    at.posted = true;
+                }
+                s.clients[c].ph = Ph::Primary { e, new, rule };
             }
             Ph::Primary { e, new, .. } => {
-                let p = s.prim();
+                let p = s.clients[c].view[0];
                 if !s.ok(ep, &[p]) {
-                    s.clients[c].ph = Ph::Failed;
-                    return;
+                    // (A failed node leaves the CAS's fate unknown; a fenced one refused it.)
+                    let unknown = !s.alive[p];
+                    return self.fail(s, c, unknown);
                 }
                 let old = s.slot[p];
                 if old == e {
@@ -694,8 +808,7 @@ impl ProtocolModel {
             Ph::Wait { e, new, olds } => {
                 let all = s.members.clone();
                 if !s.ok(ep, &all) {
-                    s.clients[c].ph = Ph::Failed;
-                    return;
+                    return self.fail(s, c, false);
                 }
                 let p = s.slot[s.prim()];
                 let now = if p != e {
@@ -709,7 +822,7 @@ impl ProtocolModel {
             }
             Ph::Failed => self.settle(s, c),
             Ph::Crashed => {
-                s.clients[c].epoch = s.epoch;
+                Self::adopt(s, c);
                 s.clients[c].ph = Ph::Rec(Rec::Next);
             }
             Ph::Rec(rec) => self.recovery_step(s, c, rec),
@@ -726,7 +839,7 @@ impl ProtocolModel {
     /// One verb of a parallel batch (backup `k`), and what follows once the batch is in.
     fn par_step(&self, s: &mut St, c: usize, k: usize) {
         let ep = s.clients[c].epoch;
-        let node = |s: &St| s.members.get(1 + k).copied();
+        let node = |s: &St| s.clients[c].view.get(1 + k).copied();
         let cas = |s: &mut St, exp: u64, new: u64| -> Res {
             match node(s) {
                 Some(n) if s.ok(ep, &[n]) => {
@@ -746,7 +859,7 @@ impl ProtocolModel {
                 if olds.contains(&Res::Pending) {
                     s.clients[c].ph = Ph::Backups { e, new, olds };
                 } else if olds.contains(&Res::Err) {
-                    s.clients[c].ph = Ph::Failed;
+                    return self.fail(s, c, false);
                 } else {
                     let olds = olds.iter().map(old_of).collect();
                     self.judged(s, c, e, new, olds);
@@ -769,7 +882,7 @@ impl ProtocolModel {
                         res,
                     };
                 } else if res.contains(&Some(Res::Err)) {
-                    s.clients[c].ph = Ph::Failed;
+                    return self.fail(s, c, false);
                 } else {
                     let todo: Vec<usize> = (0..res.len())
                         .filter(|k| {
@@ -794,8 +907,7 @@ impl ProtocolModel {
                 match node(s) {
                     Some(n) if s.ok(ep, &[n]) => s.slot[n] = new,
                     _ => {
-                        s.clients[c].ph = Ph::Failed;
-                        return;
+                        return self.fail(s, c, false);
                     }
                 }
                 todo.retain(|x| *x != k);
@@ -812,7 +924,10 @@ impl ProtocolModel {
                 which,
                 mut res,
             } => {
-                let j = which.iter().position(|x| *x == k).expect("a withdrawn backup");
+                let j = which
+                    .iter()
+                    .position(|x| *x == k)
+                    .expect("a withdrawn backup");
                 res[j] = cas(s, new, e);
                 if res.contains(&Res::Pending) {
                     s.clients[c].ph = Ph::Withdraw {
@@ -823,7 +938,12 @@ impl ProtocolModel {
                         res,
                     };
                 } else if res.contains(&Res::Err) {
-                    s.clients[c].ph = Ph::Failed;
+                    let view = &s.clients[c].view;
+                    let unknown = which
+                        .iter()
+                        .zip(&res)
+                        .any(|(k, r)| *r == Res::Err && !s.alive[view[1 + k]]);
+                    return self.fail(s, c, unknown);
                 } else {
                     self.lost(s, c, e, now);
                 }
@@ -847,7 +967,7 @@ impl ProtocolModel {
                     self.rec_judge(s, c, id, exp, new, ans);
                 }
             }
-            Ph::Rec(Rec::Repairs {
+            Ph::Rec(Rec::LegacyRepairs {
                 id,
                 exp,
                 new,
@@ -856,7 +976,7 @@ impl ProtocolModel {
             }) => {
                 res[k] = Some(cas(s, from[k], new));
                 if res.contains(&Some(Res::Pending)) {
-                    s.clients[c].ph = Ph::Rec(Rec::Repairs {
+                    s.clients[c].ph = Ph::Rec(Rec::LegacyRepairs {
                         id,
                         exp,
                         new,
@@ -866,7 +986,7 @@ impl ProtocolModel {
                 } else if res.contains(&Some(Res::Err)) {
                     s.clients[c].ph = Ph::Rec(Rec::Retry { epoch: ep });
                 } else {
-                    s.clients[c].ph = Ph::Rec(Rec::Commit { id, exp, new });
+                    s.clients[c].ph = Ph::Rec(Rec::LegacyCommit { id, exp, new });
                 }
             }
             _ => unreachable!("no batch in flight: {ph:?}"),
@@ -903,10 +1023,8 @@ impl ProtocolModel {
                 let o = s.objs[&id].clone();
                 // `holds_old`: the key's slot holds the word the record says was replaced
                 // (objects are never reused in the model: no generation change).
-                let holds = o
-                    .commit
-                    .map(|old| (!is_empty_word(w) && w == old, false));
-                match rules::redo_start(o.delete, holds) {
+                let holds = o.commit.map(|old| (!is_empty_word(w) && w == old, false));
+                match (self.redo)(o.delete, holds) {
                     rules::RedoStart::Superseded | rules::RedoStart::AlreadyDone => {
                         Self::finish(s, id, o.delete);
                         s.clients[c].ph = Ph::Rec(Rec::Next);
@@ -947,7 +1065,13 @@ impl ProtocolModel {
                 }
                 let ans: Vec<Res> = olds
                     .iter()
-                    .map(|o| if *o == exp { Res::Pending } else { Res::Old(*o) })
+                    .map(|o| {
+                        if *o == exp {
+                            Res::Pending
+                        } else {
+                            Res::Old(*o)
+                        }
+                    })
                     .collect();
                 if ans.contains(&Res::Pending) {
                     s.clients[c].ph = Ph::Rec(Rec::Cas { id, exp, new, ans });
@@ -956,20 +1080,16 @@ impl ProtocolModel {
                     self.rec_judge(s, c, id, exp, new, olds);
                 }
             }
-            Rec::Commit { id, exp, new } => {
-                if !s.ok(ep, &[]) {
+            Rec::LegacyCommit { id, exp, new } => {
+                let all = s.clients[c].view.clone();
+                if !s.ok(ep, &all) {
                     return retry(s);
                 }
                 s.objs.get_mut(&id).expect("allocated").commit = Some(exp);
-                let all = s.members.clone();
-                s.clients[c].ph = if s.ok(ep, &all) {
-                    Ph::Rec(Rec::Primary { id, exp, new })
-                } else {
-                    Ph::Rec(Rec::Retry { epoch: ep })
-                };
+                s.clients[c].ph = Ph::Rec(Rec::LegacyPrimary { id, exp, new });
             }
-            Rec::Primary { id, exp, new } => {
-                let p = s.prim();
+            Rec::LegacyPrimary { id, exp, new } => {
+                let p = s.clients[c].view[0];
                 if !s.ok(ep, &[p]) {
                     return retry(s);
                 }
@@ -983,48 +1103,54 @@ impl ProtocolModel {
                     s.clients[c].ph = Ph::Rec(Rec::Prim { id });
                 }
             }
-            Rec::Wait { id, .. } => {
-                let all = s.members.clone();
+            Rec::LegacyWait { id, .. } => {
+                let all = s.clients[c].view.clone();
                 if !s.ok(ep, &all) {
                     return retry(s);
                 }
-                // Lost: rolled back.
                 Self::finish(s, id, true);
                 s.clients[c].ph = Ph::Rec(Rec::Next);
             }
             Rec::Retry { .. } => {
-                s.clients[c].epoch = s.epoch;
+                Self::adopt(s, c);
                 s.clients[c].ph = Ph::Rec(Rec::Next);
             }
-            Rec::Cas { .. } | Rec::Repairs { .. } => unreachable!("a batch"),
+            Rec::Cas { .. } | Rec::LegacyRepairs { .. } => unreachable!("a batch"),
         }
     }
 
+    /// Recovery judged its round: from here on it is a live writer's round
+    /// (`finish_round_async`), ending in `won` or `lost` for entry `id`.
     fn rec_judge(&self, s: &mut St, c: usize, id: u8, exp: u64, new: u64, ans: Vec<u64>) {
         let seen: Vec<u64> = ans
             .iter()
             .map(|&o| if o == new { exp } else { o })
             .collect();
-        s.clients[c].ph = Ph::Rec(match (self.decide)(exp, new, &seen) {
-            Some(_) => {
-                let res: Vec<_> = ans
-                    .iter()
-                    .map(|o| (*o != new).then_some(Res::Pending))
-                    .collect();
-                if res.iter().all(Option::is_none) {
-                    Rec::Commit { id, exp, new }
-                } else {
-                    Rec::Repairs {
-                        id,
-                        exp,
-                        new,
-                        from: ans,
-                        res,
+        if self.legacy_resume {
+            s.clients[c].ph = Ph::Rec(match (self.decide)(exp, new, &seen) {
+                Some(_) => {
+                    let res: Vec<_> = ans
+                        .iter()
+                        .map(|o| (*o != new).then_some(Res::Pending))
+                        .collect();
+                    if res.iter().all(Option::is_none) {
+                        Rec::LegacyCommit { id, exp, new }
+                    } else {
+                        Rec::LegacyRepairs {
+                            id,
+                            exp,
+                            new,
+                            from: ans,
+                            res,
+                        }
                     }
                 }
-            }
-            None => Rec::Wait { id, exp },
-        });
+                None => Rec::LegacyWait { id, exp },
+            });
+            return;
+        }
+        s.clients[c].rec = Some(id);
+        self.judged(s, c, exp, new, seen);
     }
 
     /// The master's repair (`Master::fail_over` / `repair_index` / `decide`), every writer
@@ -1128,6 +1254,8 @@ impl Model for ProtocolModel {
                     ph: if p.is_empty() { Ph::Done } else { Ph::Idle },
                     at: None,
                     cleanup: Vec::new(),
+                    rec: None,
+                    view: (0..self.r).collect(),
                 })
                 .collect(),
             tester: LinearizabilityTester::new(KvSpec(Some(0))),
@@ -1150,7 +1278,7 @@ impl Model for ProtocolModel {
                         }
                     }
                 }
-                Ph::Repairs { res, .. } | Ph::Rec(Rec::Repairs { res, .. }) => {
+                Ph::Repairs { res, .. } | Ph::Rec(Rec::LegacyRepairs { res, .. }) => {
                     for (k, r) in res.iter().enumerate() {
                         if *r == Some(Res::Pending) {
                             actions.push(Action::Par(c, k));
@@ -1182,7 +1310,8 @@ impl Model for ProtocolModel {
                 Ph::Wait { e, .. } => {
                     // Enabled once the round is over (or a verb would fail).
                     let all = s.members.clone();
-                    let over = s.slot[s.prim()] != *e || s.backups().iter().all(|b| s.slot[*b] == *e);
+                    let over =
+                        s.slot[s.prim()] != *e || s.backups().iter().all(|b| s.slot[*b] == *e);
                     if !s.ok(cl.epoch, &all) || over {
                         actions.push(Action::Client(c));
                     }
@@ -1194,10 +1323,10 @@ impl Model for ProtocolModel {
                 Ph::Rec(Rec::Retry { epoch }) if active && s.epoch > *epoch => {
                     actions.push(Action::Client(c))
                 }
-                Ph::Rec(Rec::Wait { exp, .. }) => {
-                    let all = s.members.clone();
+                Ph::Rec(Rec::LegacyWait { exp, .. }) => {
+                    let all = cl.view.clone();
                     let over =
-                        s.slot[s.prim()] != *exp || s.backups().iter().all(|b| s.slot[*b] == *exp);
+                        s.slot[all[0]] != *exp || all[1..].iter().all(|b| s.slot[*b] == *exp);
                     if !s.ok(cl.epoch, &all) || over {
                         actions.push(Action::Client(c));
                     }
@@ -1282,17 +1411,21 @@ impl Model for ProtocolModel {
             }),
             Property::eventually("no stall", |_, s: &St| quiescent(s)),
             // Coverage: the interleavings that matter are reached.
-            Property::sometimes("a rule-3 round (r >= 3)", |m: &ProtocolModel, s: &St| m.r < 3 || s.seen.rule3),
-            // (With r = 2 one replica survives a failure: nothing to disagree with.)
-            Property::sometimes("a failover repaired a split slot (r >= 3)", |m: &ProtocolModel, s: &St| {
-                !m.failure || m.r < 3 || s.seen.repair_conflict
+            Property::sometimes("a rule-3 round (r >= 3)", |m: &ProtocolModel, s: &St| {
+                m.r < 3 || s.seen.rule3
             }),
+            // (With r = 2 one replica survives a failure: nothing to disagree with.)
+            Property::sometimes(
+                "a failover repaired a split slot (r >= 3)",
+                |m: &ProtocolModel, s: &St| !m.failure || m.r < 3 || s.seen.repair_conflict,
+            ),
             Property::sometimes("recovery resumed a round", |m: &ProtocolModel, s: &St| {
                 !m.crash || s.seen.recovery_resumed
             }),
-            Property::sometimes("a cut-short write settled as done", |m: &ProtocolModel, s: &St| {
-                !m.failure || s.seen.settled_done
-            }),
+            Property::sometimes(
+                "a cut-short write settled as done",
+                |m: &ProtocolModel, s: &St| !m.failure || s.seen.settled_done,
+            ),
         ]
     }
 }
@@ -1300,8 +1433,7 @@ impl Model for ProtocolModel {
 /// Every client done (or recovered) and no failover half done.
 fn quiescent(s: &St) -> bool {
     s.master == Master::Idle
-        && s
-            .clients
+        && s.clients
             .iter()
             .all(|c| matches!(c.ph, Ph::Done | Ph::Recovered))
 }
@@ -1331,9 +1463,18 @@ struct Run {
     secs: f64,
 }
 
-fn check(model: ProtocolModel, name: &str) -> (Run, impl Checker<ProtocolModel>) {
+fn check(
+    model: ProtocolModel,
+    name: &str,
+    until: stateright::HasDiscoveries,
+) -> (Run, impl Checker<ProtocolModel>) {
     let t = Instant::now();
-    let checker = model.checker().threads(2).spawn_bfs().join();
+    let checker = model
+        .checker()
+        .threads(2)
+        .finish_when(until)
+        .spawn_bfs()
+        .join();
     let run = Run {
         states: checker.state_count(),
         unique: checker.unique_state_count(),
@@ -1372,9 +1513,7 @@ fn trace(path: &stateright::Path<St, Action>) -> String {
         let phases: Vec<String> = st
             .clients
             .iter()
-            .map(|c| {
-                format!("pc{} {}", c.pc, symbolic(&format!("{:?}", c.ph)))
-            })
+            .map(|c| format!("pc{} {}", c.pc, symbolic(&format!("{:?}", c.ph))))
             .collect();
         out += &format!(
             "  epoch {}{} slot [{}] | {}\n",
@@ -1416,7 +1555,7 @@ fn symbolic(s: &str) -> String {
 
 fn assert_holds(model: ProtocolModel, name: &str) -> Run {
     let props: Vec<&str> = model.properties().iter().map(|p| p.name).collect();
-    let (run, checker) = check(model, name);
+    let (run, checker) = check(model, name, stateright::HasDiscoveries::AnyFailures);
     for (prop, path) in checker.discoveries() {
         let p = checker
             .model()
@@ -1450,10 +1589,140 @@ fn bounded_protocol_model_holds() {
     );
     assert!(r2.unique > 1_000, "the model explored too little");
     let r3 = assert_holds(
-        ProtocolModel::new(3, vec![vec![u(1)], vec![Del]]),
-        "r=3, 2 clients (UPDATE | DELETE), crash + failure",
+        ProtocolModel::new(3, vec![vec![u(1)], vec![Del, ins(2)]]),
+        "r=3, 2 clients (UPDATE | DELETE, INSERT), crash + failure",
     );
     assert!(r3.unique > 1_000, "the model explored too little");
+    let three = assert_holds(
+        ProtocolModel::new(2, vec![vec![Del], vec![ins(2)], vec![Del]]),
+        "r=2, 3 clients (DELETE | INSERT | DELETE), crash + failure",
+    );
+    assert!(three.unique > 1_000, "the model explored too little");
+}
+
+/// Mutation check: the same model with a seeded bug in one decision function must fail.
+/// Returns the safety or liveness properties the checker found violated.
+fn violated(model: ProtocolModel, name: &str) -> Vec<&'static str> {
+    let (_, checker) = check(model, name, stateright::HasDiscoveries::AnyFailures);
+    let props = checker.model().properties();
+    let mut found: Vec<&'static str> = checker
+        .discoveries()
+        .into_iter()
+        .filter(|(n, _)| {
+            props.iter().any(|p| {
+                p.name == *n && !matches!(p.expectation, stateright::Expectation::Sometimes)
+            })
+        })
+        .map(|(n, path)| {
+            println!(
+                "  caught: {n:?}, a counterexample of {} steps",
+                path.clone().into_vec().len()
+            );
+            n
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+/// A loser that won a backup also believes it won by rule 3: two winners in one round.
+fn decide_two_winners(e: u64, new: u64, olds: &[u64]) -> Option<Rule> {
+    decide(e, new, olds).or_else(|| olds.contains(&e).then_some(Rule::SmallestValue))
+}
+
+/// The repair keeps the old primary's value even when every surviving backup agrees on the
+/// round's (maybe committed) new value.
+fn repair_keeps_primary(
+    p: Option<u64>,
+    b: &[u64],
+    valid: &mut dyn FnMut(u64) -> Result<bool, ()>,
+) -> u64 {
+    p.unwrap_or_else(|| repair_impl(None, b, valid))
+}
+
+/// Recovery resumes every entry, committed DELETEs included (the bug fixed for seeds 3333
+/// and 3448: a DELETE applied twice, to a later incarnation of the key).
+fn redo_always_resume(_: bool, _: Option<(bool, bool)>) -> rules::RedoStart {
+    rules::RedoStart::Resume
+}
+
+#[test]
+fn seeded_bugs_are_caught() {
+    let two = || vec![vec![u(1), Get], vec![Del, ins(2)]];
+    let found = violated(
+        ProtocolModel {
+            decide: decide_two_winners,
+            ..ProtocolModel::new(3, two())
+        },
+        "mutant decide (two winners), r=3",
+    );
+    assert!(
+        !found.is_empty(),
+        "a decision rule with two winners went unnoticed"
+    );
+    let found = violated(
+        ProtocolModel {
+            repair: repair_keeps_primary,
+            crash: false,
+            ..ProtocolModel::new(3, two())
+        },
+        "mutant repair (the old primary always), r=3",
+    );
+    assert!(
+        !found.is_empty(),
+        "a repair that drops a committed round went unnoticed"
+    );
+    // (Needs a third client: a DELETE of the key's next incarnation in flight, whose
+    // tombstone on the backup the crashed DELETE's recovery takes for its own round.)
+    let found = violated(
+        ProtocolModel {
+            redo: redo_always_resume,
+            failure: false,
+            ..ProtocolModel::new(2, vec![vec![Del], vec![ins(2)], vec![Del]])
+        },
+        "mutant recovery (committed DELETEs resumed), r=2, 3 clients",
+    );
+    assert!(
+        !found.is_empty(),
+        "recovery redoing a completed DELETE went unnoticed"
+    );
+}
+
+/// The settle rule before the fix: a committed DELETE that had found the key counted the key
+/// being gone, whether or not its primary CAS could have run.
+fn settle_before_fix(f: &rules::SettleFacts, referenced: bool, absent: bool) -> bool {
+    settle_impl(
+        &rules::SettleFacts {
+            primary_may_have_run: true,
+            ..*f
+        },
+        referenced,
+        absent,
+    )
+}
+
+/// The two bugs the model found, each fixed in the code: the model with the code as it was
+/// fails, with the code as it is holds (the bounded runs above).
+#[test]
+fn the_bugs_the_model_found_stay_found() {
+    let found = violated(
+        ProtocolModel {
+            legacy_resume: true,
+            failure: false,
+            ..ProtocolModel::new(3, vec![vec![u(1), Get], vec![Del, ins(2)]])
+        },
+        "resume before the fix, r=3, no failure",
+    );
+    assert!(!found.is_empty(), "the resume bug went unnoticed");
+    let found = violated(
+        ProtocolModel {
+            settle: settle_before_fix,
+            crash: false,
+            ..ProtocolModel::new(2, vec![vec![Del], vec![ins(2)], vec![Del]])
+        },
+        "settle before the fix, r=2, 3 clients, no crash",
+    );
+    assert!(!found.is_empty(), "the double DELETE went unnoticed");
 }
 
 /// The deep run: three clients, r = 2 and r = 3.
@@ -1464,7 +1733,9 @@ fn deep_protocol_model_holds() {
     for r in [2, 3] {
         let run = assert_holds(
             ProtocolModel::new(r, vec![vec![u(1), Get], vec![Del, ins(2)], vec![u(3)]]),
-            &format!("r={r}, 3 clients (UPDATE, SEARCH | DELETE, INSERT | UPDATE), crash + failure"),
+            &format!(
+                "r={r}, 3 clients (UPDATE, SEARCH | DELETE, INSERT | UPDATE), crash + failure"
+            ),
         );
         total += run.unique;
     }
