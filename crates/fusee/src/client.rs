@@ -200,6 +200,10 @@ pub(crate) struct Attempt {
     round: Option<(u64, u64)>,
     /// (DELETE) that round reached its primary swap: every backup held the DELETE's value.
     swapping: bool,
+    /// (DELETE) that round's primary CAS may have run: it was posted (the commit record was
+    /// written) and the error that cut the attempt short is not the node refusing a verb
+    /// (a refused verb did not run; so did none after it).
+    primary_may_have_run: bool,
     /// The index decided the attempt did not take effect (lost its round, found nothing to
     /// do): whatever cuts the operation short afterwards, it is not settled as done.
     lost: bool,
@@ -220,6 +224,7 @@ impl Attempt {
             found: false,
             round: None,
             swapping: false,
+            primary_may_have_run: false,
             lost: false,
             epoch: view.epoch,
         }
@@ -294,6 +299,8 @@ pub(crate) struct Hooks<'a> {
     round: Mutex<Option<(SlotPos, u64)>>,
     /// The last round reached its primary swap: every backup held this writer's value.
     swapping: std::sync::atomic::AtomicBool,
+    /// The last round's commit record is written: its primary CAS is posted next.
+    posted: std::sync::atomic::AtomicBool,
     /// The cached object read in the first round: (its cache entry, batch, op index).
     prefetch: Option<(CachedAddr, usize, dmkit_verbs::OpIdx)>,
     key: &'a [u8],
@@ -320,6 +327,8 @@ impl WriteHooks for Hooks<'_> {
     fn round(&self, pos: SlotPos, expected: u64) {
         *self.round.lock() = Some((pos, expected));
         self.swapping
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        self.posted
             .store(false, std::sync::atomic::Ordering::Relaxed);
     }
 
@@ -360,7 +369,10 @@ impl WriteHooks for Hooks<'_> {
                     old,
                 )
                 .await
-                .map_err(to_index)
+                .map_err(to_index)?;
+            self.posted
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            Ok(())
         })
     }
 }
@@ -896,6 +908,8 @@ impl Client {
                             .lock()
                             .map(|(pos, old)| (index.slot_offset(pos), old));
                         at.swapping = hooks.swapping.load(std::sync::atomic::Ordering::Relaxed);
+                        at.primary_may_have_run =
+                            hooks.posted.load(std::sync::atomic::Ordering::Relaxed) && !refused(&e);
                     }
                     return Err(e.into());
                 }
@@ -965,40 +979,33 @@ impl Client {
         let blind_since = view.blind.iter().any(|e| *e > at.epoch);
         // (A round with no backup at all — the index down to one replica in the attempt's
         // epoch — leaves no trace a repair could see: its commit record says the primary
-        // swap was next, not that it happened; the slot itself tells.)
-        let visible = !blind_since
-            && at.replicas >= 2
-            && (index.replicas() >= 2 || index.primary() != at.primary);
-        let took = if at.delete {
-            // A DELETE the master completed has no commit record (its value, a tombstone,
-            // points to no log entry): the membership lists the DELETE rounds the master
-            // completed. When a
-            // repair could not see the backups (blind), a committed DELETE that had found the
-            // key took effect if the key is gone now — a concurrent DELETE could also explain
-            // that; an uncommitted one never swapped the primary (the record comes first).
-            // A round that had every backup (it was about to swap the primary) when the old
-            // primary was lost: the repair, which saw the backups, kept their value — the
-            // DELETE's. (No other writer can win a round once one holds every backup; the
-            // master lists no DELETE here, since it never saw the value replaced.)
-            let primary_lost = view.primary_lost.iter().any(|e| *e > at.epoch);
-            let kept_by_repair = at.swapping && !blind_since && primary_lost;
-            let listed = at.round.is_some_and(|(off, old)| {
-                view.deletes
-                    .iter()
-                    .any(|&(e, o, v)| e > at.epoch && o == off && (v == old || v == 0))
-            });
-            let took = kept_by_repair
-                || (committed && visible)
-                || listed
-                || (committed && at.found && self.search_once(key)?.is_none());
-            match at.round {
-                // Another DELETE of the same value, cut short in the same epoch, can pass the
-                // same tests: only one of the two did it (see `claim_delete`).
-                Some((off, old)) if took => self.claim_delete((at.epoch, off, old))?,
-                _ => took,
-            }
-        } else {
-            inner.is_referenced(key, at.addr)? || (committed && visible)
+        // swap was next, not that it happened; the slot itself tells. A DELETE the master
+        // completed has no commit record — its value, a tombstone, points to no log entry —
+        // so the membership lists the DELETE rounds the master completed, and the epochs of
+        // failovers that lost the index primary. The rules: `rules::settle`.)
+        let facts = crate::rules::SettleFacts {
+            delete: at.delete,
+            committed,
+            blind_since,
+            attempt_replicas: at.replicas,
+            replicas_now: index.replicas(),
+            primary_moved: index.primary() != at.primary,
+            primary_lost_since: view.primary_lost.iter().any(|e| *e > at.epoch),
+            swapping: at.swapping,
+            primary_may_have_run: at.primary_may_have_run,
+            listed: crate::rules::delete_listed(at.round, at.epoch, &view.deletes),
+            found: at.found,
+        };
+        let took = crate::rules::settle(
+            &facts,
+            || inner.is_referenced(key, at.addr),
+            || Ok(self.search_once(key)?.is_none()),
+        )?;
+        let took = match at.round {
+            // Another DELETE of the same value, cut short in the same epoch, can pass the
+            // same tests: only one of the two did it (see `claim_delete`).
+            Some((off, old)) if at.delete && took => self.claim_delete((at.epoch, off, old))?,
+            _ => took,
         };
         if took {
             inner.cache.remove(&key.to_vec());
@@ -1181,6 +1188,15 @@ fn keep_newest(
 
 /// Whether `e` means the membership changed under the operation (a failed or fenced node, a
 /// rotated rkey), so it should be retried in the next epoch.
+/// The memory node refused a verb of the index (a fenced or stale rkey, a bad access): that
+/// verb did not run, nor any after it (SNAPSHOT posts nothing after a verb that failed).
+fn refused(e: &dmkit_kv_index::Error) -> bool {
+    matches!(
+        e,
+        dmkit_kv_index::Error::Verbs(dmkit_verbs::Error::RemoteAccess { .. })
+    )
+}
+
 pub(crate) fn needs_membership(e: &Error) -> bool {
     let verbs = match e {
         Error::Verbs(v) | Error::Index(dmkit_kv_index::Error::Verbs(v)) => v,
@@ -1584,6 +1600,7 @@ impl Inner {
             verifier: v,
             round: Mutex::new(None),
             swapping: std::sync::atomic::AtomicBool::new(false),
+            posted: std::sync::atomic::AtomicBool::new(false),
             prefetch,
             key,
         }
@@ -1604,6 +1621,7 @@ impl Inner {
             verifier: v,
             round: Mutex::new(None),
             swapping: std::sync::atomic::AtomicBool::new(false),
+            posted: std::sync::atomic::AtomicBool::new(false),
             prefetch: None,
             key: &[],
         }

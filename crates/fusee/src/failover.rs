@@ -477,9 +477,7 @@ impl Master {
                 dmkit_kv_index::Error::Verifier(format!("deciding slot {:#x}: {e}", c.offset))
             })?;
             on_behalf += u64::from(committed);
-            let replaced = c.primary.unwrap_or(0);
-            if is_empty_word(v)
-                && (!is_empty_word(replaced) || c.backups.iter().any(|b| !is_empty_word(*b)))
+            if let Some(replaced) = crate::rules::repair_completed_delete(c.primary, &c.backups, v)
             {
                 // A DELETE completed here: its writer learns it from the membership.
                 deletes.push((c.offset, replaced));
@@ -524,41 +522,7 @@ impl Master {
             }
             Ok(self.object_of(view, v)?.is_some())
         };
-        let chosen = match c.primary {
-            Some(p) => {
-                let first = c.backups.first().copied();
-                match first {
-                    Some(b) if b != p && c.backups.iter().all(|x| *x == b) && valid(b)? => b,
-                    _ => p,
-                }
-            }
-            None => {
-                let mut counts: HashMap<u64, usize> = HashMap::new();
-                for v in &c.backups {
-                    *counts.entry(*v).or_default() += 1;
-                }
-                let majority = counts
-                    .iter()
-                    .find(|(v, n)| **n * 2 > c.backups.len() && valid(**v).unwrap_or(false))
-                    .map(|(v, _)| *v);
-                match majority {
-                    Some(v) => v,
-                    None => {
-                        let mut cands: Vec<u64> = c.backups.clone();
-                        cands.sort_unstable();
-                        cands.dedup();
-                        let mut pick = None;
-                        for v in cands {
-                            if valid(v)? {
-                                pick = Some(v);
-                                break;
-                            }
-                        }
-                        pick.unwrap_or(0)
-                    }
-                }
-            }
-        };
+        let chosen = crate::rules::repair_choice(c.primary, &c.backups, valid)?;
         let committed = if !is_empty_word(chosen) {
             self.commit_on_behalf(view, chosen, c.primary.unwrap_or(0))?
         } else {

@@ -12,6 +12,10 @@
 //!   FAA on the block's bitmap, owners reclaim in batches.
 //! - **Recovery**: a client restarted with its id walks its log and finishes or rolls back
 //!   every unfinished operation of every task ([`Client::recover`]).
+//! - **Decisions**: what the master keeps of a round a failover cut short, whether a write
+//!   cut short took effect, how recovery starts on a log entry — pure functions in
+//!   [`rules`], which the code calls and the protocol model (`tests/protocol_model.rs`,
+//!   stateright, exhaustive over its bounded histories) checks.
 //!
 //! # Round trips
 //!
@@ -100,6 +104,7 @@ pub mod memnode;
 mod mm;
 pub mod object;
 mod recovery;
+pub mod rules;
 mod verifier;
 
 pub use client::{CasResult, Client, ClientConfig, DeleteResult, InsertResult, UpdateResult, tags};

@@ -406,19 +406,13 @@ impl crate::client::Inner {
             let reused = holds && c.old != 0 && self.generation_of(c.old)? != c.old_gen;
             Ok((holds, reused))
         };
-        let (committed_delete_done, aba) = match (op, obj.log.commit) {
-            // A committed DELETE replaced `c.old`: unless the key still holds exactly that
-            // object, the swap happened and the key has moved on (deleted, maybe inserted
-            // again). Resuming would delete a later incarnation of the key — an operation
-            // nobody asked for (its writer may long have reported this DELETE done).
-            (Op::Delete, Some(c)) => {
-                let (holds, reused) = holds_old(&c)?;
-                (!holds || reused, reused)
-            }
-            (_, Some(c)) => (false, holds_old(&c)?.1),
-            _ => (false, false),
-        };
-        if aba && op != Op::Delete {
+        // A committed DELETE replaced `c.old`: unless the key still holds exactly that
+        // object, the swap happened and the key has moved on (deleted, maybe inserted
+        // again). Resuming would delete a later incarnation of the key — an operation
+        // nobody asked for (its writer may long have reported this DELETE done).
+        let holds = obj.log.commit.map(|c| holds_old(&c)).transpose()?;
+        let start = crate::rules::redo_start(op == Op::Delete, holds);
+        if start == crate::rules::RedoStart::Superseded {
             // The key moved on past this entry's value: resuming would put the older value
             // back. Whether the value was ever swapped in is unknown, so its object is not
             // reused here: if it was, its replacer frees it (and this client's reclaim takes
@@ -432,7 +426,7 @@ impl crate::client::Inner {
             self.mark_finished(addr, len, false)?;
             return Ok(Redone::Completed);
         }
-        let outcome = if committed_delete_done {
+        let outcome = if start == crate::rules::RedoStart::AlreadyDone {
             ResumeOutcome::AlreadyDone
         } else {
             self.index().resume(&v, &obj.key, new_raw, &hooks)?

@@ -10,7 +10,7 @@ use crate::error::Result;
 use crate::index::{Backoff, RaceIndex};
 use crate::layout::SlotPos;
 use crate::slot::{Slot, is_frozen, thaw, tombstone};
-use crate::snapshot::decide;
+use crate::snapshot::RawOutcome;
 use crate::verifier::KeyVerifier;
 
 /// Hooks into the write protocol of INSERT, UPDATE and DELETE.
@@ -307,41 +307,27 @@ impl RaceIndex {
                 .iter()
                 .map(|&o| if o == new { expected } else { o })
                 .collect();
-            let olds = &answered;
-            match decide(expected, new, &seen) {
-                Some(_) => {
-                    let repairs: Vec<_> = olds
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, o)| **o != new)
-                        .map(|(k, &o)| {
-                            let mut b = self.ep.batch(self.spaces[k + 1].region.node);
-                            b.cas(self.slot_addr(k + 1, pos), o, new);
-                            b
-                        })
-                        .collect();
-                    if !repairs.is_empty() {
-                        for r in self.ep.execute_many(RESUME, repairs) {
-                            r?;
-                        }
-                    }
-                    hooks.before_primary(expected)?;
-                    let (ok, _, _) = dmkit_verbs::block_on(self.cas_primary_async(
-                        RESUME,
-                        pos,
-                        expected,
-                        new,
-                        &[],
-                    ))?;
-                    if ok {
-                        return Ok(ResumeOutcome::Won { old: expected });
-                    }
-                    // The primary moved under us (a split, or the master): look again.
-                }
-                None => {
-                    dmkit_verbs::block_on(self.wait_change_async(RESUME, pos, expected))?;
-                    return Ok(ResumeOutcome::Lost);
-                }
+            // The round goes on as a live writer's would (`finish_round_async`), judged on
+            // what the backups answered: a rule-3 win re-reads the primary first (the answers
+            // of backups not CASed now are a read's, and the round may have ended since),
+            // missed repairs are forced, and a loser takes its value back out of the backups.
+            // (Resuming without those let a recovered writer repair backups of a round that
+            // had ended and then resume into the next round with its stale value, swapping it
+            // in after a DELETE: found by the protocol model, crates/fusee/tests/protocol_model.rs.)
+            let (out, _) = dmkit_verbs::block_on(self.finish_round_async(
+                RESUME,
+                pos,
+                expected,
+                new,
+                &seen,
+                &[],
+                hooks,
+            ))?;
+            match out {
+                RawOutcome::Won(_) => return Ok(ResumeOutcome::Won { old: expected }),
+                // A split froze the slot: look again once it is done.
+                RawOutcome::Lost(now) if is_frozen(now) => {}
+                RawOutcome::Lost(_) => return Ok(ResumeOutcome::Lost),
             }
             if !backoff.pause() {
                 return Err(crate::Error::SnapshotStalled {

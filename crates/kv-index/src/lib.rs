@@ -133,5 +133,5 @@ pub use hooks::{NoHooks, ResumeOutcome, WriteHooks};
 pub use index::{IndexConfig, InsertOutcome, Modified, RaceIndex, SnapshotOutcome, tags};
 pub use layout::{IndexReplicaSpace, SlotPos};
 pub use slot::{OBJECT_ALIGN, ObjPtr, Slot, is_empty_word, tombstone};
-pub use snapshot::Rule;
+pub use snapshot::{Rule, decide};
 pub use verifier::{BoxFuture, KeyVerifier};

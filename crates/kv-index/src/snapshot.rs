@@ -60,8 +60,33 @@ pub(crate) enum RawOutcome {
     Lost(u64),
 }
 
-/// Judges a round from the backups' old values.
-pub(crate) fn decide(expected: u64, new: u64, olds: &[u64]) -> Option<Rule> {
+/// **The** SNAPSHOT round-decision rule: judges a writer's round from the old values its
+/// backup CASes returned, and says which rule makes it the last writer (`None`: it lost).
+///
+/// `expected` is the primary's word the writer read (what every backup CAS expected), `new`
+/// the word it proposed, `olds` the value each backup CAS found, in backup order (a CAS
+/// won where the old value is `expected`). With r index replicas there are r − 1 backups;
+/// r = 1 has none and never asks (the primary CAS alone decides, [`Rule::PrimaryOnly`]).
+///
+/// The rules, in order: won every backup ([`Rule::AllBackups`]); won a majority, counting
+/// backups that hold the same proposal from another writer (two DELETEs of one value
+/// propose the same tombstone) ([`Rule::Majority`]); nobody holds a majority of the backups
+/// as they now stand and `new` is the smallest word among them, having won at least one
+/// ([`Rule::SmallestValue`]). Every writer, its recovery and the protocol model
+/// (`crates/fusee/tests/protocol_model.rs`) judge a round with this function.
+///
+/// ```
+/// use dmkit_kv_index::{Rule, decide};
+///
+/// // r = 3 (two backups), the primary held 0: a writer proposing 5 won both backup CASes.
+/// assert_eq!(decide(0, 5, &[0, 0]), Some(Rule::AllBackups));
+/// // Split vote between 5 and 9: the smaller value wins by rule 3, the other one loses.
+/// assert_eq!(decide(0, 5, &[0, 9]), Some(Rule::SmallestValue));
+/// assert_eq!(decide(0, 9, &[5, 0]), None);
+/// // r = 2 (one backup): the one CAS decides.
+/// assert_eq!(decide(0, 5, &[4]), None);
+/// ```
+pub fn decide(expected: u64, new: u64, olds: &[u64]) -> Option<Rule> {
     let b = olds.len();
     let wins = olds.iter().filter(|&&o| o == expected).count();
     if wins == b {

@@ -1,0 +1,251 @@
+//! FUSEE's protocol decisions as pure functions: what the master's repair keeps of a round a
+//! failover cut short, whether a client's write cut short by a membership change took
+//! effect, and how recovery starts on a crashed writer's log entry.
+//!
+//! The client ([`crate::Client`]), its recovery and the master ([`crate::failover`]) decide
+//! with these functions, and so does the protocol model checked by stateright
+//! (`crates/fusee/tests/protocol_model.rs`), so the model and the code cannot drift apart.
+//! They take the facts the caller gathered (slot words, flags); where gathering a fact costs
+//! a round trip the caller passes a closure, called only when the rule needs it (the code's
+//! round trips are the same as before the rules were pulled out). The round-decision rule of
+//! SNAPSHOT itself is [`dmkit_kv_index::decide`].
+
+use dmkit_kv_index::is_empty_word;
+
+/// The master's choice for a slot whose serving index replicas disagree (a SNAPSHOT round
+/// the fence cut short), as the FUSEE paper's failure algorithm does: the old primary's
+/// value when it survived (`primary`), unless every surviving backup already agrees on
+/// another value (the round's winner may have committed); without the old primary, the
+/// value a majority of the surviving backups holds, else the smallest one (SNAPSHOT's rule
+/// 3). `valid(v)` says whether a non-empty word names a whole object (the caller reads it);
+/// an empty word is always valid for the caller to answer. 0 when nothing is valid.
+///
+/// ```
+/// use dmkit_fusee::rules::repair_choice;
+///
+/// let ok = |_| Ok::<_, ()>(true);
+/// // The old primary survived and the backups agree on a newer value: the round's winner
+/// // had every backup, keep its value.
+/// assert_eq!(repair_choice(Some(0x10), &[0x20, 0x20], ok), Ok(0x20));
+/// // The backups disagree: the primary's value stands.
+/// assert_eq!(repair_choice(Some(0x10), &[0x20, 0x30], ok), Ok(0x10));
+/// // The primary is lost: the majority of the backups, else the smallest.
+/// assert_eq!(repair_choice(None, &[0x30, 0x20, 0x30], ok), Ok(0x30));
+/// assert_eq!(repair_choice(None, &[0x30, 0x20], ok), Ok(0x20));
+/// ```
+pub fn repair_choice<E>(
+    primary: Option<u64>,
+    backups: &[u64],
+    mut valid: impl FnMut(u64) -> Result<bool, E>,
+) -> Result<u64, E> {
+    Ok(match primary {
+        Some(p) => match backups.first().copied() {
+            Some(b) if b != p && backups.iter().all(|x| *x == b) && valid(b)? => b,
+            _ => p,
+        },
+        None => {
+            // At most one value holds a strict majority.
+            let majority = backups.iter().copied().find(|v| {
+                backups.iter().filter(|w| *w == v).count() * 2 > backups.len()
+                    && valid(*v).unwrap_or(false)
+            });
+            match majority {
+                Some(v) => v,
+                None => {
+                    let mut cands: Vec<u64> = backups.to_vec();
+                    cands.sort_unstable();
+                    cands.dedup();
+                    let mut pick = None;
+                    for v in cands {
+                        if valid(v)? {
+                            pick = Some(v);
+                            break;
+                        }
+                    }
+                    pick.unwrap_or(0)
+                }
+            }
+        }
+    })
+}
+
+/// Whether the repair's choice `chosen` for a conflicting slot completed a DELETE: the slot
+/// ends empty where a replica held a key. Returns the value replaced (the old primary's, 0
+/// when it was lost), which the membership lists for the DELETE's writer to find
+/// ([`delete_listed`]).
+pub fn repair_completed_delete(primary: Option<u64>, backups: &[u64], chosen: u64) -> Option<u64> {
+    let replaced = primary.unwrap_or(0);
+    (is_empty_word(chosen)
+        && (!is_empty_word(replaced) || backups.iter().any(|b| !is_empty_word(*b))))
+    .then_some(replaced)
+}
+
+/// Whether the membership lists a DELETE round the master completed after `epoch` that is
+/// the attempt's `round` (slot offset, value replaced): `deletes` holds (epoch, slot offset,
+/// value replaced), a value of 0 standing for "unknown" (the old primary was lost).
+pub fn delete_listed(round: Option<(u64, u64)>, epoch: u64, deletes: &[(u64, u64, u64)]) -> bool {
+    round.is_some_and(|(off, old)| {
+        deletes
+            .iter()
+            .any(|&(e, o, v)| e > epoch && o == off && (v == old || v == 0))
+    })
+}
+
+/// What a client knows of a write attempt cut short by a membership change, once the new
+/// membership is active (see [`settle`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SettleFacts {
+    /// The attempt was a DELETE.
+    pub delete: bool,
+    /// The attempt's commit record is there.
+    pub committed: bool,
+    /// A failover since the attempt kept only the old primary's index replica: its repair
+    /// could not see the backups.
+    pub blind_since: bool,
+    /// Index replicas serving in the attempt's epoch.
+    pub attempt_replicas: usize,
+    /// Index replicas serving now.
+    pub replicas_now: usize,
+    /// The index primary is another node than in the attempt's epoch.
+    pub primary_moved: bool,
+    /// (DELETE) a failover since the attempt lost the index primary.
+    pub primary_lost_since: bool,
+    /// (DELETE) the attempt's last round reached its primary swap (every backup held it).
+    pub swapping: bool,
+    /// (DELETE) the attempt's primary CAS may have run: it was posted and the error that cut
+    /// the attempt short is not a refusal by the node (a refused verb did not run).
+    pub primary_may_have_run: bool,
+    /// (DELETE) the membership lists the attempt's round as completed by the master
+    /// ([`delete_listed`]).
+    pub listed: bool,
+    /// (DELETE) the attempt had found the key.
+    pub found: bool,
+}
+
+/// Whether a write attempt cut short by a membership change took effect. `referenced()`:
+/// the key's slot names the attempt's object (INSERT, UPDATE); `key_absent()`: the key is
+/// absent now (DELETE). Each is called only when the rule needs it. A DELETE that took
+/// effect still claims its round (two DELETEs of one value can both pass these tests).
+///
+/// The rules: a commit record counts when the repairs since could see the round (`visible`:
+/// no blind failover, the attempt ran with a backup, and the index still has one or its
+/// primary moved); an INSERT or UPDATE whose object the key names took effect. A DELETE
+/// took effect when its round held every backup and a failover lost the primary (the repair
+/// kept the backups' value), when the master lists it, or when it was committed, had found
+/// the key, its primary CAS may have run and the key is gone. (Without the last-but-one
+/// test, a DELETE whose primary CAS never ran — its commit record write or the CAS itself
+/// refused by the fence — counted another DELETE's emptying of the key as its own, after a
+/// failover that kept only the old primary: two DELETEs reported for one deletion, the open
+/// seed 406660, found again by the protocol model.)
+pub fn settle<E>(
+    f: &SettleFacts,
+    referenced: impl FnOnce() -> Result<bool, E>,
+    key_absent: impl FnOnce() -> Result<bool, E>,
+) -> Result<bool, E> {
+    let visible =
+        !f.blind_since && f.attempt_replicas >= 2 && (f.replicas_now >= 2 || f.primary_moved);
+    if f.delete {
+        let kept_by_repair = f.swapping && !f.blind_since && f.primary_lost_since;
+        Ok(kept_by_repair
+            || (f.committed && visible)
+            || f.listed
+            || (f.committed && f.found && f.primary_may_have_run && key_absent()?))
+    } else {
+        Ok(referenced()? || (f.committed && visible))
+    }
+}
+
+/// How recovery starts on an unfinished log entry of a crashed writer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RedoStart {
+    /// The key moved on past this entry's value and the word it replaced is back naming a
+    /// reused object: not resumed (resuming would put an older value back); the entry is
+    /// marked finished.
+    Superseded,
+    /// A committed DELETE whose key no longer holds the value it replaced: it is done.
+    AlreadyDone,
+    /// Resume the entry's SNAPSHOT round from where the slot stands.
+    Resume,
+}
+
+/// The first decision of recovery on an unfinished entry: `delete`, and for an entry with a
+/// commit record, `(holds, reused)` — the key's slot holds the word the record says was
+/// replaced, and that word names an object whose generation changed since (freed and
+/// reused).
+pub fn redo_start(delete: bool, committed: Option<(bool, bool)>) -> RedoStart {
+    let (done, aba) = match (delete, committed) {
+        (true, Some((holds, reused))) => (!holds || reused, reused),
+        (false, Some((_, reused))) => (false, reused),
+        (_, None) => (false, false),
+    };
+    if aba && !delete {
+        RedoStart::Superseded
+    } else if done {
+        RedoStart::AlreadyDone
+    } else {
+        RedoStart::Resume
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redo_start_rules() {
+        assert_eq!(redo_start(false, None), RedoStart::Resume);
+        assert_eq!(redo_start(true, None), RedoStart::Resume);
+        assert_eq!(redo_start(true, Some((true, false))), RedoStart::Resume);
+        assert_eq!(
+            redo_start(true, Some((false, false))),
+            RedoStart::AlreadyDone
+        );
+        assert_eq!(redo_start(true, Some((true, true))), RedoStart::AlreadyDone);
+        assert_eq!(redo_start(false, Some((true, true))), RedoStart::Superseded);
+        assert_eq!(redo_start(false, Some((false, false))), RedoStart::Resume);
+    }
+
+    #[test]
+    fn settle_asks_only_what_it_needs() {
+        let f = SettleFacts {
+            committed: true,
+            attempt_replicas: 2,
+            replicas_now: 2,
+            ..Default::default()
+        };
+        // Referenced decides first for an INSERT or UPDATE.
+        assert_eq!(settle::<()>(&f, || Ok(false), || panic!()), Ok(true));
+        // A blind failover hides the round: only the slot tells.
+        let blind = SettleFacts {
+            blind_since: true,
+            ..f
+        };
+        assert_eq!(settle::<()>(&blind, || Ok(false), || panic!()), Ok(false));
+        // A committed DELETE that found the key, blind: the key being gone tells.
+        let d = SettleFacts {
+            delete: true,
+            found: true,
+            primary_may_have_run: true,
+            ..blind
+        };
+        assert_eq!(settle::<()>(&d, || panic!(), || Ok(true)), Ok(true));
+        assert_eq!(settle::<()>(&d, || panic!(), || Ok(false)), Ok(false));
+        // Its primary CAS never ran: the key being gone is another DELETE's doing.
+        let never = SettleFacts {
+            primary_may_have_run: false,
+            ..d
+        };
+        assert_eq!(settle::<()>(&never, || panic!(), || panic!()), Ok(false));
+    }
+
+    #[test]
+    fn completed_deletes_and_listing() {
+        const KEY: u64 = (1 << 47) | 1; // length class 1: a key
+        assert_eq!(repair_completed_delete(Some(KEY), &[0], 0), Some(KEY));
+        assert_eq!(repair_completed_delete(Some(0), &[0, 0], 0), None);
+        assert!(delete_listed(Some((8, 5)), 3, &[(4, 8, 5)]));
+        assert!(delete_listed(Some((8, 5)), 3, &[(4, 8, 0)]));
+        assert!(!delete_listed(Some((8, 5)), 4, &[(4, 8, 5)]));
+        assert!(!delete_listed(None, 0, &[(4, 8, 5)]));
+    }
+}
