@@ -118,6 +118,9 @@ impl InFlight {
     }
 }
 
+/// The persist sender thread's queue: (request id, persist body).
+type PersistQueue = std::sync::mpsc::Sender<(u64, Vec<u8>)>;
+
 /// Who waits for a message from the node, by request id.
 enum Reply {
     /// A control message (the region table).
@@ -143,7 +146,7 @@ struct Shared {
     rpcs: Mutex<HashMap<u64, Reply>>,
     /// Persist requests to send (the sender thread's queue: the poller must not block on
     /// the channel's credits).
-    persist_tx: OnceLock<Mutex<std::sync::mpsc::Sender<(u64, Vec<u8>)>>>,
+    persist_tx: OnceLock<Mutex<PersistQueue>>,
     next_id: AtomicU64,
     sq_depth: u32,
     sq_free: Mutex<u32>,
