@@ -137,6 +137,18 @@ impl DramCachePolicy {
         }
     }
 
+    /// The objects of `list` not in DRAM yet, hottest first, once each.
+    fn newcomers(&self, list: &[HotObject]) -> Vec<HotObject> {
+        let mut c: Vec<HotObject> = list
+            .iter()
+            .filter(|h| !self.residents.contains_key(&h.obj) && h.count > 0)
+            .copied()
+            .collect();
+        c.sort_unstable_by(|a, b| b.count.cmp(&a.count).then(a.obj.cmp(&b.obj)));
+        c.dedup_by_key(|h| h.obj);
+        c
+    }
+
     /// Takes one window's hot objects (e.g. [`Selection::hot`](crate::Selection)) and decides
     /// what to promote and what to evict to make room.
     pub fn plan(&mut self, hot: &[HotObject]) -> Plan {
@@ -153,13 +165,7 @@ impl DramCachePolicy {
             }
         }
 
-        let mut candidates: Vec<HotObject> = hot
-            .iter()
-            .filter(|h| !self.residents.contains_key(&h.obj) && h.count > 0)
-            .copied()
-            .collect();
-        candidates.sort_unstable_by(|a, b| b.count.cmp(&a.count).then(a.obj.cmp(&b.obj)));
-        candidates.dedup_by_key(|h| h.obj);
+        let candidates = self.newcomers(hot);
         // Victims coldest first; the young are protected.
         let mut victims: Vec<(f64, u64, u64)> = self
             .residents
@@ -225,13 +231,7 @@ impl DramCachePolicy {
     /// residents take at most half the buffer: the rest stays for hot newcomers, which must
     /// not find every slot of their size taken (a DRAM pool allocates by size class).
     pub fn fill(&mut self, lukewarm: &[HotObject]) -> Vec<HotObject> {
-        let mut candidates: Vec<HotObject> = lukewarm
-            .iter()
-            .filter(|h| !self.residents.contains_key(&h.obj) && h.count > 0)
-            .copied()
-            .collect();
-        candidates.sort_unstable_by(|a, b| b.count.cmp(&a.count).then(a.obj.cmp(&b.obj)));
-        candidates.dedup_by_key(|h| h.obj);
+        let candidates = self.newcomers(lukewarm);
         let mut out = Vec::new();
         for c in candidates {
             if self.used + c.size > self.config.capacity_bytes

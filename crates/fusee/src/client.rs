@@ -678,25 +678,38 @@ impl Client {
     /// [`Client::update`], awaited.
     pub async fn update_async(&self, key: &[u8], value: &[u8]) -> Result<UpdateResult> {
         op_timed("update", async move {
-            loop {
-                let last = Mutex::new(None);
-                let done = CondStep::Done(CasResult::Swapped);
-                let step = self
-                    .with_failover_async(
-                        || self.update_once(key, value, None, &last),
-                        None,
-                        Some(&|| self.settled(key, &last, done.clone())),
-                    )
-                    .await?;
-                match step {
-                    CondStep::Done(CasResult::NotFound) => return Ok(UpdateResult::NotFound),
-                    CondStep::Done(_) => return Ok(UpdateResult::Updated),
-                    // Lost to a conditional write or a DELETE: write again after it.
-                    CondStep::Lost => continue,
-                }
-            }
+            Ok(match self.update_until_done(key, value, None).await? {
+                CasResult::NotFound => UpdateResult::NotFound,
+                _ => UpdateResult::Updated,
+            })
         })
         .await
+    }
+
+    /// UPDATE (`expected: None`) or compare-and-set, attempt after attempt until one is done:
+    /// an attempt that lost its round to a conditional write or a DELETE (any, for a
+    /// conditional one) writes again after it, reading and comparing again.
+    async fn update_until_done(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        expected: Option<&[u8]>,
+    ) -> Result<CasResult> {
+        loop {
+            let last = Mutex::new(None);
+            let done = CondStep::Done(CasResult::Swapped);
+            let step = self
+                .with_failover_async(
+                    || self.update_once(key, value, expected, &last),
+                    None,
+                    Some(&|| self.settled(key, &last, done.clone())),
+                )
+                .await?;
+            match step {
+                CondStep::Done(r) => return Ok(r),
+                CondStep::Lost => continue,
+            }
+        }
     }
 
     /// Compare-and-set: replaces the value of `key` with `value` only if it is `expected`
@@ -713,25 +726,7 @@ impl Client {
         expected: &[u8],
         value: &[u8],
     ) -> Result<CasResult> {
-        op_timed("update", async move {
-            loop {
-                let last = Mutex::new(None);
-                let done = CondStep::Done(CasResult::Swapped);
-                let step = self
-                    .with_failover_async(
-                        || self.update_once(key, value, Some(expected), &last),
-                        None,
-                        Some(&|| self.settled(key, &last, done.clone())),
-                    )
-                    .await?;
-                match step {
-                    CondStep::Done(r) => return Ok(r),
-                    // Another writer won the round: read and compare again.
-                    CondStep::Lost => continue,
-                }
-            }
-        })
-        .await
+        op_timed("update", self.update_until_done(key, value, Some(expected))).await
     }
 
     async fn update_once(

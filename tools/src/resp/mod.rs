@@ -193,10 +193,18 @@ impl Shared {
     /// run on it against a copy of their key (see [`exec_block`]).
     fn scratch(backend: Arc<dyn KvBackend>, cfg: &RespConfig) -> Arc<Shared> {
         let (jobs, _) = tokio::sync::mpsc::unbounded_channel();
-        Arc::new(Shared {
+        Arc::new(Shared::new(backend, cfg.clone(), jobs))
+    }
+
+    fn new(
+        backend: Arc<dyn KvBackend>,
+        cfg: RespConfig,
+        jobs: tokio::sync::mpsc::UnboundedSender<Job>,
+    ) -> Shared {
+        Shared {
             backend,
-            blocking: tokio::sync::Semaphore::new(1),
-            cfg: cfg.clone(),
+            blocking: tokio::sync::Semaphore::new(cfg.backend_threads.max(1)),
+            cfg,
             clients: AtomicUsize::new(0),
             commands: AtomicU64::new(0),
             started: Instant::now(),
@@ -205,7 +213,7 @@ impl Shared {
             conns: parking_lot::Mutex::new(std::collections::HashMap::new()),
             next_conn: AtomicU64::new(0),
             clients_info: parking_lot::Mutex::new(std::collections::BTreeMap::new()),
-        })
+        }
     }
 }
 
@@ -303,19 +311,7 @@ impl RespServer {
             .as_ref()
             .map_or_else(dmkit_verbs::runtime::io_handle, |rt| rt.handle().clone());
         let (jobs, rx) = tokio::sync::mpsc::unbounded_channel();
-        let shared = Arc::new(Shared {
-            backend,
-            blocking: tokio::sync::Semaphore::new(cfg.backend_threads.max(1)),
-            cfg,
-            clients: AtomicUsize::new(0),
-            commands: AtomicU64::new(0),
-            started: Instant::now(),
-            stop: AtomicBool::new(false),
-            jobs,
-            conns: parking_lot::Mutex::new(std::collections::HashMap::new()),
-            next_conn: AtomicU64::new(0),
-            clients_info: parking_lot::Mutex::new(std::collections::BTreeMap::new()),
-        });
+        let shared = Arc::new(Shared::new(backend, cfg, jobs));
         metrics::gauge!("dmkit_resp_connected_clients").set(0.0);
         let dispatcher = handle.spawn(dispatch(rx));
         let listener = {
