@@ -1086,14 +1086,7 @@ async fn execute_keyed(s: &Arc<Shared>, args: &[Vec<u8>]) -> Reply {
                     Box::pin(async move { put(&s, &k, &v, PutMode::Upsert).await }) as BoxFuture<_>
                 })
                 .collect();
-            match dmkit_verbs::join_all(futs)
-                .await
-                .into_iter()
-                .find_map(Result::err)
-            {
-                Some(e) => backend_err(e),
-                None => Reply::ok(),
-            }
+            all_ok(futs).await
         }
         _ => Reply::err(format!("'{name}' is not a command on keys")),
     };
@@ -1523,6 +1516,11 @@ async fn flush(s: &Arc<Shared>) -> Reply {
             Box::pin(async move { delete(&s, &k).await }) as BoxFuture<_>
         })
         .collect();
+    all_ok(futs).await
+}
+
+/// OK once every call succeeded, else the first failure.
+async fn all_ok<T: Send + 'static>(futs: Vec<BoxFuture<Result<T, String>>>) -> Reply {
     match dmkit_verbs::join_all(futs)
         .await
         .into_iter()
