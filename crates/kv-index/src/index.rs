@@ -8,9 +8,9 @@ use parking_lot::RwLock;
 use crate::error::{Error, Result};
 use crate::hooks::{NoHooks, WriteHooks};
 use crate::layout::{
-    BUCKET_BYTES, COMBINED_BYTES, DIR_OFFSET, DirEntry, HDR_CAPACITY, HDR_GLOBAL_DEPTH, HDR_PARAMS,
-    HDR_SEED, HEADER_WORD, IndexReplicaSpace, KeyHash, Layout, MAGIC, SLOTS_PER_BUCKET, SlotPos,
-    VERSION, check_spaces, combined_first_bucket,
+    COMBINED_BYTES, DIR_OFFSET, DirEntry, HDR_CAPACITY, HDR_GLOBAL_DEPTH, HDR_PARAMS, HDR_SEED,
+    HEADER_WORD, IndexReplicaSpace, KeyHash, Layout, MAGIC, SLOTS_PER_BUCKET, SlotPos, VERSION,
+    check_spaces, combined_first_bucket,
 };
 use crate::slot::{Header, Slot, is_empty_word, is_frozen, thaw, tombstone};
 use crate::snapshot::{RawOutcome, Rule};
@@ -516,24 +516,14 @@ impl RaceIndex {
             .iter()
             .find(|s| **s > st)
             .map_or(0, |s| u64::from(*s));
-        let bytes = self
-            .ep
-            .read_async(
-                tags::SCAN,
-                self.spaces[0].at(self.layout.subtable_off(st)),
-                self.layout.subtable_bytes() as usize,
-            )
-            .await?;
+        let words = self.read_subtable(tags::SCAN, st).await?;
         let mut out = Vec::new();
-        for bucket in bytes.chunks_exact(BUCKET_BYTES as usize) {
-            for (i, w) in bucket.chunks_exact(8).enumerate() {
-                if i == HEADER_WORD {
-                    continue;
-                }
-                let raw = u64::from_le_bytes(w.try_into().expect("8 bytes"));
-                if let Some(slot) = Slot::from_raw(raw)? {
-                    out.push(slot);
-                }
+        for (i, raw) in words.into_iter().enumerate() {
+            if i % 8 == HEADER_WORD {
+                continue;
+            }
+            if let Some(slot) = Slot::from_raw(raw)? {
+                out.push(slot);
             }
         }
         Ok((out, next))

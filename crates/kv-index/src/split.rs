@@ -349,7 +349,7 @@ impl RaceIndex {
 
         // 3. Freeze every slot.
         self.renew_split_lock(lock).await?;
-        let img = self.read_subtable(st).await?;
+        let img = self.read_subtable(tags::SPLIT, st).await?;
         let items: Vec<(SlotPos, u64, u64)> = slot_words(&img)
             .filter(|(_, raw)| !is_frozen(*raw))
             .map(|(i, raw)| (self.pos_of(st, i), raw, raw | FROZEN))
@@ -359,7 +359,7 @@ impl RaceIndex {
 
         // 4. Rehash the frozen entries and build both images.
         self.renew_split_lock(lock).await?;
-        let img = self.read_subtable(st).await?;
+        let img = self.read_subtable(tags::SPLIT, st).await?;
         if let Some((i, raw)) = slot_words(&img).find(|(_, raw)| !is_frozen(*raw)) {
             return Err(self.corrupt(format!(
                 "subtable {st} word {i} ({raw:#x}) is not frozen after the freeze"
@@ -487,11 +487,12 @@ impl RaceIndex {
         Ok(())
     }
 
-    async fn read_subtable(&self, st: u32) -> Result<Vec<u64>> {
+    /// Subtable `st` from the primary, as words (one READ, counted under `tag`).
+    pub(crate) async fn read_subtable(&self, tag: dmkit_verbs::Tag, st: u32) -> Result<Vec<u64>> {
         let bytes = self
             .ep
             .read_async(
-                tags::SPLIT,
+                tag,
                 self.spaces[0].at(self.layout.subtable_off(st)),
                 self.layout.subtable_bytes() as usize,
             )
