@@ -189,6 +189,8 @@ pub enum Reply {
     NilArray,
     /// A map (RESP3 `%`; RESP2 sends its keys and values as one flat array, as Redis does).
     Map(Vec<(Reply, Reply)>),
+    /// A set (RESP3 `~`; RESP2 an array), as COMMAND INFO's flags are.
+    Set(Vec<Reply>),
 }
 
 impl Reply {
@@ -236,6 +238,13 @@ impl Reply {
             Reply::NilArray => out.extend_from_slice(b"*-1\r\n"),
             Reply::Array(items) => {
                 out.extend_from_slice(format!("*{}\r\n", items.len()).as_bytes());
+                for i in items {
+                    i.encode_as(out, resp3);
+                }
+            }
+            Reply::Set(items) => {
+                let kind = if resp3 { '~' } else { '*' };
+                out.extend_from_slice(format!("{kind}{}\r\n", items.len()).as_bytes());
                 for i in items {
                     i.encode_as(out, resp3);
                 }
@@ -322,12 +331,13 @@ mod tests {
         let r = Reply::Array(vec![
             Reply::Nil,
             Reply::Map(vec![(Reply::Bulk(b"k".to_vec()), Reply::Integer(1))]),
+            Reply::Set(vec![Reply::Simple("fast".into())]),
         ]);
         let (mut v2, mut v3) = (Vec::new(), Vec::new());
         r.encode(&mut v2);
         r.encode_as(&mut v3, true);
-        assert_eq!(v2, b"*2\r\n$-1\r\n*2\r\n$1\r\nk\r\n:1\r\n");
-        assert_eq!(v3, b"*2\r\n_\r\n%1\r\n$1\r\nk\r\n:1\r\n");
+        assert_eq!(v2, b"*3\r\n$-1\r\n*2\r\n$1\r\nk\r\n:1\r\n*1\r\n+fast\r\n");
+        assert_eq!(v3, b"*3\r\n_\r\n%1\r\n$1\r\nk\r\n:1\r\n~1\r\n+fast\r\n");
     }
 
     #[test]

@@ -15,6 +15,7 @@
 //! yet make several keys one atomic step, and never half-applies one.
 
 pub mod codec;
+pub mod commands;
 
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
@@ -765,6 +766,16 @@ async fn serve(s: Arc<Shared>, mut conn: tokio::net::TcpStream, id: u64) {
                         ))));
                         continue;
                     }
+                    if let Some(e) = arity_error(&name, &args) {
+                        // As Redis: refused before it runs (or is queued: EXEC then
+                        // discards the transaction).
+                        count(&s, &args);
+                        if st.multi.is_some() {
+                            st.multi_failed = true;
+                        }
+                        running.push(Running::Done(counted_error(e)));
+                        continue;
+                    }
                     if st.multi.is_some()
                         && (!CONN_COMMANDS.contains(&name.as_str())
                             || ALL_KEYS_COMMANDS.contains(&name.as_str()))
@@ -891,10 +902,7 @@ fn execute_local(s: &Shared, args: &[Vec<u8>]) -> (Reply, bool) {
         "time" => arity("time"),
         "del" | "unlink" | "exists" | "mget" | "mset" => arity(&name),
         "info" => Reply::Bulk(info(s).into_bytes()),
-        "command" => match argv.first().map(|a| a.to_ascii_lowercase()) {
-            Some(c) if c == b"count" => Reply::Integer(COMMANDS.len() as i64),
-            _ => Reply::Array(Vec::new()),
-        },
+        "command" => commands::command(argv),
         "config" => config(s, argv),
         "select" => match argv {
             [db] if db.as_slice() == b"0" => Reply::ok(),
@@ -1117,32 +1125,33 @@ fn count_true(r: Vec<Result<bool, String>>) -> Reply {
     Reply::Integer(n)
 }
 
-#[rustfmt::skip]
-const COMMANDS: [&str; 45] = [
-    "ping", "echo", "quit", "get", "set", "setnx", "del", "unlink", "exists", "mget", "mset",
-    "info", "command", "config", "select", "time", "hello", "auth", "client", "multi", "exec",
-    "discard", "watch", "unwatch", "reset", "msetnx", "incr", "decr", "incrby", "decrby",
-    "incrbyfloat", "append", "getset", "getdel", "strlen", "getrange", "substr", "setrange",
-    "scan", "keys", "dbsize", "randomkey", "flushdb", "flushall", "type",
-];
+/// The served command `name` (lower case; a top-level command, not `container|sub`).
+fn served(name: &str) -> Option<&'static commands::Spec> {
+    commands::lookup(name.as_bytes()).filter(|c| !c.name.contains('|'))
+}
 
-/// Whether `args` has the arguments its command needs (checked when MULTI queues it, as
-/// Redis does, so that EXEC never starts a block it would stop half-way).
-fn arity_ok(name: &str, argc: usize) -> bool {
-    match name {
-        "get" => argc == 1,
-        "setnx" => argc == 2,
-        "set" => argc >= 2,
-        "del" | "unlink" | "exists" | "mget" => argc >= 1,
-        "mset" | "msetnx" => argc >= 2 && argc % 2 == 0,
-        "incr" | "decr" | "getdel" | "strlen" | "type" => argc == 1,
-        "incrby" | "decrby" | "incrbyfloat" | "append" | "getset" => argc == 2,
-        "getrange" | "substr" | "setrange" => argc == 3,
-        "echo" | "select" => argc == 1,
-        "time" => argc == 0,
-        "ping" => argc <= 1,
-        _ => true,
+/// The arity error Redis gives before running a command (its table's arity, and a
+/// container's subcommand's: `'client|id'`), if `args` do not fit; checked for every command
+/// as it arrives (and so when MULTI queues it, so that EXEC never starts a block it would
+/// stop half-way).
+fn arity_error(name: &str, args: &[Vec<u8>]) -> Option<Reply> {
+    let c = served(name)?;
+    if !commands::arity_fits(c.arity, args.len()) {
+        return Some(arity(c.name));
     }
+    if let Some(sub) = args.get(1) {
+        let full = [c.name.as_bytes(), b"|", sub].concat();
+        if let Some(s) = commands::lookup(&full) {
+            if !commands::arity_fits(s.arity, args.len()) {
+                return Some(arity(s.name));
+            }
+        }
+    }
+    // Pairs: Redis's own check in MSET and MSETNX.
+    if matches!(name, "mset" | "msetnx") && args.len() % 2 == 0 {
+        return Some(arity(name));
+    }
+    None
 }
 
 /// Queues a command of an open transaction: `+QUEUED`, or its error (and EXEC will then
@@ -1154,11 +1163,9 @@ fn queue(s: &Shared, st: &mut ConnState, args: Vec<Vec<u8>>) -> Reply {
             "{} inside MULTI is not supported by this store (a transaction is atomic on one key)",
             name.to_ascii_uppercase()
         ))
-    } else if !COMMANDS.contains(&name.as_str()) {
+    } else if served(&name).is_none() {
         let (r, _) = execute_local(s, &args);
         r
-    } else if !arity_ok(&name, args.len() - 1) {
-        arity(&name)
     } else {
         st.multi.get_or_insert_with(Vec::new).push(args);
         return Reply::Simple("QUEUED".into());
@@ -1602,10 +1609,38 @@ fn client(s: &Shared, st: &ConnState, argv: &[Vec<u8>]) -> Reply {
             Some(c) if !c.name.is_empty() => Reply::Bulk(c.name.clone().into_bytes()),
             _ => Reply::Nil,
         },
-        (b"list", []) => {
+        (b"list", filter) => {
+            // Every connection is a normal one; ids as CLIENT ID gives them.
+            let ids: Option<Vec<u64>> = match filter {
+                [] => None,
+                [t, kind] if t.eq_ignore_ascii_case(b"type") => {
+                    match kind.to_ascii_lowercase().as_slice() {
+                        b"normal" => None,
+                        b"master" | b"replica" | b"slave" | b"pubsub" => Some(Vec::new()),
+                        _ => {
+                            return Reply::err(format!(
+                                "Unknown client type '{}'",
+                                String::from_utf8_lossy(kind)
+                            ));
+                        }
+                    }
+                }
+                [t, ids @ ..] if t.eq_ignore_ascii_case(b"id") && !ids.is_empty() => {
+                    let mut out = Vec::new();
+                    for i in ids {
+                        match parse_i64(i).filter(|n| *n > 0) {
+                            Some(n) => out.push(n as u64 - 1),
+                            None => return Reply::err("Invalid client ID"),
+                        }
+                    }
+                    Some(out)
+                }
+                _ => return Reply::err("syntax error"),
+            };
             let all = s.clients_info.lock();
             Reply::Bulk(
                 all.iter()
+                    .filter(|(id, _)| ids.as_ref().is_none_or(|w| w.contains(id)))
                     .map(|(id, c)| client_line(*id, c))
                     .collect::<String>()
                     .into_bytes(),
@@ -1617,12 +1652,10 @@ fn client(s: &Shared, st: &ConnState, argv: &[Vec<u8>]) -> Reply {
         },
         // Client libraries announce themselves (redis-py does on connect): noted, nothing to do.
         (b"setinfo", [_, _]) => Reply::ok(),
-        (b"id" | b"getname" | b"list" | b"info" | b"setname" | b"setinfo", _) => {
-            Reply::err(format!(
-                "wrong number of arguments for 'client|{}' command",
-                String::from_utf8_lossy(&sub)
-            ))
-        }
+        (b"id" | b"getname" | b"info" | b"setname" | b"setinfo", _) => Reply::err(format!(
+            "wrong number of arguments for 'client|{}' command",
+            String::from_utf8_lossy(&sub)
+        )),
         _ => Reply::err(format!(
             "unknown subcommand '{}'. Try CLIENT HELP.",
             String::from_utf8_lossy(&argv[0])
@@ -1671,23 +1704,84 @@ fn config(s: &Shared, argv: &[Vec<u8>]) -> Reply {
     }
 }
 
-/// Redis-style glob: `*`, `?` and literal bytes (enough for CONFIG GET's patterns).
+/// Redis's glob (KEYS, SCAN MATCH, CONFIG GET, COMMAND LIST): `*`, `?`, `[abc]`, `[^a-z]`
+/// and `\x` for a literal `x`. Linear in the pattern times the subject (no exponential
+/// backtracking on patterns like `*a*a*a*b`).
 fn glob_match(pat: &[u8], s: &[u8]) -> bool {
-    match (pat.first(), s.first()) {
-        (None, None) => true,
-        (Some(b'*'), _) => glob_match(&pat[1..], s) || (!s.is_empty() && glob_match(pat, &s[1..])),
-        (Some(b'?'), Some(_)) => glob_match(&pat[1..], &s[1..]),
-        (Some(p), Some(c)) if p == c => glob_match(&pat[1..], &s[1..]),
-        _ => false,
+    let (mut p, mut i) = (0, 0);
+    // Where the last `*` was and the subject position it is retried from.
+    let mut star: Option<(usize, usize)> = None;
+    while i < s.len() {
+        if let Some(next) = glob_one(pat, p, s[i]) {
+            p = next;
+            i += 1;
+            continue;
+        }
+        if pat.get(p) == Some(&b'*') {
+            while pat.get(p) == Some(&b'*') {
+                p += 1;
+            }
+            star = Some((p, i));
+            continue;
+        }
+        match star {
+            Some((sp, si)) => {
+                p = sp;
+                i = si + 1;
+                star = Some((sp, si + 1));
+            }
+            None => return false,
+        }
+    }
+    pat[p..].iter().all(|c| *c == b'*')
+}
+
+/// Whether the pattern element at `p` (not `*`) matches byte `c`; where the next element
+/// starts if so.
+fn glob_one(pat: &[u8], p: usize, c: u8) -> Option<usize> {
+    match *pat.get(p)? {
+        b'*' => None,
+        b'?' => Some(p + 1),
+        b'\\' if p + 1 < pat.len() => (pat[p + 1] == c).then_some(p + 2),
+        b'[' => {
+            let mut q = p + 1;
+            let negate = pat.get(q) == Some(&b'^');
+            if negate {
+                q += 1;
+            }
+            let mut hit = false;
+            loop {
+                match pat.get(q) {
+                    // An unterminated class: Redis ends it at the end of the pattern.
+                    None => break,
+                    Some(b']') => {
+                        q += 1;
+                        break;
+                    }
+                    Some(b'\\') if q + 1 < pat.len() => {
+                        hit |= pat[q + 1] == c;
+                        q += 2;
+                    }
+                    Some(&a) if pat.get(q + 1) == Some(&b'-') && q + 2 < pat.len() => {
+                        let b = pat[q + 2];
+                        let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
+                        hit |= lo <= c && c <= hi;
+                        q += 3;
+                    }
+                    Some(&a) => {
+                        hit |= a == c;
+                        q += 1;
+                    }
+                }
+            }
+            (hit != negate).then_some(q)
+        }
+        a => (a == c).then_some(p + 1),
     }
 }
 
 fn command_label(name: &str) -> &'static str {
-    COMMANDS
-        .iter()
-        .find(|c| **c == name)
-        .copied()
-        .unwrap_or("other")
+    served(name).map_or("other", |c| c.name)
 }
 
 async fn set(s: &Arc<Shared>, argv: &[Vec<u8>]) -> Reply {
@@ -1844,6 +1938,24 @@ mod tests {
         );
     }
 
+    /// Sends `input` on `c` and reads exactly `expect`.
+    fn roundtrip_on(c: &mut TcpStream, input: &[u8], expect: &[u8]) {
+        c.write_all(input).unwrap();
+        let mut got = Vec::new();
+        let mut chunk = [0u8; 4096];
+        while got.len() < expect.len() {
+            let Ok(n) = c.read(&mut chunk) else { break };
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&chunk[..n]);
+        }
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            String::from_utf8_lossy(expect)
+        );
+    }
+
     fn server() -> RespServer {
         RespServer::start(
             "127.0.0.1:0",
@@ -1901,6 +2013,127 @@ mod tests {
               -ERR CONFIG SET is not supported by this store\r\n-ERR wrong number of arguments for 'time' command\r\n\
               +RESET\r\n$-1\r\n",
         );
+    }
+
+    /// COMMAND INFO and COMMAND DOCS give what redis-server 7.0 gives for GET, byte for
+    /// byte (RESP2 and RESP3); unknown names are nil (INFO) or left out (DOCS).
+    #[test]
+    fn command_info_and_docs_answer_as_redis_does() {
+        let s = server();
+        let info2 = "*10\r\n$3\r\nget\r\n:2\r\n*2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n*3\r\n+@read\r\n+@string\r\n+@fast\r\n*0\r\n\
+                     *1\r\n*6\r\n$5\r\nflags\r\n*2\r\n+RO\r\n+access\r\n$12\r\nbegin_search\r\n*4\r\n$4\r\ntype\r\n$5\r\nindex\r\n$4\r\nspec\r\n*2\r\n$5\r\nindex\r\n:1\r\n\
+                     $9\r\nfind_keys\r\n*4\r\n$4\r\ntype\r\n$5\r\nrange\r\n$4\r\nspec\r\n*6\r\n$7\r\nlastkey\r\n:0\r\n$7\r\nkeystep\r\n:1\r\n$5\r\nlimit\r\n:0\r\n*0\r\n";
+        let docs2 = "*10\r\n$7\r\nsummary\r\n$22\r\nGet the value of a key\r\n$5\r\nsince\r\n$5\r\n1.0.0\r\n$5\r\ngroup\r\n$6\r\nstring\r\n$10\r\ncomplexity\r\n$4\r\nO(1)\r\n\
+                     $9\r\narguments\r\n*1\r\n*6\r\n$4\r\nname\r\n$3\r\nkey\r\n$4\r\ntype\r\n$3\r\nkey\r\n$14\r\nkey_spec_index\r\n:0\r\n";
+        let info3 = "*10\r\n$3\r\nget\r\n:2\r\n~2\r\n+readonly\r\n+fast\r\n:1\r\n:1\r\n:1\r\n~3\r\n+@read\r\n+@string\r\n+@fast\r\n~0\r\n\
+                     ~1\r\n%3\r\n$5\r\nflags\r\n~2\r\n+RO\r\n+access\r\n$12\r\nbegin_search\r\n%2\r\n$4\r\ntype\r\n$5\r\nindex\r\n$4\r\nspec\r\n%1\r\n$5\r\nindex\r\n:1\r\n\
+                     $9\r\nfind_keys\r\n%2\r\n$4\r\ntype\r\n$5\r\nrange\r\n$4\r\nspec\r\n%3\r\n$7\r\nlastkey\r\n:0\r\n$7\r\nkeystep\r\n:1\r\n$5\r\nlimit\r\n:0\r\n~0\r\n";
+        let count = commands::top_level().count();
+        let expect = format!(
+            "*2\r\n{info2}$-1\r\n*2\r\n$3\r\nget\r\n{docs2}:{count}\r\n\
+             -ERR wrong number of arguments for 'command|count' command\r\n\
+             *2\r\n$14\r\nclient|setname\r\n$14\r\nclient|getname\r\n*0\r\n-ERR syntax error\r\n\
+             -ERR unknown subcommand 'NOPE'. Try COMMAND HELP.\r\n"
+        );
+        roundtrip(
+            &s,
+            b"COMMAND INFO get nosuch\r\nCOMMAND DOCS nosuch GET\r\nCOMMAND COUNT\r\nCOMMAND COUNT 1\r\n\
+              COMMAND LIST FILTERBY pattern client|*name\r\nCOMMAND LIST FILTERBY module x\r\n\
+              COMMAND LIST FILTERBY nope x\r\nCOMMAND NOPE\r\n",
+            expect.as_bytes(),
+        );
+        let mut c = TcpStream::connect(s.local_addr()).unwrap();
+        c.write_all(b"HELLO 3\r\nPING\r\n").unwrap();
+        let mut buf = [0u8; 4096];
+        let mut got = Vec::new();
+        while !got.ends_with(b"+PONG\r\n") {
+            let n = c.read(&mut buf).unwrap();
+            got.extend_from_slice(&buf[..n]);
+        }
+        roundtrip_on(
+            &mut c,
+            b"COMMAND INFO get\r\n",
+            format!("*1\r\n{info3}").as_bytes(),
+        );
+        // Every command of the table answers COMMAND INFO and DOCS, subcommands included.
+        for cmd in commands::COMMANDS {
+            let info = commands::info(cmd);
+            let docs = commands::docs(cmd);
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            info.encode_as(&mut a, true);
+            docs.encode_as(&mut b, false);
+            assert!(a.starts_with(b"*10\r\n"), "{}", cmd.name);
+            assert!(b.starts_with(b"*"), "{}", cmd.name);
+        }
+    }
+
+    #[test]
+    fn every_command_of_the_table_is_served() {
+        let s = server();
+        let mut c = TcpStream::connect(s.local_addr()).unwrap();
+        for cmd in commands::top_level() {
+            if matches!(cmd.name, "quit" | "reset" | "multi" | "hello" | "watch") {
+                continue;
+            }
+            let mut got = Vec::new();
+            c.write_all(format!("{}\r\n", cmd.name).as_bytes()).unwrap();
+            let mut buf = [0u8; 65536];
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            let n = c.read(&mut buf).unwrap();
+            got.extend_from_slice(&buf[..n]);
+            let got = String::from_utf8_lossy(&got);
+            assert!(!got.contains("unknown command"), "{}: {got}", cmd.name);
+            // Drain what a long reply left (COMMAND, COMMAND DOCS).
+            c.set_nonblocking(true).unwrap();
+            while c.read(&mut buf).is_ok_and(|n| n > 0) {}
+            c.set_nonblocking(false).unwrap();
+        }
+    }
+
+    /// The table is the supported-command list: docs/OPERATOR.md's gateway section names
+    /// every command (and subcommand) it serves.
+    #[test]
+    fn the_operator_guide_lists_every_command_served() {
+        let guide = include_str!("../../../docs/OPERATOR.md");
+        let start = guide.find("## The RESP gateway").unwrap();
+        let end = guide[start..].find("\n## Runbooks").unwrap() + start;
+        let section = &guide[start..end];
+        let words: std::collections::HashSet<&str> = section
+            .split(|c: char| !c.is_ascii_alphanumeric())
+            .collect();
+        for c in commands::COMMANDS {
+            let name = c.name.rsplit('|').next().unwrap().to_ascii_uppercase();
+            assert!(
+                words.contains(name.as_str()),
+                "docs/OPERATOR.md does not name {}",
+                c.name
+            );
+        }
+    }
+
+    #[test]
+    fn globs_match_as_redis_does() {
+        for (p, s, want) in [
+            ("*", "", true),
+            ("user:*", "user:1", true),
+            ("user:?", "user:12", false),
+            ("h[ae]llo", "hallo", true),
+            ("h[^e]llo", "hello", false),
+            ("h[a-c]llo", "hbllo", true),
+            ("h[a-c]llo", "hdllo", false),
+            ("h\\*llo", "h*llo", true),
+            ("h\\*llo", "hello", false),
+            (
+                "*a*a*a*a*a*a*a*a*b",
+                "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+                false,
+            ),
+            ("a*b*c", "axxbyyc", true),
+            ("a*b*c", "axxbyyd", false),
+            ("[", "x", false),
+        ] {
+            assert_eq!(glob_match(p.as_bytes(), s.as_bytes()), want, "{p} {s}");
+        }
     }
 
     #[test]
