@@ -12,7 +12,7 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use dmkit_tests::procs::{Daemon, ProcCluster, cluster_file, run_dmkit};
+use dmkit_tests::procs::{Daemon, Memnode, ProcCluster, cluster_file, run_dmkit};
 
 type Cluster = ProcCluster;
 
@@ -195,6 +195,160 @@ fn malformed_resp_closes_only_that_connection() {
         exchange(b"GET k\r\nNOSUCH 1\r\nQUIT\r\n"),
         "$1\r\nv\r\n-ERR unknown command 'NOSUCH', with args beginning with: '1' \r\n+OK\r\n"
     );
+}
+
+/// Sends `input` and reads until the reply holds `want_lines` lines (CRLF-terminated).
+fn exchange_lines(s: &mut TcpStream, input: &[u8], want_lines: usize) -> String {
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(input).unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    while out.windows(2).filter(|w| w == b"\r\n").count() < want_lines {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "closed after {:?}", String::from_utf8_lossy(&out));
+        out.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `--auth-cluster-secret`: the cluster secret is the default user's password. Nothing runs
+/// before AUTH; a wrong secret gets Redis's WRONGPASS; `AUTH secret`, `AUTH default secret`
+/// and `HELLO 3 AUTH default secret` are accepted. Without a cluster secret, or with a
+/// --password-file too, the gateway refuses to start (exit 2, one line).
+#[test]
+fn auth_against_the_cluster_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = "a-cluster-secret-of-enough-bytes";
+    let sfile = dir.path().join("secret");
+    std::fs::write(&sfile, format!("{secret}\n")).unwrap();
+    let s = sfile.to_str().unwrap();
+    let node = Memnode::start(&[
+        "--id",
+        "0",
+        "--dram",
+        "16MiB",
+        "--block-size",
+        "64KiB",
+        "--secret-file",
+        s,
+    ]);
+    let file = dir.path().join("cluster.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "backend = \"tcp\"\nmaster = \"127.0.0.1:0\"\nindex_replicas = 1\ndata_replicas = 1\n\
+             index_mib = 1\nsecret_file = \"{s}\"\n[[memnode]]\nid = 0\naddr = \"{}\"\n",
+            node.addr
+        ),
+    )
+    .unwrap();
+    let file = file.to_str().unwrap();
+    let _master = Daemon::start(
+        &["master", "--listen", "127.0.0.1:0", "--cluster", file],
+        "serving on",
+    );
+    let gw = Daemon::start(
+        &[
+            "resp",
+            "--listen",
+            "127.0.0.1:0",
+            "--cluster",
+            file,
+            "--client-id",
+            "7340010",
+            "--auth-cluster-secret",
+        ],
+        "serving Redis clients on",
+    );
+    assert!(
+        gw.ready_line.contains("AUTH required: the cluster secret"),
+        "{}",
+        gw.ready_line
+    );
+    let addr = gw.addr();
+    let wrong = "-WRONGPASS invalid username-password pair or user is disabled.\r\n";
+    let mut c = TcpStream::connect(&addr).unwrap();
+    let got = exchange_lines(
+        &mut c,
+        b"SET k v\r\nAUTH not-the-secret\r\nAUTH default not-the-secret\r\nAUTH bob a-cluster-secret-of-enough-bytes\r\n\
+          AUTH a-cluster-secret-of-enough-byte\r\nAUTH a-cluster-secret-of-enough-bytesX\r\nGET k\r\n",
+        7,
+    );
+    assert_eq!(
+        got,
+        format!(
+            "-NOAUTH Authentication required.\r\n{wrong}{wrong}{wrong}{wrong}{wrong}-NOAUTH Authentication required.\r\n"
+        )
+    );
+    let got = exchange_lines(
+        &mut c,
+        format!("AUTH {secret}\r\nSET k v\r\nGET k\r\n").as_bytes(),
+        4,
+    );
+    assert_eq!(got, "+OK\r\n+OK\r\n$1\r\nv\r\n");
+    let mut c = TcpStream::connect(&addr).unwrap();
+    let got = exchange_lines(
+        &mut c,
+        format!("AUTH default {secret}\r\nGET k\r\n").as_bytes(),
+        3,
+    );
+    assert_eq!(got, "+OK\r\n$1\r\nv\r\n");
+    let mut c = TcpStream::connect(&addr).unwrap();
+    let got = exchange_lines(
+        &mut c,
+        format!("HELLO 3 AUTH default {secret}\r\nGET k\r\n").as_bytes(),
+        17,
+    );
+    assert!(got.starts_with("%7\r\n"), "{got}");
+    assert!(got.ends_with("$1\r\nv\r\n"), "{got}");
+    // The secret is not shown.
+    let mut c = TcpStream::connect(&addr).unwrap();
+    let got = exchange_lines(
+        &mut c,
+        format!("AUTH {secret}\r\nCONFIG GET *\r\nINFO\r\n").as_bytes(),
+        10,
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    let mut rest = [0u8; 65536];
+    c.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let n = c.read(&mut rest).unwrap_or(0);
+    let all = format!("{got}{}", String::from_utf8_lossy(&rest[..n]));
+    assert!(!all.contains(secret), "{all}");
+
+    // Refusals at start: no secret in the cluster, or a password file as well.
+    let plain = dir.path().join("plain.toml");
+    std::fs::write(
+        &plain,
+        "backend = \"tcp\"\nindex_replicas = 1\ndata_replicas = 1\n[[memnode]]\nid = 0\naddr = \"127.0.0.1:1\"\n",
+    )
+    .unwrap();
+    let mut cmd = Command::new(dmkit_tests::procs::dmkit_bin());
+    cmd.env_remove("DMKIT_SECRET")
+        .env_remove("DMKIT_SECRET_FILE")
+        .args(["resp", "--listen", "127.0.0.1:0", "--cluster"])
+        .arg(&plain)
+        .arg("--auth-cluster-secret");
+    let out = cmd.output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = one_line_error(&out);
+    assert!(err.contains("this cluster has no secret"), "{err}");
+    let out = run_dmkit(
+        &[
+            "resp",
+            "--listen",
+            "127.0.0.1:0",
+            "--cluster",
+            file,
+            "--auth-cluster-secret",
+            "--password-file",
+            s,
+        ],
+        Duration::from_secs(20),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot be used with"), "{err}");
 }
 
 // ---------------------------------------------------------------------------------------

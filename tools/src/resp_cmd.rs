@@ -25,8 +25,13 @@ pub struct RespArgs {
     pub metrics: Option<String>,
     /// A file holding the password clients must give with AUTH (Redis's `requirepass`; one
     /// line, its trailing newline ignored). Without it, any client is served.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "auth_cluster_secret")]
     pub password_file: Option<PathBuf>,
+    /// Clients must AUTH with the cluster secret (the one the memory nodes require: the
+    /// cluster file's `secret_file`, DMKIT_SECRET_FILE or DMKIT_SECRET) as the default user's
+    /// password, instead of a --password-file.
+    #[arg(long)]
+    pub auth_cluster_secret: bool,
 }
 
 /// The password in `path` (its trailing newline ignored): usage errors name the file.
@@ -197,11 +202,23 @@ impl KvBackend for FuseeBackend {
 
 pub fn run(args: RespArgs) -> Result<(), CliError> {
     let file = ClusterFile::load(&args.cluster).map_err(CliError::usage)?;
-    let password = args
-        .password_file
-        .as_deref()
-        .map(read_password)
-        .transpose()?;
+    let password = if args.auth_cluster_secret {
+        match crate::connect::secret(Some(&file))? {
+            Some(s) => Some(s),
+            None => {
+                return Err(CliError::usage(
+                    "--auth-cluster-secret: this cluster has no secret (set secret_file in the \
+                     cluster file, DMKIT_SECRET_FILE or DMKIT_SECRET), so there is nothing to \
+                     AUTH with: give --password-file instead",
+                ));
+            }
+        }
+    } else {
+        args.password_file
+            .as_deref()
+            .map(read_password)
+            .transpose()?
+    };
     if let Some(m) = &args.metrics {
         let at = crate::metrics_http::serve(m).map_err(CliError::usage)?;
         eprintln!("dmkit resp: metrics at http://{at}/metrics");
@@ -221,10 +238,10 @@ pub fn run(args: RespArgs) -> Result<(), CliError> {
     eprintln!(
         "dmkit resp: serving Redis clients on {}{}",
         server.local_addr(),
-        if with_password {
-            " (AUTH required)"
-        } else {
-            ""
+        match (with_password, args.auth_cluster_secret) {
+            (true, true) => " (AUTH required: the cluster secret)",
+            (true, false) => " (AUTH required)",
+            _ => "",
         }
     );
     loop {

@@ -145,8 +145,10 @@ pub struct RespConfig {
     pub io_threads: usize,
     /// Backend calls running at once, at most (the blocking pool's threads).
     pub backend_threads: usize,
-    /// The password of the default user (Redis's `requirepass`): when set, a connection
-    /// must `AUTH` (or `HELLO … AUTH default PASSWORD`) before any other command.
+    /// The password of the default user (Redis's `requirepass`; `dmkit resp` sets it from
+    /// `--password-file`, or to the cluster secret with `--auth-cluster-secret`): when set, a
+    /// connection must `AUTH` (or `HELLO … AUTH default PASSWORD`) before any other command.
+    /// It is compared in constant time and never shown (INFO, CONFIG GET, logs).
     pub password: Option<Vec<u8>>,
 }
 
@@ -1561,9 +1563,20 @@ fn check_auth(cfg: &RespConfig, user: Option<&Vec<u8>>, pass: &[u8]) -> Result<(
     }
 }
 
-/// Byte equality whose time does not depend on where the inputs differ.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// Whether `given` is `secret`, in time that depends only on `given`'s length: not on where
+/// they differ, nor on the secret's length (every byte given is compared, with the secret
+/// repeated as needed; a length difference makes the answer false).
+fn same(secret: &[u8], given: &[u8]) -> bool {
+    let mut diff = (secret.len() ^ given.len()) as u64;
+    for (i, b) in given.iter().enumerate() {
+        let s = if secret.is_empty() {
+            0
+        } else {
+            secret[i % secret.len()]
+        };
+        diff |= u64::from(s ^ b);
+    }
+    std::hint::black_box(diff) == 0
 }
 
 fn set_name(s: &Shared, id: u64, n: &[u8]) -> Result<(), Reply> {
@@ -2283,6 +2296,23 @@ mod tests {
             b"HELLO 2 AUTH default s3cret\r\nGET a\r\n",
             b"*14\r\n$6\r\nserver\r\n$5\r\nredis\r\n$7\r\nversion\r\n$5\r\n7.2.0\r\n$5\r\nproto\r\n:2\r\n$2\r\nid\r\n:2\r\n$4\r\nmode\r\n$10\r\nstandalone\r\n$4\r\nrole\r\n$6\r\nmaster\r\n$7\r\nmodules\r\n*0\r\n$1\r\n1\r\n",
         );
+    }
+
+    #[test]
+    fn passwords_compare_whole() {
+        assert!(same(b"secret-of-16-bytes", b"secret-of-16-bytes"));
+        for wrong in [
+            &b""[..],
+            b"s",
+            b"secret-of-16-byte",
+            b"secret-of-16-bytess",
+            b"secret-of-16-bytesecret-of-16-bytes",
+            b"Secret-of-16-bytes",
+        ] {
+            assert!(!same(b"secret-of-16-bytes", wrong), "{wrong:?}");
+        }
+        assert!(!same(b"", b"x"));
+        assert!(same(b"", b""));
     }
 
     #[test]
