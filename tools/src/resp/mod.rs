@@ -710,6 +710,22 @@ const CONN_COMMANDS: [&str; 16] = [
 /// Commands over every key (they run after the commands before them, as [`CONN_COMMANDS`]).
 const ALL_KEYS_COMMANDS: [&str; 6] = ["scan", "keys", "dbsize", "randomkey", "flushdb", "flushall"];
 
+/// Commands of [`CONN_COMMANDS`] that MULTI queues (Redis queues them) rather than runs: the
+/// ones over every key and those on the connection's state are refused there (see
+/// [`queue`]); UNWATCH is queued and does nothing at EXEC (EXEC forgets the WATCH anyway).
+const QUEUED_CONN_COMMANDS: [&str; 10] = [
+    "scan",
+    "keys",
+    "dbsize",
+    "randomkey",
+    "flushdb",
+    "flushall",
+    "hello",
+    "auth",
+    "client",
+    "unwatch",
+];
+
 async fn serve(s: Arc<Shared>, mut conn: tokio::net::TcpStream, id: u64) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let n = s.clients.fetch_add(1, Ordering::SeqCst) + 1;
@@ -780,7 +796,7 @@ async fn serve(s: Arc<Shared>, mut conn: tokio::net::TcpStream, id: u64) {
                     }
                     if st.multi.is_some()
                         && (!CONN_COMMANDS.contains(&name.as_str())
-                            || ALL_KEYS_COMMANDS.contains(&name.as_str()))
+                            || QUEUED_CONN_COMMANDS.contains(&name.as_str()))
                     {
                         running.push(Running::Done(queue(&s, &mut st, args)));
                         continue;
@@ -1165,6 +1181,12 @@ fn queue(s: &Shared, st: &mut ConnState, args: Vec<Vec<u8>>) -> Reply {
             "{} inside MULTI is not supported by this store (a transaction is atomic on one key)",
             name.to_ascii_uppercase()
         ))
+    } else if matches!(name.as_str(), "hello" | "auth" | "client") {
+        Reply::err(format!(
+            "{} inside MULTI is not supported by this gateway (send it before MULTI or after \
+             EXEC)",
+            name.to_ascii_uppercase()
+        ))
     } else if served(&name).is_none() {
         let (r, _) = execute_local(s, &args);
         r
@@ -1419,6 +1441,8 @@ async fn exec_block(
             let name = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
             replies.push(if command_keys(&name, &args[1..]).is_some() {
                 execute_keyed(&scratch, args).await
+            } else if name == "unwatch" {
+                Reply::ok()
             } else {
                 execute_local(&scratch, args).0
             });
@@ -2170,6 +2194,90 @@ mod tests {
               -ERR WATCH of several keys is not supported by this store (a transaction is atomic on one key)\r\n\
               +OK\r\n*0\r\n\
               +OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n:1\r\n+PONG\r\n:0\r\n",
+        );
+    }
+
+    /// Every form of a transaction over several keys is refused whole: nothing it would
+    /// write is written, and the connection is out of the transaction (and its WATCH).
+    #[test]
+    fn a_transaction_over_several_keys_is_refused_and_applies_nothing() {
+        let s = server();
+        let abort = |n: usize| {
+            format!(
+                "-EXECABORT Transaction discarded: it touches {n} keys, and this store makes a \
+                 transaction one atomic step only on one key (nothing was applied; send the \
+                 commands without MULTI, e.g. a non-transactional pipeline)\r\n"
+            )
+        };
+        let several = "-ERR WATCH of several keys is not supported by this store (a transaction \
+                       is atomic on one key)\r\n";
+        let previous = "-EXECABORT Transaction discarded because of previous errors.\r\n";
+        let mut c = TcpStream::connect(s.local_addr()).unwrap();
+        c.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        // Writes on two keys; one multi-key command; a delete of two keys that exist.
+        roundtrip_on(
+            &mut c,
+            b"MULTI\r\nSET a 1\r\nSET b 2\r\nEXEC\r\nEXISTS a b\r\n\
+              MULTI\r\nMSET a 1 b 2\r\nEXEC\r\nEXISTS a b\r\n\
+              SET x 1\r\nSET y 1\r\nMULTI\r\nDEL x y\r\nEXEC\r\nEXISTS x y\r\n\
+              MULTI\r\nINCR x\r\nGET y\r\nEXEC\r\nMGET x y\r\n\
+              MULTI\r\nMSETNX m 1 n 2\r\nEXEC\r\nEXISTS m n\r\n",
+            format!(
+                "+OK\r\n+QUEUED\r\n+QUEUED\r\n{a2}:0\r\n\
+                 +OK\r\n+QUEUED\r\n{a2}:0\r\n\
+                 +OK\r\n+OK\r\n+OK\r\n+QUEUED\r\n{a2}:2\r\n\
+                 +OK\r\n+QUEUED\r\n+QUEUED\r\n{a2}*2\r\n$1\r\n1\r\n$1\r\n1\r\n\
+                 +OK\r\n+QUEUED\r\n{a2}:0\r\n",
+                a2 = abort(2)
+            )
+            .as_bytes(),
+        );
+        // WATCH of one key and a block on another: refused, and the WATCH is gone after.
+        roundtrip_on(
+            &mut c,
+            b"WATCH x\r\nMULTI\r\nSET z 1\r\nEXEC\r\nEXISTS z\r\nMULTI\r\nSET z 1\r\nEXEC\r\nDEL z\r\n",
+            format!(
+                "+OK\r\n+OK\r\n+QUEUED\r\n{a2}:0\r\n+OK\r\n+QUEUED\r\n*1\r\n+OK\r\n:1\r\n",
+                a2 = abort(2)
+            )
+            .as_bytes(),
+        );
+        // WATCH of several keys, at once or one after the other: refused at WATCH (the
+        // first stays watched).
+        roundtrip_on(
+            &mut c,
+            b"WATCH x y\r\nWATCH x\r\nWATCH y\r\nMULTI\r\nINCR x\r\nEXEC\r\n",
+            format!("{several}+OK\r\n{several}+OK\r\n+QUEUED\r\n*1\r\n:2\r\n").as_bytes(),
+        );
+        // Commands over every key, or on the connection, inside MULTI: refused when queued,
+        // and EXEC then discards the whole block.
+        roundtrip_on(
+            &mut c,
+            b"MULTI\r\nSET x 9\r\nFLUSHDB\r\nEXEC\r\nGET x\r\n\
+              MULTI\r\nSET x 9\r\nCLIENT SETNAME t\r\nEXEC\r\nGET x\r\nCLIENT GETNAME\r\n\
+              MULTI\r\nSET x 9\r\nNOSUCH\r\nEXEC\r\nGET x\r\n\
+              MULTI\r\nSET x 9\r\nUNWATCH\r\nEXEC\r\nGET x\r\n",
+            format!(
+                "+OK\r\n+QUEUED\r\n-ERR FLUSHDB inside MULTI is not supported by this store (a transaction is atomic on one key)\r\n{previous}$1\r\n2\r\n\
+                 +OK\r\n+QUEUED\r\n-ERR CLIENT inside MULTI is not supported by this gateway (send it before MULTI or after EXEC)\r\n{previous}$1\r\n2\r\n$-1\r\n\
+                 +OK\r\n+QUEUED\r\n-ERR unknown command 'NOSUCH', with args beginning with: \r\n{previous}$1\r\n2\r\n\
+                 +OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n+OK\r\n+OK\r\n$1\r\n9\r\n"
+            )
+            .as_bytes(),
+        );
+        // A command that fails as it runs in a one-key block: its error, the rest applied.
+        roundtrip_on(
+            &mut c,
+            b"MULTI\r\nSET w abc\r\nINCR w\r\nAPPEND w d\r\nEXEC\r\nGET w\r\n",
+            b"+OK\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n\
+              *3\r\n+OK\r\n-ERR value is not an integer or out of range\r\n:4\r\n$4\r\nabcd\r\n",
+        );
+        // MSETNX over several keys outside MULTI: refused, nothing set.
+        roundtrip_on(
+            &mut c,
+            b"MSETNX p 1 q 2\r\nEXISTS p q\r\n",
+            b"-ERR MSETNX over several keys cannot be one atomic step on this store (nothing was set): use SETNX key by key\r\n:0\r\n",
         );
     }
 
