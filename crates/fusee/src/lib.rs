@@ -96,6 +96,7 @@
 pub mod alloc;
 mod client;
 pub mod cluster;
+mod entry;
 mod error;
 pub mod failover;
 pub mod local;
@@ -105,9 +106,12 @@ mod mm;
 pub mod object;
 mod recovery;
 pub mod rules;
+pub mod value;
 mod verifier;
 
 pub use client::{CasResult, Client, ClientConfig, DeleteResult, InsertResult, UpdateResult, tags};
+pub use entry::Entry;
 pub use error::{Error, Result};
 pub use local::{LocalCluster, LocalConfig};
 pub use recovery::RecoveryReport;
+pub use value::now_ms;
