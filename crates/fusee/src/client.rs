@@ -497,6 +497,25 @@ impl Client {
         self.inner.id
     }
 
+    /// Runs the background sweep ([`Client::reclaim_expired`]) on the I/O runtime: one index
+    /// subtable every `every`, round after round, until the client is dropped. One client of
+    /// a deployment is enough (the gateway runs one).
+    pub fn start_expiry_sweep(&self, every: Duration) {
+        let weak = Arc::downgrade(&self.inner);
+        dmkit_verbs::runtime::io_runtime().spawn(async move {
+            let mut cursor = 0;
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(inner) = weak.upgrade() else { return };
+                let client = Client { inner };
+                match client.reclaim_expired_async(cursor).await {
+                    Ok((_, next)) => cursor = next,
+                    Err(e) => tracing::debug!(error = %e, "expiry sweep step failed; again later"),
+                }
+            }
+        });
+    }
+
     pub fn endpoint(&self) -> &Endpoint {
         &self.inner.ep
     }

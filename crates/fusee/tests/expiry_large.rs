@@ -121,6 +121,27 @@ fn the_background_sweep_deletes_expired_keys_and_frees_their_space() {
         free_after >= free_before + 100,
         "{free_before} free objects before the sweep, {free_after} after"
     );
+    // The sweep on the client's background task does the same, unasked.
+    for i in 0..50 {
+        k.put(format!("t{i}").as_bytes(), b"value", Some(now_ms() + 100))
+            .unwrap();
+    }
+    k.start_expiry_sweep(Duration::from_millis(5));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let mut cfg = ClientConfig::new(9);
+        cfg.clock_skew_ms = -3_600_000;
+        // An hour behind: it still sees expired keys unless they are deleted.
+        let behind = c.client_with(cfg).unwrap();
+        if all_keys(&behind).len() == 100 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the background sweep did not run"
+        );
+    }
 }
 
 #[test]
