@@ -38,7 +38,7 @@ use crate::alloc::{self, Allocation, FreeLists};
 use crate::cluster::{self, ClusterView, MAX_CLIENT_ID};
 use crate::error::{Error, Result};
 use crate::object::{self, Addr, Commit, Op};
-use crate::verifier::{ValueGuard, Verifier, slot_addr};
+use crate::verifier::{Expect, ValueGuard, Verifier, slot_addr};
 
 /// Operation tags of FUSEE's own verbs (the index and the verifier have theirs).
 pub mod tags {
@@ -102,6 +102,16 @@ pub struct ClientConfig {
     /// reader that must not wait for a failover that may never come (`dmkit kv get` with a
     /// member only it cannot reach). Off: joining waits for an epoch whose members answer.
     pub join_without_silent_members: bool,
+    /// The largest value a write accepts (larger: [`Error::ValueTooLarge`], nothing
+    /// written). Values beyond one object are stored in chunks ([`crate::value`]).
+    pub max_value: usize,
+    /// How old an unreferenced chunk of a large value must be before the background sweep
+    /// ([`Client::reclaim_expired`]) deletes it: longer than any large write takes (a writer
+    /// gives up after half of it) plus the clients' clock skew.
+    pub orphan_grace: Duration,
+    /// Milliseconds added to the system clock for this client's deadline decisions
+    /// ([`crate::value`]): 0 in production; tests model a skewed clock with it.
+    pub clock_skew_ms: i64,
 }
 
 impl std::fmt::Debug for ClientConfig {
@@ -114,6 +124,9 @@ impl std::fmt::Debug for ClientConfig {
             .field("inline_jobs", &self.inline_jobs)
             .field("failover_wait", &self.failover_wait)
             .field("reconnect", &self.reconnect.is_some())
+            .field("max_value", &self.max_value)
+            .field("orphan_grace", &self.orphan_grace)
+            .field("clock_skew_ms", &self.clock_skew_ms)
             .finish()
     }
 }
@@ -133,6 +146,9 @@ impl ClientConfig {
             failover_wait: Duration::from_secs(30),
             reconnect: None,
             join_without_silent_members: false,
+            max_value: 64 << 20,
+            orphan_grace: Duration::from_secs(600),
+            clock_skew_ms: 0,
         }
     }
 }
@@ -272,6 +288,8 @@ pub(crate) struct Inner {
     pub(crate) block_lock: tokio::sync::Mutex<u64>,
     /// Reconnects to memory nodes that restarted (set by the process that knows addresses).
     reconnect: Mutex<Option<crate::failover::Reconnect>>,
+    /// Sequence numbers of this client's large values.
+    pub(crate) large_seq: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Inner {
@@ -463,6 +481,7 @@ impl Client {
             cfg,
             block_lock: tokio::sync::Mutex::new(0),
             reconnect: Mutex::new(reconnect),
+            large_seq: std::sync::atomic::AtomicU64::new(0),
         });
         Ok((Client { inner }, rx))
     }
@@ -476,6 +495,25 @@ impl Client {
 
     pub fn id(&self) -> u64 {
         self.inner.id
+    }
+
+    /// Runs the background sweep ([`Client::reclaim_expired`]) on the I/O runtime: one index
+    /// subtable every `every`, round after round, until the client is dropped. One client of
+    /// a deployment is enough (the gateway runs one).
+    pub fn start_expiry_sweep(&self, every: Duration) {
+        let weak = Arc::downgrade(&self.inner);
+        dmkit_verbs::runtime::io_runtime().spawn(async move {
+            let mut cursor = 0;
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(inner) = weak.upgrade() else { return };
+                let client = Client { inner };
+                match client.reclaim_expired_async(cursor).await {
+                    Ok((_, next)) => cursor = next,
+                    Err(e) => tracing::debug!(error = %e, "expiry sweep step failed; again later"),
+                }
+            }
+        });
     }
 
     pub fn endpoint(&self) -> &Endpoint {
@@ -528,15 +566,10 @@ impl Client {
         dmkit_verbs::block_on(self.inner.reclaim())
     }
 
-    /// SEARCH: the value of `key`. One round trip on an address-cache hit (the slot and the
-    /// object read together), two otherwise (buckets, then object).
-    pub fn search(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        dmkit_verbs::block_on(self.search_async(key))
-    }
-
-    /// [`Client::search`], awaited: one client serves many searches in flight at once, from
-    /// any executor.
-    pub async fn search_async(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+    /// SEARCH: the stored bytes of `key` ([`crate::value`]). One round trip on an
+    /// address-cache hit (the slot and the object read together), two otherwise (buckets,
+    /// then object).
+    pub(crate) async fn search_raw_async(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         op_timed("search", async move {
             self.with_failover_async(
                 || self.search_once_async(key),
@@ -605,13 +638,8 @@ impl Client {
         }
     }
 
-    /// INSERT: `key → value` unless the key is present.
-    pub fn insert(&self, key: &[u8], value: &[u8]) -> Result<InsertResult> {
-        dmkit_verbs::block_on(self.insert_async(key, value))
-    }
-
-    /// [`Client::insert`], awaited.
-    pub async fn insert_async(&self, key: &[u8], value: &[u8]) -> Result<InsertResult> {
+    /// INSERT: `key → value` (stored bytes) unless the key is present (expired or not).
+    pub(crate) async fn insert_raw_async(&self, key: &[u8], value: &[u8]) -> Result<InsertResult> {
         op_timed("insert", async move {
             let last = Mutex::new(None);
             self.with_failover_async(
@@ -670,18 +698,28 @@ impl Client {
         }
     }
 
-    /// UPDATE: replaces the value of a present key.
-    pub fn update(&self, key: &[u8], value: &[u8]) -> Result<UpdateResult> {
-        dmkit_verbs::block_on(self.update_async(key, value))
-    }
-
-    /// [`Client::update`], awaited.
-    pub async fn update_async(&self, key: &[u8], value: &[u8]) -> Result<UpdateResult> {
+    /// UPDATE: replaces the stored bytes of a present key (with `live`, one whose deadline
+    /// has not passed: an expired key is not found). `replaced` gets the stored bytes the
+    /// UPDATE replaced, when it knows them.
+    pub(crate) async fn update_raw_async(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        live: bool,
+        replaced: &Mutex<Option<Vec<u8>>>,
+    ) -> Result<UpdateResult> {
         op_timed("update", async move {
-            Ok(match self.update_until_done(key, value, None).await? {
-                CasResult::NotFound => UpdateResult::NotFound,
-                _ => UpdateResult::Updated,
-            })
+            let expect = if live {
+                Expect::Live(self.now())
+            } else {
+                Expect::Any
+            };
+            Ok(
+                match self.update_until_done(key, value, expect, replaced).await? {
+                    CasResult::NotFound => UpdateResult::NotFound,
+                    _ => UpdateResult::Updated,
+                },
+            )
         })
         .await
     }
@@ -693,14 +731,15 @@ impl Client {
         &self,
         key: &[u8],
         value: &[u8],
-        expected: Option<&[u8]>,
+        expected: Expect<'_>,
+        replaced: &Mutex<Option<Vec<u8>>>,
     ) -> Result<CasResult> {
         loop {
             let last = Mutex::new(None);
             let done = CondStep::Done(CasResult::Swapped);
             let step = self
                 .with_failover_async(
-                    || self.update_once(key, value, expected, &last),
+                    || self.update_once(key, value, expected, &last, replaced),
                     None,
                     Some(&|| self.settled(key, &last, done.clone())),
                 )
@@ -712,29 +751,31 @@ impl Client {
         }
     }
 
-    /// Compare-and-set: replaces the value of `key` with `value` only if it is `expected`
-    /// (byte for byte) when the write takes effect — one SNAPSHOT round, as UPDATE. Linearizable:
-    /// [`CasResult::Mismatch`] carries the value the key held instead.
-    pub fn compare_and_set(&self, key: &[u8], expected: &[u8], value: &[u8]) -> Result<CasResult> {
-        dmkit_verbs::block_on(self.compare_and_set_async(key, expected, value))
-    }
-
-    /// [`Client::compare_and_set`], awaited.
-    pub async fn compare_and_set_async(
+    /// Compare-and-set on stored bytes: replaces those of `key` with `value` only if they
+    /// are `expected` (byte for byte) when the write takes effect — one SNAPSHOT round, as
+    /// UPDATE. Linearizable: [`CasResult::Mismatch`] carries the stored bytes the key held
+    /// instead.
+    pub(crate) async fn cas_raw_async(
         &self,
         key: &[u8],
         expected: &[u8],
         value: &[u8],
     ) -> Result<CasResult> {
-        op_timed("update", self.update_until_done(key, value, Some(expected))).await
+        let unused = Mutex::new(None);
+        op_timed(
+            "update",
+            self.update_until_done(key, value, Expect::Exactly(expected), &unused),
+        )
+        .await
     }
 
     async fn update_once(
         &self,
         key: &[u8],
         value: &[u8],
-        expected: Option<&[u8]>,
+        expected: Expect<'_>,
         last: &Mutex<Option<Attempt>>,
+        replaced: &Mutex<Option<Vec<u8>>>,
     ) -> Result<CondStep> {
         let inner = &self.inner;
         let a = timed_async(
@@ -743,7 +784,7 @@ impl Client {
         )
         .await?;
         let bytes = timed("fusee.encode", || {
-            let cond = expected.is_some();
+            let cond = matches!(expected, Expect::Exactly(_));
             object::encode_as(key, value, a.next, a.prev, a.generation, Op::Update, cond)
         })?;
         let slot = inner.slot_of(key, &a, bytes.len())?;
@@ -779,10 +820,9 @@ impl Client {
                         generation: a.generation,
                     },
                 );
-                let old_gen = found
-                    .filter(|(s, _)| *s == old)
-                    .map(|(_, o)| o.generation)
-                    .unwrap_or(0);
+                let found = found.filter(|(s, _)| *s == old).map(|(_, o)| o);
+                let old_gen = found.as_ref().map(|o| o.generation).unwrap_or(0);
+                *replaced.lock() = found.map(|o| o.value);
                 inner
                     .enqueue_cleanup(&a, bytes.len(), Op::Update, Some((old, old_gen)))
                     .await;
@@ -801,7 +841,7 @@ impl Client {
                 // winner's value decides (read and compare again).
                 inner.take_back_lost(&a, last)?;
                 inner.cache.remove(&key.to_vec());
-                if expected.is_some() {
+                if matches!(expected, Expect::Exactly(_)) {
                     return Ok(CondStep::Lost);
                 }
                 let again = match now {
@@ -818,24 +858,33 @@ impl Client {
                 Ok(if again {
                     CondStep::Lost
                 } else {
+                    // Done, and overwritten at once: the value this write stored is the
+                    // one to clean up after (the chunks of a large one).
+                    *replaced.lock() = Some(value.to_vec());
                     CondStep::Done(CasResult::Swapped)
                 })
             }
         }
     }
 
-    /// DELETE: removes a present key.
-    pub fn delete(&self, key: &[u8]) -> Result<DeleteResult> {
-        dmkit_verbs::block_on(self.delete_async(key))
-    }
-
-    /// [`Client::delete`], awaited.
-    pub async fn delete_async(&self, key: &[u8]) -> Result<DeleteResult> {
+    /// DELETE: removes a present key (with `live`, one whose deadline has not passed).
+    /// `replaced` gets the stored bytes it removed, when it knows them.
+    pub(crate) async fn delete_raw_async(
+        &self,
+        key: &[u8],
+        live: bool,
+        replaced: &Mutex<Option<Vec<u8>>>,
+    ) -> Result<DeleteResult> {
         op_timed("delete", async move {
             let last = Mutex::new(None);
+            let expect = if live {
+                Expect::Live(self.now())
+            } else {
+                Expect::Any
+            };
             let r = self
                 .with_failover_async(
-                    || self.delete_once(key, None, &last),
+                    || self.delete_once(key, expect, &last, replaced),
                     None,
                     Some(&|| self.settled(key, &last, CasResult::Swapped)),
                 )
@@ -849,18 +898,18 @@ impl Client {
         .await
     }
 
-    /// Conditional DELETE: removes `key` only if its value is `expected` when the delete takes
-    /// effect (GETDEL is a read, then this). Linearizable, as [`Client::compare_and_set`].
-    pub fn delete_if(&self, key: &[u8], expected: &[u8]) -> Result<CasResult> {
-        dmkit_verbs::block_on(self.delete_if_async(key, expected))
-    }
-
-    /// [`Client::delete_if`], awaited.
-    pub async fn delete_if_async(&self, key: &[u8], expected: &[u8]) -> Result<CasResult> {
+    /// Conditional DELETE on stored bytes: removes `key` only if they are `expected` when
+    /// the delete takes effect. Linearizable, as [`Client::cas_raw_async`].
+    pub(crate) async fn delete_if_raw_async(
+        &self,
+        key: &[u8],
+        expected: &[u8],
+    ) -> Result<CasResult> {
         op_timed("delete", async move {
             let last = Mutex::new(None);
+            let unused = Mutex::new(None);
             self.with_failover_async(
-                || self.delete_once(key, Some(expected), &last),
+                || self.delete_once(key, Expect::Exactly(expected), &last, &unused),
                 None,
                 Some(&|| self.settled(key, &last, CasResult::Swapped)),
             )
@@ -872,8 +921,9 @@ impl Client {
     async fn delete_once(
         &self,
         key: &[u8],
-        expected: Option<&[u8]>,
+        expected: Expect<'_>,
         last: &Mutex<Option<Attempt>>,
+        replaced: &Mutex<Option<Vec<u8>>>,
     ) -> Result<CasResult> {
         let inner = &self.inner;
         loop {
@@ -924,10 +974,9 @@ impl Client {
                     outcome: SnapshotOutcome::Won(_),
                     ..
                 }) => {
-                    let old_gen = found
-                        .filter(|(s, _)| *s == old)
-                        .map(|(_, o)| o.generation)
-                        .unwrap_or(0);
+                    let found = found.filter(|(s, _)| *s == old).map(|(_, o)| o);
+                    let old_gen = found.as_ref().map(|o| o.generation).unwrap_or(0);
+                    *replaced.lock() = found.map(|o| o.value);
                     inner
                         .enqueue_cleanup(&a, bytes.len(), Op::Delete, Some((old, old_gen)))
                         .await;
@@ -1113,22 +1162,12 @@ impl Client {
         }
     }
 
-    /// SET semantics: update if present, insert otherwise.
-    pub fn upsert(&self, key: &[u8], value: &[u8]) -> Result<()> {
-        dmkit_verbs::block_on(self.upsert_async(key, value))
-    }
-
-    /// One step of a scan over every key: the keys of one index subtable, and the cursor of
-    /// the next step (0 when the scan is done; start with 0). Every key present for the whole
-    /// scan is returned at least once, even while the index grows; a key may come twice
-    /// (deduplicate to count), and one written or deleted during the scan may or may not come
-    /// (as Redis's SCAN). Three round trips a step: directory, subtable, objects.
-    pub fn scan(&self, cursor: u64) -> Result<(Vec<Vec<u8>>, u64)> {
-        dmkit_verbs::block_on(self.scan_async(cursor))
-    }
-
-    /// [`Client::scan`], awaited.
-    pub async fn scan_async(&self, cursor: u64) -> Result<(Vec<Vec<u8>>, u64)> {
+    /// One step of a scan over every key: the keys and stored bytes of one index subtable,
+    /// and the cursor of the next step (0 when the scan is done; start with 0).
+    pub(crate) async fn scan_raw_async(
+        &self,
+        cursor: u64,
+    ) -> Result<(Vec<(Vec<u8>, Vec<u8>)>, u64)> {
         let (view, index) = self.inner.state();
         let (slots, next) = index.scan_async(cursor).await?;
         let objs = crate::verifier::read_objects_async(&self.inner.ep, &view, &slots).await?;
@@ -1136,29 +1175,29 @@ impl Client {
             .into_iter()
             .flatten()
             .filter(|o| o.flags & object::FLAG_RECLAIMED == 0)
-            .map(|o| o.key)
+            .map(|o| (o.key, o.value))
             .collect();
         Ok((keys, next))
     }
 
-    /// [`Client::upsert`], awaited. A key whose address is cached is most likely present:
-    /// it is updated first (the rounds of an UPDATE). Any other key is inserted first, which
-    /// for a new key takes the rounds of an INSERT (an UPDATE first would spend a round to
-    /// find it absent); a present key answers the INSERT's first round, and is updated.
-    pub async fn upsert_async(&self, key: &[u8], value: &[u8]) -> Result<()> {
-        let mut update_first = self.inner.cache.contains(&key.to_vec());
-        loop {
-            if update_first {
-                if self.update_async(key, value).await? == UpdateResult::Updated {
-                    return Ok(());
-                }
-            } else {
-                update_first = true;
-            }
-            if self.insert_async(key, value).await? == InsertResult::Inserted {
-                return Ok(());
-            }
-        }
+    /// This client's clock (Unix milliseconds, with its configured skew).
+    pub fn now(&self) -> u64 {
+        crate::value::now_ms().saturating_add_signed(self.inner.cfg.clock_skew_ms)
+    }
+
+    /// This client's settings.
+    pub(crate) fn config(&self) -> &ClientConfig {
+        &self.inner.cfg
+    }
+
+    /// The sequence numbers of this client's large values.
+    pub(crate) fn inner_large_seq(&self) -> &std::sync::atomic::AtomicU64 {
+        &self.inner.large_seq
+    }
+
+    /// Whether `key`'s address is cached (it is most likely present).
+    pub(crate) fn is_cached(&self, key: &[u8]) -> bool {
+        self.inner.cache.contains(&key.to_vec())
     }
 }
 

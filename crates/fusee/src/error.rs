@@ -36,6 +36,15 @@ pub enum Error {
     /// The operation could not finish across membership changes (see [`crate::membership`]).
     #[error("membership: {0}")]
     Membership(String),
+    /// A value larger than the client's `max_value`: nothing was written.
+    #[error("value of {len} bytes is larger than the maximum of {max} bytes")]
+    ValueTooLarge { len: usize, max: usize },
+    /// A key in the reserved key space (the chunks of large values) given to the API.
+    #[error("keys starting with {prefix:?} are reserved (the chunks of large values)")]
+    ReservedKey { prefix: String },
+    /// A large value's chunks kept changing under a read (or are damaged).
+    #[error("value of key {key:?}: {reason}")]
+    LargeValue { key: String, reason: String },
     /// Bad settings.
     #[error("invalid configuration: {0}")]
     Config(String),

@@ -93,9 +93,41 @@
 //! # Ok::<(), dmkit_fusee::Error>(())
 //! ```
 
+//! # Deadlines and large values
+//!
+//! A value may carry a deadline (Unix milliseconds, the writer's clock): past it the key
+//! reads as absent, an INSERT takes it as absent, and it is deleted by whoever meets it and
+//! by the background sweep ([`Client::reclaim_expired`], one index subtable a step). Clocks
+//! skew: a key expires for everyone within the clients' largest clock skew of its deadline
+//! ([`value`] says how). [`Client::get`] returns the value with its deadline and version;
+//! [`Client::replace`] and [`Client::delete_entry`] write only over exactly that version.
+//! Values larger than one object (up to [`ClientConfig::max_value`], 64 MiB by default) are
+//! stored in chunks under reserved keys and named by one manifest, written by one SNAPSHOT
+//! round: a reader sees the whole old value or the whole new one.
+//!
+//! ```
+//! use dmkit_fusee::{CasResult, LocalCluster, LocalConfig, now_ms};
+//!
+//! let cluster = LocalCluster::start(LocalConfig::new(2, 2))?;
+//! let kv = cluster.client(3)?;
+//! kv.put(b"session", b"alice", Some(now_ms() + 60_000))?;
+//! let e = kv.get(b"session")?.expect("present");
+//! assert!(e.ttl_ms(now_ms()).unwrap() <= 60_000);
+//! // PERSIST: the same value, no deadline, only over the version read.
+//! assert_eq!(kv.replace(b"session", &e, &e.value, None)?, CasResult::Swapped);
+//! kv.put(b"gone", b"x", Some(now_ms() - 1))?;
+//! assert_eq!(kv.search(b"gone")?, None);
+//! // A megabyte, in chunks, read back whole.
+//! let big = vec![7u8; 1 << 20];
+//! kv.upsert(b"blob", &big)?;
+//! assert!(kv.search(b"blob")?.unwrap() == big);
+//! # Ok::<(), dmkit_fusee::Error>(())
+//! ```
+
 pub mod alloc;
 mod client;
 pub mod cluster;
+mod entry;
 mod error;
 pub mod failover;
 pub mod local;
@@ -105,9 +137,12 @@ mod mm;
 pub mod object;
 mod recovery;
 pub mod rules;
+pub mod value;
 mod verifier;
 
 pub use client::{CasResult, Client, ClientConfig, DeleteResult, InsertResult, UpdateResult, tags};
+pub use entry::Entry;
 pub use error::{Error, Result};
 pub use local::{LocalCluster, LocalConfig};
 pub use recovery::RecoveryReport;
+pub use value::now_ms;

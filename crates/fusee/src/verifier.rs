@@ -212,14 +212,26 @@ impl KeyVerifier for Verifier<'_> {
 /// and the index is told the key is not there, so it writes nothing: the comparison is the
 /// read of that object, and a write that goes ahead replaces exactly the word whose object
 /// was compared (SNAPSHOT's CAS expects it). Without an expected value it is the verifier.
+/// What a write expects of the key's object.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Expect<'a> {
+    /// Whatever it holds (an unconditional write).
+    Any,
+    /// A value whose deadline has not passed at this time (Unix milliseconds; an expired
+    /// key counts as absent).
+    Live(u64),
+    /// Exactly these stored bytes (a conditional write).
+    Exactly(&'a [u8]),
+}
+
 pub(crate) struct ValueGuard<'a, 'v> {
     inner: &'a Verifier<'v>,
-    expected: Option<&'a [u8]>,
+    expected: Expect<'a>,
     mismatch: Mutex<Option<Vec<u8>>>,
 }
 
 impl<'a, 'v> ValueGuard<'a, 'v> {
-    pub fn new(inner: &'a Verifier<'v>, expected: Option<&'a [u8]>) -> Self {
+    pub fn new(inner: &'a Verifier<'v>, expected: Expect<'a>) -> Self {
         Self {
             inner,
             expected,
@@ -257,13 +269,17 @@ impl KeyVerifier for ValueGuard<'_, '_> {
         Box::pin(async move {
             let found = self.inner.find_async(ep, key, candidates).await?;
             *self.mismatch.lock() = None;
-            let (Some(i), Some(expected)) = (found, self.expected) else {
-                return Ok(found);
+            let Some(i) = found else {
+                return Ok(None);
             };
             let mut held = self.inner.found.lock();
-            match held.as_ref() {
-                Some((_, o)) if o.value != expected => {
+            match (self.expected, held.as_ref()) {
+                (Expect::Exactly(expected), Some((_, o))) if o.value != expected => {
                     *self.mismatch.lock() = Some(o.value.clone());
+                    *held = None;
+                    Ok(None)
+                }
+                (Expect::Live(now), Some((_, o))) if crate::value::expired(&o.value, now) => {
                     *held = None;
                     Ok(None)
                 }

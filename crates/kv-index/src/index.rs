@@ -286,8 +286,8 @@ impl RaceIndex {
             .iter()
             .map(|s| {
                 let mut b = ep.batch(s.region.node);
-                b.write(s.at(layout.subtable_off(0)), &image);
-                b.write(
+                b.write_durable(s.at(layout.subtable_off(0)), &image);
+                b.write_durable(
                     s.at(layout.dir_off(0)),
                     &DirEntry {
                         subtable: 0,
@@ -296,9 +296,9 @@ impl RaceIndex {
                     .encode()
                     .to_le_bytes(),
                 );
-                b.write(s.at(HDR_PARAMS), &hdr);
+                b.write_durable(s.at(HDR_PARAMS), &hdr);
                 // The magic goes last: a space is formatted only once everything is there.
-                b.write(s.at(0), &MAGIC.to_le_bytes());
+                b.write_durable(s.at(0), &MAGIC.to_le_bytes());
                 b
             })
             .collect();

@@ -150,7 +150,7 @@ pub fn repair_replicas(
         for chunk in diffs.chunks(256) {
             let mut b = ep.batch(s.region.node);
             for w in chunk {
-                b.write(s.at(*w as u64 * 8), &target[*w].to_le_bytes());
+                b.write_durable(s.at(*w as u64 * 8), &target[*w].to_le_bytes());
             }
             ep.execute(TAG, b)?;
         }

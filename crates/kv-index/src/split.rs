@@ -335,7 +335,7 @@ impl RaceIndex {
             .map(|s| {
                 let mut b = self.ep.batch(s.region.node);
                 for bk in 0..buckets {
-                    b.write(
+                    b.write_durable(
                         s.at(self.layout.bucket_off(st, bk) + 8 * HEADER_WORD as u64),
                         &splitting,
                     );
@@ -456,10 +456,10 @@ impl RaceIndex {
             .iter()
             .map(|s| {
                 let mut b = self.ep.batch(s.region.node);
-                b.write(s.at(self.layout.dir_off(0)), &dir_bytes);
+                b.write_durable(s.at(self.layout.dir_off(0)), &dir_bytes);
                 // Entries before depth (in order on the connection): a reader that sees the
                 // new depth finds the doubled entries.
-                b.write(s.at(HDR_GLOBAL_DEPTH), &u64::from(g).to_le_bytes());
+                b.write_durable(s.at(HDR_GLOBAL_DEPTH), &u64::from(g).to_le_bytes());
                 b
             })
             .collect();
@@ -514,7 +514,7 @@ impl RaceIndex {
             .iter()
             .map(|s| {
                 let mut b = self.ep.batch(s.region.node);
-                b.write(s.at(off), img);
+                b.write_durable(s.at(off), img);
                 b
             })
             .collect();

@@ -10,7 +10,7 @@ use rand::RngCore;
 
 use crate::error::{AccessFault, Error, Result};
 use crate::memory::{Backing, RegionMemory};
-use crate::types::{Access, NodeId, RKey, RegionDesc};
+use crate::types::{Access, Media, NodeId, RKey, RegionDesc};
 
 /// Who sent an RPC: a per-connection id assigned by the node, and the peer's address if known.
 #[derive(Debug, Clone)]
@@ -318,17 +318,30 @@ impl MemoryNode {
                 }
                 Ok(0)
             }
+            // An atomic on NVM is persisted before it completes (as a read-after-write or an
+            // RDMA FLUSH makes it on hardware): an index slot a client swapped, or a bitmap
+            // word it freed, survives a power cut once the client has seen the old value.
             OpKind::Cas { expect, new } => {
                 if len != 8 {
                     return Err(AccessFault::Misaligned);
                 }
-                r.mem.cas(off, expect, new)
+                // A failed one too: the value it returns may be another client's swap, not
+                // yet persisted, that this client acts on.
+                let old = r.mem.cas(off, expect, new)?;
+                if r.desc.media == Media::Nvm {
+                    r.mem.persist(off, 8)?;
+                }
+                Ok(old)
             }
             OpKind::Faa { add } => {
                 if len != 8 {
                     return Err(AccessFault::Misaligned);
                 }
-                r.mem.faa(off, add)
+                let old = r.mem.faa(off, add)?;
+                if r.desc.media == Media::Nvm {
+                    r.mem.persist(off, 8)?;
+                }
+                Ok(old)
             }
         }
     }
@@ -344,6 +357,52 @@ mod tests {
         let b = Arc::new(DramBacking::new(4096));
         let d = n.register(b, Access::ALL, None).unwrap();
         (n, d)
+    }
+
+    #[test]
+    fn atomics_on_nvm_are_persisted_before_they_complete() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        for media in [Media::Nvm, Media::Dram] {
+            let owner = Arc::new(vec![0u64; 64]);
+            let ptr = owner.as_ptr() as *mut u8;
+            let persists = Arc::new(parking_lot::Mutex::new(Vec::new()));
+            let seen = persists.clone();
+            let calls = Arc::new(AtomicUsize::new(0));
+            let c = calls.clone();
+            // SAFETY: `owner` keeps the 512 bytes alive; only the node touches them.
+            let b = unsafe {
+                crate::FnBacking::new(owner, ptr, 512, media, move |off, len| {
+                    c.fetch_add(1, Ordering::SeqCst);
+                    seen.lock().push((off, len));
+                    Ok(())
+                })
+            };
+            let n = MemoryNode::new(NodeId(3));
+            let d = n.register(Arc::new(b), Access::ALL, None).unwrap();
+            let cas = OpKind::Cas { expect: 0, new: 7 };
+            assert_eq!(
+                n.execute(cas, d.rkey, d.base + 64, 8, &[], &mut [])
+                    .unwrap(),
+                0
+            );
+            // A failed CAS returns a value another client swapped in: persisted too.
+            assert_eq!(
+                n.execute(cas, d.rkey, d.base + 64, 8, &[], &mut [])
+                    .unwrap(),
+                7
+            );
+            let faa = OpKind::Faa { add: 1 };
+            assert_eq!(
+                n.execute(faa, d.rkey, d.base + 128, 8, &[], &mut [])
+                    .unwrap(),
+                0
+            );
+            if media == Media::Nvm {
+                assert_eq!(*persists.lock(), vec![(64, 8), (64, 8), (128, 8)]);
+            } else {
+                assert_eq!(calls.load(Ordering::SeqCst), 0, "DRAM is never persisted");
+            }
+        }
     }
 
     #[test]

@@ -1412,6 +1412,13 @@ impl Connection for RdmaConnection {
                 wr.addr = a.as_ptr() as u64 + 8 * i as u64;
                 wr.lkey = a.lkey();
                 wr.len = 8;
+                if r.desc.media == Media::Nvm {
+                    // An atomic on persistent memory completes once the node persisted its
+                    // word (the same request as durable writes', after the batch's verbs).
+                    persist.extend_from_slice(&op.rkey.0.to_le_bytes());
+                    persist.extend_from_slice(&(op.addr - r.desc.base).to_le_bytes());
+                    persist.extend_from_slice(&8u64.to_le_bytes());
+                }
             }
             wrs.push(wr);
         }

@@ -2,7 +2,8 @@
 //! at build time. Connections are RC queue pairs set up with rdma-cm; one-sided verbs are
 //! executed by the NIC; a [`crate::Batch`] is one `ibv_post_send` of a linked list of work
 //! requests (one doorbell) of which only the last is signalled; small writes go inline;
-//! atomics are refused up front on devices without them; a durable write is followed by a
+//! atomics are refused up front on devices without them (on persistent regions they are
+//! followed by the persist request below); a durable write is followed by a
 //! READ on the same QP (the read-after-write flush) and, on persistent regions, by a
 //! persist request the node executes before it answers. RPC runs over SEND/RECV with
 //! pre-posted receive buffers and credits.

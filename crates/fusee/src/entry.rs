@@ -1,0 +1,632 @@
+//! The key-value API over stored values ([`crate::value`]): plain values, values with a
+//! deadline, and values larger than one object. Every operation here is the SNAPSHOT
+//! operation of the same name on the key's stored bytes, plus what a deadline or chunks
+//! need around it: an expired key reads as absent, and a write that replaced or deleted a
+//! large value deletes its chunks after.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+
+use crate::client::{CasResult, Client, DeleteResult, InsertResult, UpdateResult};
+use crate::error::{Error, Result};
+use crate::value::{self, Body, Manifest};
+use crate::{alloc, object};
+
+/// A key's value as read: the value, its deadline, and the version a conditional write
+/// ([`Client::replace`], [`Client::delete_entry`]) compares — exactly this write of the key,
+/// not only its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub value: Vec<u8>,
+    /// Unix milliseconds after which the key reads as absent (`None`: never).
+    pub expires_at: Option<u64>,
+    version: Vec<u8>,
+}
+
+impl Entry {
+    /// Milliseconds left at `now` (Unix milliseconds) before the key expires.
+    pub fn ttl_ms(&self, now: u64) -> Option<u64> {
+        self.expires_at.map(|d| d.saturating_sub(now))
+    }
+}
+
+/// Chunk operations a large value keeps in flight.
+const CHUNK_WAVE: usize = 64;
+/// Reads of a large value before giving up on one whose chunks keep being replaced.
+const READ_TRIES: usize = 16;
+/// The smallest chunk worth the name (a longer key leaves less room in a chunk object).
+const MIN_CHUNK: usize = 4096;
+
+/// What a key's stored bytes say, once opened.
+enum Opened {
+    Live(Entry),
+    /// Its deadline passed: absent (these are the stored bytes, to delete exactly them).
+    Expired(Vec<u8>),
+    /// A chunk of its large value is gone: the key was written since; read again.
+    Changed,
+}
+
+/// A value made ready to write: its stored bytes, and the manifest of the chunks written
+/// for it (deleted again if the write does not take effect).
+struct Prepared {
+    raw: Vec<u8>,
+    large: Option<Manifest>,
+}
+
+fn check_key(key: &[u8]) -> Result<()> {
+    if value::is_reserved(key) {
+        return Err(Error::ReservedKey {
+            prefix: value::CHUNK_PREFIX.escape_ascii().to_string(),
+        });
+    }
+    Ok(())
+}
+
+impl Client {
+    /// SEARCH: the value of `key` (`None` if absent or expired). One round trip on an
+    /// address-cache hit (the slot and the object read together), two otherwise (buckets,
+    /// then object); a large value reads its chunks after, many at once.
+    pub fn search(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        dmkit_verbs::block_on(self.search_async(key))
+    }
+
+    /// [`Client::search`], awaited: one client serves many searches in flight at once, from
+    /// any executor.
+    pub async fn search_async(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        Ok(self.get_async(key).await?.map(|e| e.value))
+    }
+
+    /// The value of `key` with its deadline and version (`None` if absent or expired; an
+    /// expired key met here is deleted, by a conditional delete of exactly what was read).
+    pub fn get(&self, key: &[u8]) -> Result<Option<Entry>> {
+        dmkit_verbs::block_on(self.get_async(key))
+    }
+
+    /// [`Client::get`], awaited.
+    pub async fn get_async(&self, key: &[u8]) -> Result<Option<Entry>> {
+        check_key(key)?;
+        let mut before: Option<Vec<u8>> = None;
+        for _ in 0..READ_TRIES {
+            let Some(raw) = self.search_raw_async(key).await? else {
+                return Ok(None);
+            };
+            if before.as_ref() == Some(&raw) {
+                // The same manifest (they are unique) and a chunk still missing.
+                return Err(Error::LargeValue {
+                    key: key.escape_ascii().to_string(),
+                    reason: "a chunk of its value is missing".into(),
+                });
+            }
+            match self.open_stored(key, raw.clone()).await? {
+                Opened::Live(e) => return Ok(Some(e)),
+                Opened::Expired(raw) => {
+                    self.reclaim_one(key, &raw).await;
+                    return Ok(None);
+                }
+                Opened::Changed => before = Some(raw),
+            }
+        }
+        Err(Error::LargeValue {
+            key: key.escape_ascii().to_string(),
+            reason: format!("it was rewritten under each of {READ_TRIES} reads"),
+        })
+    }
+
+    /// INSERT: `key → value` unless the key is present (an expired key counts as absent).
+    pub fn insert(&self, key: &[u8], value: &[u8]) -> Result<InsertResult> {
+        dmkit_verbs::block_on(self.insert_async(key, value))
+    }
+
+    /// [`Client::insert`], awaited.
+    pub async fn insert_async(&self, key: &[u8], value: &[u8]) -> Result<InsertResult> {
+        self.insert_with_async(key, value, None).await
+    }
+
+    /// [`Client::insert`] with a deadline (Unix milliseconds; `None`: never expires).
+    pub fn insert_with(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        expires_at: Option<u64>,
+    ) -> Result<InsertResult> {
+        dmkit_verbs::block_on(self.insert_with_async(key, value, expires_at))
+    }
+
+    /// [`Client::insert_with`], awaited.
+    pub async fn insert_with_async(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        expires_at: Option<u64>,
+    ) -> Result<InsertResult> {
+        let p = self.prepare(key, value, expires_at).await?;
+        let r = loop {
+            if self.insert_raw_async(key, &p.raw).await? == InsertResult::Inserted {
+                break InsertResult::Inserted;
+            }
+            // Present; an expired key is replaced as if absent (exactly the version read).
+            let Some(cur) = self.search_raw_async(key).await? else {
+                continue;
+            };
+            if !value::expired(&cur, self.now()) {
+                break InsertResult::AlreadyExists;
+            }
+            if self.cas_raw_async(key, &cur, &p.raw).await? == CasResult::Swapped {
+                self.after_write(key, Some(cur)).await;
+                break InsertResult::Inserted;
+            }
+        };
+        if r == InsertResult::AlreadyExists {
+            self.abandon(key, &p).await;
+        }
+        Ok(r)
+    }
+
+    /// UPDATE: replaces the value of a present (unexpired) key; the new value has no
+    /// deadline.
+    pub fn update(&self, key: &[u8], value: &[u8]) -> Result<UpdateResult> {
+        dmkit_verbs::block_on(self.update_async(key, value))
+    }
+
+    /// [`Client::update`], awaited.
+    pub async fn update_async(&self, key: &[u8], value: &[u8]) -> Result<UpdateResult> {
+        let p = self.prepare(key, value, None).await?;
+        let replaced = Mutex::new(None);
+        let r = self.update_raw_async(key, &p.raw, true, &replaced).await?;
+        match r {
+            UpdateResult::Updated => self.after_write(key, replaced.into_inner()).await,
+            UpdateResult::NotFound => self.abandon(key, &p).await,
+        }
+        Ok(r)
+    }
+
+    /// SET semantics: update if present, insert otherwise; no deadline.
+    pub fn upsert(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        dmkit_verbs::block_on(self.upsert_async(key, value))
+    }
+
+    /// [`Client::upsert`], awaited.
+    pub async fn upsert_async(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        self.put_async(key, value, None).await
+    }
+
+    /// SET with a deadline (Unix milliseconds; `None`: never expires): update if present
+    /// (expired or not), insert otherwise.
+    pub fn put(&self, key: &[u8], value: &[u8], expires_at: Option<u64>) -> Result<()> {
+        dmkit_verbs::block_on(self.put_async(key, value, expires_at))
+    }
+
+    /// [`Client::put`], awaited. A key whose address is cached is most likely present: it
+    /// is updated first (the rounds of an UPDATE). Any other key is inserted first, which
+    /// for a new key takes the rounds of an INSERT (an UPDATE first would spend a round to
+    /// find it absent); a present key answers the INSERT's first round, and is updated.
+    pub async fn put_async(&self, key: &[u8], value: &[u8], expires_at: Option<u64>) -> Result<()> {
+        let p = self.prepare(key, value, expires_at).await?;
+        let mut update_first = self.is_cached(key);
+        loop {
+            if update_first {
+                let replaced = Mutex::new(None);
+                if self.update_raw_async(key, &p.raw, false, &replaced).await?
+                    == UpdateResult::Updated
+                {
+                    self.after_write(key, replaced.into_inner()).await;
+                    return Ok(());
+                }
+            } else {
+                update_first = true;
+            }
+            if self.insert_raw_async(key, &p.raw).await? == InsertResult::Inserted {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Compare-and-set: replaces the value of `key` with `value` (no deadline) only if it
+    /// is `expected` (byte for byte, whatever its deadline) when the write takes effect —
+    /// one SNAPSHOT round, as UPDATE, when the key has no deadline. Linearizable:
+    /// [`CasResult::Mismatch`] carries the value the key held instead.
+    pub fn compare_and_set(&self, key: &[u8], expected: &[u8], value: &[u8]) -> Result<CasResult> {
+        dmkit_verbs::block_on(self.compare_and_set_async(key, expected, value))
+    }
+
+    /// [`Client::compare_and_set`], awaited.
+    pub async fn compare_and_set_async(
+        &self,
+        key: &[u8],
+        expected: &[u8],
+        value: &[u8],
+    ) -> Result<CasResult> {
+        let p = self.prepare(key, value, None).await?;
+        // First guess: the key holds `expected` inline, with no deadline.
+        let mut version = value::encode_inline(expected, None);
+        let r = loop {
+            match self.cas_raw_async(key, &version, &p.raw).await? {
+                CasResult::Swapped => {
+                    self.after_write(key, Some(version)).await;
+                    break CasResult::Swapped;
+                }
+                CasResult::NotFound => break CasResult::NotFound,
+                CasResult::Mismatch(held) => match self.open_stored(key, held).await? {
+                    // The expected value, stored otherwise (a deadline, chunks): that exactly.
+                    Opened::Live(e) if e.value == expected => version = e.version,
+                    Opened::Live(e) => break CasResult::Mismatch(e.value),
+                    Opened::Expired(raw) => {
+                        self.reclaim_one(key, &raw).await;
+                        break CasResult::NotFound;
+                    }
+                    Opened::Changed => {}
+                },
+            }
+        };
+        if r != CasResult::Swapped {
+            self.abandon(key, &p).await;
+        }
+        Ok(r)
+    }
+
+    /// Replaces `key`'s value and deadline only if the key still holds exactly `current`
+    /// (as read by [`Client::get`]: the same write, not only the same bytes). Linearizable.
+    pub fn replace(
+        &self,
+        key: &[u8],
+        current: &Entry,
+        value: &[u8],
+        expires_at: Option<u64>,
+    ) -> Result<CasResult> {
+        dmkit_verbs::block_on(self.replace_async(key, current, value, expires_at))
+    }
+
+    /// [`Client::replace`], awaited.
+    pub async fn replace_async(
+        &self,
+        key: &[u8],
+        current: &Entry,
+        value: &[u8],
+        expires_at: Option<u64>,
+    ) -> Result<CasResult> {
+        let p = self.prepare(key, value, expires_at).await?;
+        let r = self.cas_raw_async(key, &current.version, &p.raw).await?;
+        if r == CasResult::Swapped {
+            self.after_write(key, Some(current.version.clone())).await;
+            return Ok(r);
+        }
+        self.abandon(key, &p).await;
+        self.held(key, r).await
+    }
+
+    /// DELETE: removes a present (unexpired) key.
+    pub fn delete(&self, key: &[u8]) -> Result<DeleteResult> {
+        dmkit_verbs::block_on(self.delete_async(key))
+    }
+
+    /// [`Client::delete`], awaited.
+    pub async fn delete_async(&self, key: &[u8]) -> Result<DeleteResult> {
+        check_key(key)?;
+        let replaced = Mutex::new(None);
+        let r = self.delete_raw_async(key, true, &replaced).await?;
+        if r == DeleteResult::Deleted {
+            self.after_write(key, replaced.into_inner()).await;
+        }
+        Ok(r)
+    }
+
+    /// Conditional DELETE: removes `key` only if its value is `expected` when the delete takes
+    /// effect (GETDEL is a read, then this). Linearizable, as [`Client::compare_and_set`].
+    pub fn delete_if(&self, key: &[u8], expected: &[u8]) -> Result<CasResult> {
+        dmkit_verbs::block_on(self.delete_if_async(key, expected))
+    }
+
+    /// [`Client::delete_if`], awaited.
+    pub async fn delete_if_async(&self, key: &[u8], expected: &[u8]) -> Result<CasResult> {
+        check_key(key)?;
+        let mut version = value::encode_inline(expected, None);
+        loop {
+            match self.delete_if_raw_async(key, &version).await? {
+                CasResult::Swapped => {
+                    self.after_write(key, Some(version)).await;
+                    return Ok(CasResult::Swapped);
+                }
+                CasResult::NotFound => return Ok(CasResult::NotFound),
+                CasResult::Mismatch(held) => match self.open_stored(key, held).await? {
+                    Opened::Live(e) if e.value == expected => version = e.version,
+                    Opened::Live(e) => return Ok(CasResult::Mismatch(e.value)),
+                    Opened::Expired(raw) => {
+                        self.reclaim_one(key, &raw).await;
+                        return Ok(CasResult::NotFound);
+                    }
+                    Opened::Changed => {}
+                },
+            }
+        }
+    }
+
+    /// Deletes `key` only if it still holds exactly `current` (as read by [`Client::get`]).
+    pub fn delete_entry(&self, key: &[u8], current: &Entry) -> Result<CasResult> {
+        dmkit_verbs::block_on(self.delete_entry_async(key, current))
+    }
+
+    /// [`Client::delete_entry`], awaited.
+    pub async fn delete_entry_async(&self, key: &[u8], current: &Entry) -> Result<CasResult> {
+        check_key(key)?;
+        let r = self.delete_if_raw_async(key, &current.version).await?;
+        if r == CasResult::Swapped {
+            self.after_write(key, Some(current.version.clone())).await;
+            return Ok(r);
+        }
+        self.held(key, r).await
+    }
+
+    /// One step of a scan over every key: the keys of one index subtable, and the cursor of
+    /// the next step (0 when the scan is done; start with 0). Every key present for the whole
+    /// scan is returned at least once, even while the index grows; a key may come twice
+    /// (deduplicate to count), and one written or deleted during the scan may or may not come
+    /// (as Redis's SCAN). Expired keys and the chunks of large values are not returned.
+    /// Three round trips a step: directory, subtable, objects.
+    pub fn scan(&self, cursor: u64) -> Result<(Vec<Vec<u8>>, u64)> {
+        dmkit_verbs::block_on(self.scan_async(cursor))
+    }
+
+    /// [`Client::scan`], awaited.
+    pub async fn scan_async(&self, cursor: u64) -> Result<(Vec<Vec<u8>>, u64)> {
+        let (items, next) = self.scan_raw_async(cursor).await?;
+        let now = self.now();
+        let keys = items
+            .into_iter()
+            .filter(|(k, raw)| !value::is_reserved(k) && !value::expired(raw, now))
+            .map(|(k, _)| k)
+            .collect();
+        Ok((keys, next))
+    }
+
+    /// One step of the background sweep (over the same cursor as [`Client::scan`]): deletes
+    /// the expired keys of one index subtable, and the chunks there that no manifest names
+    /// and that are older than [`crate::ClientConfig::orphan_grace`] (left by a large write
+    /// that crashed). Returns how many it deleted and the next cursor (0: done).
+    pub fn reclaim_expired(&self, cursor: u64) -> Result<(usize, u64)> {
+        dmkit_verbs::block_on(self.reclaim_expired_async(cursor))
+    }
+
+    /// [`Client::reclaim_expired`], awaited.
+    pub async fn reclaim_expired_async(&self, cursor: u64) -> Result<(usize, u64)> {
+        let (items, next) = self.scan_raw_async(cursor).await?;
+        let now = self.now();
+        let grace = self.config().orphan_grace.as_millis() as u64;
+        let mut named: HashMap<Vec<u8>, Option<(u64, u64, u64)>> = HashMap::new();
+        let mut deleted = 0;
+        for (k, raw) in items {
+            if let Some(c) = value::parse_chunk_key(&k) {
+                if c.created_ms.saturating_add(grace) > now {
+                    continue;
+                }
+                let owner = c.key.to_vec();
+                let names = match named.get(&owner) {
+                    Some(n) => *n,
+                    None => {
+                        let held = self.search_raw_async(&owner).await?;
+                        let n = held.and_then(|raw| match value::decode(&raw).ok()?.body {
+                            Body::Large(m) => Some((m.created_ms, m.writer, m.seq)),
+                            Body::Inline(_) => None,
+                        });
+                        named.insert(owner, n);
+                        n
+                    }
+                };
+                if names != Some((c.created_ms, c.writer, c.seq))
+                    && self.delete_if_raw_async(&k, &raw).await? == CasResult::Swapped
+                {
+                    deleted += 1;
+                }
+            } else if value::expired(&raw, now)
+                && self.delete_if_raw_async(&k, &raw).await? == CasResult::Swapped
+            {
+                self.after_write(&k, Some(raw)).await;
+                deleted += 1;
+            }
+        }
+        if deleted > 0 {
+            metrics::counter!("dmkit_fusee_reclaimed_keys_total").increment(deleted as u64);
+        }
+        Ok((deleted, next))
+    }
+
+    /// Opens stored bytes: the entry (a large value's chunks read and checked), or why not.
+    async fn open_stored(&self, key: &[u8], raw: Vec<u8>) -> Result<Opened> {
+        let d = value::decode(&raw)?;
+        if d.expired(self.now()) {
+            return Ok(Opened::Expired(raw));
+        }
+        let value = match d.body {
+            Body::Inline(v) => v.to_vec(),
+            Body::Large(m) => match self.read_chunks(key, &m).await? {
+                Some(v) => v,
+                None => return Ok(Opened::Changed),
+            },
+        };
+        Ok(Opened::Live(Entry {
+            value,
+            expires_at: d.deadline,
+            version: raw,
+        }))
+    }
+
+    /// A conditional write's result that did not swap, with the value as the caller sees it.
+    async fn held(&self, key: &[u8], r: CasResult) -> Result<CasResult> {
+        let CasResult::Mismatch(held) = r else {
+            return Ok(r);
+        };
+        Ok(match self.open_stored(key, held).await? {
+            Opened::Live(e) => CasResult::Mismatch(e.value),
+            Opened::Expired(raw) => {
+                self.reclaim_one(key, &raw).await;
+                CasResult::NotFound
+            }
+            // Written again since: what it holds now.
+            Opened::Changed => match self.get_async(key).await? {
+                Some(e) => CasResult::Mismatch(e.value),
+                None => CasResult::NotFound,
+            },
+        })
+    }
+
+    /// Deletes an expired key met by a read (exactly the version read: a write since wins).
+    async fn reclaim_one(&self, key: &[u8], raw: &[u8]) {
+        match self.delete_if_raw_async(key, raw).await {
+            Ok(CasResult::Swapped) => {
+                metrics::counter!("dmkit_fusee_reclaimed_keys_total").increment(1);
+                self.after_write(key, Some(raw.to_vec())).await;
+            }
+            Ok(_) => {}
+            Err(e) => tracing::debug!(error = %e, "expired key left to the sweep"),
+        }
+    }
+
+    /// Makes a value ready to write: checks it, and writes the chunks of a large one.
+    async fn prepare(&self, key: &[u8], value: &[u8], expires_at: Option<u64>) -> Result<Prepared> {
+        check_key(key)?;
+        let cfg = self.config();
+        if value.len() > cfg.max_value {
+            return Err(Error::ValueTooLarge {
+                len: value.len(),
+                max: cfg.max_value,
+            });
+        }
+        let inline = value::inline_len(value.len(), expires_at);
+        if object::object_len(key.len(), inline) <= alloc::MAX_OBJECT {
+            return Ok(Prepared {
+                raw: value::encode_inline(value, expires_at),
+                large: None,
+            });
+        }
+        // A chunk object: header, chunk key, kind byte and bytes, log entry.
+        let chunk_key_len = value::CHUNK_PREFIX.len() + 28 + key.len();
+        let room = (alloc::MAX_OBJECT - object::LOG_LEN - object::HEADER_LEN)
+            .saturating_sub(chunk_key_len + 1)
+            / 8
+            * 8;
+        if room < MIN_CHUNK {
+            return Err(Error::KeyTooLong(key.len()));
+        }
+        let m = Manifest {
+            len: value.len() as u64,
+            chunk_len: room as u32,
+            chunks: value.len().div_ceil(room) as u32,
+            created_ms: self.now(),
+            writer: self.id(),
+            seq: self
+                .inner_large_seq()
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            crc: crc32c::crc32c(value),
+        };
+        let started = Instant::now();
+        let written = self.write_chunks(key, &m, value).await;
+        let late = started.elapsed() > cfg.orphan_grace / 2;
+        if written.is_err() || late {
+            self.drop_chunks(key, &m).await;
+        }
+        written?;
+        if late {
+            return Err(Error::LargeValue {
+                key: key.escape_ascii().to_string(),
+                reason: "writing its chunks took longer than half the orphan grace period; \
+                         nothing was written"
+                    .into(),
+            });
+        }
+        Ok(Prepared {
+            raw: value::encode_large(&m, expires_at),
+            large: Some(m),
+        })
+    }
+
+    async fn write_chunks(&self, key: &[u8], m: &Manifest, value: &[u8]) -> Result<()> {
+        for wave in (0..m.chunks).collect::<Vec<_>>().chunks(CHUNK_WAVE) {
+            let writes = wave.iter().map(|&i| async move {
+                let k = m.chunk_key(key, i);
+                let raw = value::encode_inline(&value[m.range(i)], None);
+                match self.insert_raw_async(&k, &raw).await? {
+                    InsertResult::Inserted => Ok(()),
+                    InsertResult::AlreadyExists => Err(Error::LargeValue {
+                        key: key.escape_ascii().to_string(),
+                        reason: format!("chunk key {} is taken", k.escape_ascii()),
+                    }),
+                }
+            });
+            for r in dmkit_verbs::join_all(writes.collect()).await {
+                r?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The chunks of `m`, checked (`None`: one is gone, the key was written since).
+    async fn read_chunks(&self, key: &[u8], m: &Manifest) -> Result<Option<Vec<u8>>> {
+        let mut out = vec![0u8; m.len as usize];
+        for wave in (0..m.chunks).collect::<Vec<_>>().chunks(CHUNK_WAVE) {
+            let reads = wave
+                .iter()
+                .map(|&i| async move { (i, self.search_raw_async(&m.chunk_key(key, i)).await) });
+            for (i, r) in dmkit_verbs::join_all(reads.collect()).await {
+                let Some(raw) = r? else {
+                    return Ok(None);
+                };
+                let range = m.range(i);
+                match value::decode(&raw)?.body {
+                    Body::Inline(b) if b.len() == range.len() => out[range].copy_from_slice(b),
+                    _ => {
+                        return Err(Error::Corrupt(format!(
+                            "chunk {i} of key {:?} has the wrong shape",
+                            key.escape_ascii().to_string()
+                        )));
+                    }
+                }
+            }
+        }
+        if crc32c::crc32c(&out) != m.crc {
+            return Err(Error::Corrupt(format!(
+                "the value of key {:?} fails its checksum",
+                key.escape_ascii().to_string()
+            )));
+        }
+        Ok(Some(out))
+    }
+
+    /// Deletes the chunks of `m` (best effort: what is left, the sweep takes).
+    async fn drop_chunks(&self, key: &[u8], m: &Manifest) {
+        for wave in (0..m.chunks).collect::<Vec<_>>().chunks(CHUNK_WAVE) {
+            let deletes = wave.iter().map(|&i| async move {
+                let unused = Mutex::new(None);
+                self.delete_raw_async(&m.chunk_key(key, i), false, &unused)
+                    .await
+            });
+            for r in dmkit_verbs::join_all(deletes.collect()).await {
+                if let Err(e) = r {
+                    tracing::warn!(error = %e, "a chunk left to the sweep");
+                }
+            }
+        }
+    }
+
+    /// After a write took effect: the chunks of the value it replaced (or of its own value,
+    /// when it was overwritten at once) go.
+    pub(crate) async fn after_write(&self, key: &[u8], replaced: Option<Vec<u8>>) {
+        let Some(raw) = replaced else {
+            return;
+        };
+        if let Ok(value::Decoded {
+            body: Body::Large(m),
+            ..
+        }) = value::decode(&raw)
+        {
+            self.drop_chunks(key, &m).await;
+        }
+    }
+
+    /// A write that did not take effect: its chunks go.
+    async fn abandon(&self, key: &[u8], p: &Prepared) {
+        if let Some(m) = &p.large {
+            self.drop_chunks(key, m).await;
+        }
+    }
+}

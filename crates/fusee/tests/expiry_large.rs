@@ -1,0 +1,334 @@
+//! Deadlines (expiry) and values larger than one object, on an in-process cluster.
+
+use std::time::Duration;
+
+use dmkit_fusee::{
+    CasResult, ClientConfig, DeleteResult, Error, InsertResult, LocalCluster, LocalConfig,
+    UpdateResult, now_ms,
+};
+
+fn cluster(nodes: u16, r: usize, pool_mib: usize) -> LocalCluster {
+    let mut cfg = LocalConfig::new(nodes, r);
+    cfg.pool_bytes = pool_mib << 20;
+    LocalCluster::start(cfg).unwrap()
+}
+
+/// Every key a full scan returns (deduplicated, sorted).
+fn all_keys(k: &dmkit_fusee::Client) -> Vec<Vec<u8>> {
+    let mut keys = Vec::new();
+    let mut cursor = 0;
+    loop {
+        let (mut some, next) = k.scan(cursor).unwrap();
+        keys.append(&mut some);
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+/// A full background sweep: how many keys and chunks it deleted.
+fn sweep(k: &dmkit_fusee::Client) -> usize {
+    let (mut n, mut cursor) = k.reclaim_expired(0).unwrap();
+    while cursor != 0 {
+        let (m, next) = k.reclaim_expired(cursor).unwrap();
+        n += m;
+        cursor = next;
+    }
+    n
+}
+
+#[test]
+fn an_expired_key_reads_as_absent_and_is_replaced_as_absent() {
+    let c = cluster(3, 3, 64);
+    let k = c.client(1).unwrap();
+    let now = now_ms();
+    k.put(b"past", b"v", Some(now - 1)).unwrap();
+    assert_eq!(k.search(b"past").unwrap(), None);
+    k.put(b"soon", b"v", Some(now + 300)).unwrap();
+    let e = k.get(b"soon").unwrap().unwrap();
+    assert_eq!(
+        (e.value.as_slice(), e.expires_at),
+        (&b"v"[..], Some(now + 300))
+    );
+    assert!(e.ttl_ms(now).unwrap() <= 300);
+    std::thread::sleep(Duration::from_millis(350));
+    assert_eq!(k.get(b"soon").unwrap(), None);
+    // INSERT over an expired key succeeds; UPDATE and DELETE of one find nothing.
+    k.put(b"x", b"old", Some(now_ms() - 1)).unwrap();
+    assert_eq!(k.update(b"x", b"new").unwrap(), UpdateResult::NotFound);
+    assert_eq!(k.delete(b"x").unwrap(), DeleteResult::NotFound);
+    assert_eq!(k.insert(b"x", b"new").unwrap(), InsertResult::Inserted);
+    assert_eq!(k.search(b"x").unwrap().as_deref(), Some(&b"new"[..]));
+    // PERSIST-like: replace the exact version with no deadline.
+    k.put(b"p", b"v", Some(now_ms() + 60_000)).unwrap();
+    let e = k.get(b"p").unwrap().unwrap();
+    assert_eq!(k.replace(b"p", &e, b"v", None).unwrap(), CasResult::Swapped);
+    assert_eq!(k.get(b"p").unwrap().unwrap().expires_at, None);
+    // The old version no longer matches.
+    assert_eq!(
+        k.replace(b"p", &e, b"w", None).unwrap(),
+        CasResult::Mismatch(b"v".to_vec())
+    );
+    assert_eq!(
+        k.delete_entry(b"p", &e).unwrap(),
+        CasResult::Mismatch(b"v".to_vec())
+    );
+    // A value compare ignores the deadline: compare-and-set and delete-if match it.
+    k.put(b"c", b"1", Some(now_ms() + 60_000)).unwrap();
+    assert_eq!(
+        k.compare_and_set(b"c", b"1", b"2").unwrap(),
+        CasResult::Swapped
+    );
+    assert_eq!(k.get(b"c").unwrap().unwrap().expires_at, None);
+    k.put(b"d", b"1", Some(now_ms() + 60_000)).unwrap();
+    assert_eq!(k.delete_if(b"d", b"1").unwrap(), CasResult::Swapped);
+    k.put(b"e", b"1", Some(now_ms() - 1)).unwrap();
+    assert_eq!(
+        k.compare_and_set(b"e", b"1", b"2").unwrap(),
+        CasResult::NotFound
+    );
+}
+
+#[test]
+fn the_background_sweep_deletes_expired_keys_and_frees_their_space() {
+    let c = cluster(2, 2, 64);
+    let k = c.client(1).unwrap();
+    let soon = now_ms() + 200;
+    for i in 0..200 {
+        let deadline = (i % 2 == 0).then_some(soon);
+        k.put(format!("k{i}").as_bytes(), b"value", deadline)
+            .unwrap();
+    }
+    assert_eq!(all_keys(&k).len(), 200);
+    std::thread::sleep(Duration::from_millis(250));
+    // Expired keys are gone from scans at once, and from the index after a sweep.
+    assert_eq!(all_keys(&k).len(), 100);
+    k.flush().unwrap();
+    k.reclaim().unwrap();
+    let free_before = k.free_objects();
+    assert_eq!(sweep(&k), 100);
+    assert_eq!(sweep(&k), 0);
+    assert_eq!(all_keys(&k).len(), 100);
+    // Their objects are free again (freed by the deletes, taken back by the owner).
+    k.flush().unwrap();
+    k.reclaim().unwrap();
+    let free_after = k.free_objects();
+    assert!(
+        free_after >= free_before + 100,
+        "{free_before} free objects before the sweep, {free_after} after"
+    );
+    // The sweep on the client's background task does the same, unasked.
+    for i in 0..50 {
+        k.put(format!("t{i}").as_bytes(), b"value", Some(now_ms() + 100))
+            .unwrap();
+    }
+    k.start_expiry_sweep(Duration::from_millis(5));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let mut cfg = ClientConfig::new(9);
+        cfg.clock_skew_ms = -3_600_000;
+        // An hour behind: it still sees expired keys unless they are deleted.
+        let behind = c.client_with(cfg).unwrap();
+        if all_keys(&behind).len() == 100 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the background sweep did not run"
+        );
+    }
+}
+
+#[test]
+fn clock_skew_moves_expiry_by_the_skew_and_no_more() {
+    let c = cluster(3, 3, 64);
+    let writer = c.client(1).unwrap();
+    let mut ahead = ClientConfig::new(2);
+    ahead.clock_skew_ms = 2_000;
+    let ahead = c.client_with(ahead).unwrap();
+    let mut behind = ClientConfig::new(3);
+    behind.clock_skew_ms = -2_000;
+    let behind = c.client_with(behind).unwrap();
+    let d = now_ms() + 1_000;
+    writer.put(b"a", b"v", Some(d)).unwrap();
+    writer.put(b"b", b"v", Some(d)).unwrap();
+    // A clock 2 s ahead sees both expired now, 1 s before the deadline...
+    assert_eq!(ahead.search(b"a").unwrap(), None);
+    // ...and deleted the one it read: for everyone it is gone (expiry may come early by the
+    // largest skew ahead).
+    assert_eq!(behind.search(b"a").unwrap(), None);
+    assert_eq!(writer.search(b"a").unwrap(), None);
+    // A clock 2 s behind still reads the other after the deadline (late by its skew)...
+    std::thread::sleep(Duration::from_millis(d.saturating_sub(now_ms()) + 100));
+    assert_eq!(writer.search(b"b").unwrap(), None);
+    assert!(now_ms() > d);
+    let late = behind.get(b"b").unwrap();
+    // (the writer's read deleted it: a reader whose clock is on time ends the skew window)
+    assert_eq!(late, None);
+    writer.put(b"b", b"v", Some(now_ms() + 200)).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        behind.search(b"b").unwrap().as_deref(),
+        Some(&b"v"[..]),
+        "a clock 2 s behind reads the key until its own clock passes the deadline"
+    );
+    // ...but never past the deadline plus its skew.
+    std::thread::sleep(Duration::from_millis(2_000));
+    assert_eq!(behind.search(b"b").unwrap(), None);
+}
+
+#[test]
+fn large_values_round_trip_and_leave_no_chunks_behind() {
+    let c = cluster(2, 2, 96);
+    let k = c.client(1).unwrap();
+    let v: Vec<u8> = (0..1_000_000u32).map(|i| (i * 31 % 251) as u8).collect();
+    assert_eq!(k.insert(b"big", &v).unwrap(), InsertResult::Inserted);
+    assert_eq!(k.search(b"big").unwrap().unwrap(), v);
+    assert_eq!(k.insert(b"big", b"x").unwrap(), InsertResult::AlreadyExists);
+    // Another client reads it whole; scans show the key, not its chunks.
+    assert_eq!(c.client(2).unwrap().search(b"big").unwrap().unwrap(), v);
+    assert_eq!(all_keys(&k), vec![b"big".to_vec()]);
+    // Overwritten by a large value, a small one, a large one with a deadline; compared and
+    // swapped; deleted: no chunk is left (a sweep with no grace finds no orphan).
+    let w: Vec<u8> = v.iter().rev().copied().collect();
+    k.upsert(b"big", &w).unwrap();
+    assert_eq!(k.search(b"big").unwrap().unwrap(), w);
+    assert_eq!(k.update(b"big", b"small").unwrap(), UpdateResult::Updated);
+    k.put(b"big", &v, Some(now_ms() + 60_000)).unwrap();
+    assert_eq!(
+        k.compare_and_set(b"big", &v, &w).unwrap(),
+        CasResult::Swapped
+    );
+    assert_eq!(k.search(b"big").unwrap().unwrap(), w);
+    assert_eq!(
+        k.compare_and_set(b"big", &v, b"no").unwrap(),
+        CasResult::Mismatch(w.clone())
+    );
+    assert_eq!(k.delete(b"big").unwrap(), DeleteResult::Deleted);
+    assert_eq!(k.search(b"big").unwrap(), None);
+    let mut cfg = ClientConfig::new(3);
+    cfg.orphan_grace = Duration::ZERO;
+    let sweeper = c.client_with(cfg).unwrap();
+    assert_eq!(sweep(&sweeper), 0, "chunks left behind");
+    assert!(all_keys(&k).is_empty());
+}
+
+#[test]
+fn a_64_mib_value_round_trips() {
+    let c = cluster(2, 1, 160);
+    let k = c.client(1).unwrap();
+    let v: Vec<u8> = (0..64u32 << 20).map(|i| (i ^ (i >> 9)) as u8).collect();
+    k.upsert(b"huge", &v).unwrap();
+    assert!(k.search(b"huge").unwrap().unwrap() == v);
+    assert_eq!(k.delete(b"huge").unwrap(), DeleteResult::Deleted);
+}
+
+#[test]
+fn too_large_values_and_reserved_keys_are_refused_before_anything_is_written() {
+    let c = cluster(2, 2, 64);
+    let mut cfg = ClientConfig::new(1);
+    cfg.max_value = 100_000;
+    let k = c.client_with(cfg).unwrap();
+    k.upsert(b"k", b"old").unwrap();
+    let e = k.upsert(b"k", &vec![7u8; 100_001]).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::ValueTooLarge {
+                len: 100_001,
+                max: 100_000
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("maximum"), "{e}");
+    assert_eq!(k.search(b"k").unwrap().as_deref(), Some(&b"old"[..]));
+    assert!(k.insert(b"n", &vec![7u8; 200_000]).is_err());
+    assert_eq!(k.search(b"n").unwrap(), None);
+    let reserved = [dmkit_fusee::value::CHUNK_PREFIX, b"x"].concat();
+    for r in [
+        k.upsert(&reserved, b"v").map(|_| ()),
+        k.search(&reserved).map(|_| ()),
+        k.delete(&reserved).map(|_| ()),
+    ] {
+        assert!(matches!(r, Err(Error::ReservedKey { .. })), "{r:?}");
+    }
+    // A writer too slow for the orphan grace gives up and leaves nothing.
+    let mut cfg = ClientConfig::new(2);
+    cfg.orphan_grace = Duration::ZERO;
+    let slow = c.client_with(cfg).unwrap();
+    let e = slow.upsert(b"k", &vec![1u8; 50_000]).unwrap_err();
+    assert!(e.to_string().contains("grace"), "{e}");
+    assert_eq!(k.search(b"k").unwrap().as_deref(), Some(&b"old"[..]));
+    assert_eq!(sweep(&slow), 0);
+}
+
+fn is_crash(e: &Error) -> bool {
+    matches!(e, Error::Verbs(dmkit_verbs::Error::ClientCrashed { .. }))
+        || e.to_string().contains("crashed")
+}
+
+#[test]
+fn a_large_write_cut_by_a_crash_is_whole_or_not_there_and_leaves_nothing() {
+    let mut cfg = LocalConfig::new(3, 2);
+    cfg.block_size = 128 << 10;
+    let c = LocalCluster::start(cfg).unwrap();
+    let before = vec![1u8; 40_000];
+    let after = vec![2u8; 40_000];
+    let mut sweeper = ClientConfig::new(2);
+    sweeper.orphan_grace = Duration::ZERO;
+    let sweeper = c.client_with(sweeper).unwrap();
+    let mut outcomes = [0usize; 2];
+    for (step, n) in (3..260).step_by(11).enumerate() {
+        let id = 10 + step as u64;
+        let key = format!("big-{id}");
+        let w = c.client(id).unwrap();
+        w.upsert(key.as_bytes(), &before).unwrap();
+        w.flush().unwrap();
+        c.sim.crash_client_after(id, n);
+        let acked = match w.upsert(key.as_bytes(), &after) {
+            Ok(()) => true,
+            Err(e) => {
+                assert!(is_crash(&e), "crash at {n}: failed otherwise: {e}");
+                false
+            }
+        };
+        let _ = w.flush();
+        drop(w);
+        let (rec, _) = c.recover(id).unwrap();
+        rec.flush().unwrap();
+        let now = sweeper.search(key.as_bytes()).unwrap().unwrap();
+        if acked {
+            assert!(now == after, "crash at {n}: acknowledged but lost");
+        } else {
+            assert!(now == after || now == before, "crash at {n}: half written");
+        }
+        outcomes[usize::from(now == after)] += 1;
+        // What the crash left (chunks no manifest names) the sweep takes; the value stays.
+        sweep(&sweeper);
+        assert!(sweeper.search(key.as_bytes()).unwrap().unwrap() == now);
+        // Deleted, nothing of the crashed client's is left in use.
+        assert_eq!(
+            sweeper.delete(key.as_bytes()).unwrap(),
+            DeleteResult::Deleted
+        );
+        sweeper.flush().unwrap();
+        rec.reclaim().unwrap();
+        let total: u64 = rec
+            .owned_block_classes()
+            .iter()
+            .map(|class| dmkit_fusee::alloc::BlockGeometry::new(c.view.block_size, *class).objects)
+            .sum();
+        assert_eq!(
+            rec.free_objects() as u64,
+            total,
+            "crash at {n}: objects of the crashed client leaked"
+        );
+    }
+    assert!(outcomes[0] > 0 && outcomes[1] > 0, "{outcomes:?}");
+}
