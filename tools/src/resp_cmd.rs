@@ -4,7 +4,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use dmkit_fusee::{Client, DeleteResult, InsertResult, UpdateResult};
-use dmkit_tools::resp::{Cas, KvBackend, PutMode, RespConfig, RespServer, ScanStep};
+use dmkit_tools::resp::{
+    BoxFuture, Cas, Entry, KvBackend, PutMode, RespConfig, RespServer, ScanStep, Version,
+};
 
 use crate::CliError;
 use crate::cluster_file::ClusterFile;
@@ -32,6 +34,11 @@ pub struct RespArgs {
     /// password, instead of a --password-file.
     #[arg(long)]
     pub auth_cluster_secret: bool,
+    /// Active expiry: one step of the sweep that deletes expired keys (one FUSEE index
+    /// subtable) every this many milliseconds; 0 turns it off (expired keys are then deleted
+    /// only when read).
+    #[arg(long, default_value_t = 100)]
+    pub expiry_sweep_ms: u64,
 }
 
 /// The password in `path` (its trailing newline ignored): usage errors name the file.
@@ -65,6 +72,61 @@ fn cas(r: dmkit_fusee::CasResult) -> Cas {
 /// FUSEE behind the RESP gateway.
 #[derive(Debug, Clone)]
 pub struct FuseeBackend(pub Client);
+
+fn err(e: dmkit_fusee::Error) -> String {
+    e.to_string()
+}
+
+/// FUSEE's entry as the gateway's: the value moved out, FUSEE's entry (its version) kept as
+/// the token a conditional write hands back.
+fn entry(mut e: dmkit_fusee::Entry) -> Entry {
+    let value = std::mem::take(&mut e.value);
+    Entry {
+        value,
+        expires_at: e.expires_at,
+        version: Version::new(e),
+    }
+}
+
+fn fusee_entry(e: &Entry) -> Result<&dmkit_fusee::Entry, String> {
+    e.version
+        .get::<dmkit_fusee::Entry>()
+        .ok_or_else(|| "an entry read from another backend".to_string())
+}
+
+async fn put_entry(
+    c: &Client,
+    key: &[u8],
+    value: &[u8],
+    expires_at: Option<u64>,
+    mode: PutMode,
+) -> Result<bool, String> {
+    match (mode, expires_at) {
+        (PutMode::Upsert, _) => c.put_async(key, value, expires_at).await.map(|()| true),
+        (PutMode::IfAbsent, _) => c
+            .insert_with_async(key, value, expires_at)
+            .await
+            .map(|r| r == InsertResult::Inserted),
+        (PutMode::IfPresent, None) => c
+            .update_async(key, value)
+            .await
+            .map(|r| r == UpdateResult::Updated),
+        // UPDATE writes no deadline: over exactly the entry read instead.
+        (PutMode::IfPresent, Some(_)) => loop {
+            let Some(cur) = c.get_async(key).await.map_err(err)? else {
+                return Ok(false);
+            };
+            if c.replace_async(key, &cur, value, expires_at)
+                .await
+                .map_err(err)?
+                == dmkit_fusee::CasResult::Swapped
+            {
+                return Ok(true);
+            }
+        },
+    }
+    .map_err(err)
+}
 
 impl KvBackend for FuseeBackend {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, String> {
@@ -186,6 +248,113 @@ impl KvBackend for FuseeBackend {
         }))
     }
 
+    fn get_entry(&self, key: &[u8]) -> Result<Option<Entry>, String> {
+        self.0.get(key).map(|e| e.map(entry)).map_err(err)
+    }
+
+    fn get_entry_async(&self, key: Vec<u8>) -> Option<BoxFuture<Result<Option<Entry>, String>>> {
+        let c = self.0.clone();
+        Some(Box::pin(async move {
+            c.get_async(&key).await.map(|e| e.map(entry)).map_err(err)
+        }))
+    }
+
+    fn put_entry(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        expires_at: Option<u64>,
+        mode: PutMode,
+    ) -> Result<bool, String> {
+        dmkit_verbs::block_on(put_entry(&self.0, key, value, expires_at, mode))
+    }
+
+    fn put_entry_async(
+        &self,
+        key: Vec<u8>,
+        value: Vec<u8>,
+        expires_at: Option<u64>,
+        mode: PutMode,
+    ) -> Option<BoxFuture<Result<bool, String>>> {
+        let c = self.0.clone();
+        Some(Box::pin(async move {
+            put_entry(&c, &key, &value, expires_at, mode).await
+        }))
+    }
+
+    fn replace_entry(
+        &self,
+        key: &[u8],
+        current: &Entry,
+        value: &[u8],
+        expires_at: Option<u64>,
+    ) -> Result<Cas, String> {
+        self.0
+            .replace(key, fusee_entry(current)?, value, expires_at)
+            .map(cas)
+            .map_err(err)
+    }
+
+    fn replace_entry_async(
+        &self,
+        key: Vec<u8>,
+        current: Entry,
+        value: Vec<u8>,
+        expires_at: Option<u64>,
+    ) -> Option<BoxFuture<Result<Cas, String>>> {
+        let c = self.0.clone();
+        Some(Box::pin(async move {
+            let cur = fusee_entry(&current)?;
+            c.replace_async(&key, cur, &value, expires_at)
+                .await
+                .map(cas)
+                .map_err(err)
+        }))
+    }
+
+    fn delete_entry(&self, key: &[u8], current: &Entry) -> Result<Cas, String> {
+        self.0
+            .delete_entry(key, fusee_entry(current)?)
+            .map(cas)
+            .map_err(err)
+    }
+
+    fn delete_entry_async(
+        &self,
+        key: Vec<u8>,
+        current: Entry,
+    ) -> Option<BoxFuture<Result<Cas, String>>> {
+        let c = self.0.clone();
+        Some(Box::pin(async move {
+            let cur = fusee_entry(&current)?;
+            c.delete_entry_async(&key, cur).await.map(cas).map_err(err)
+        }))
+    }
+
+    fn reclaim_expired(&self, cursor: u64) -> Result<(usize, u64), String> {
+        self.0.reclaim_expired(cursor).map_err(err)
+    }
+
+    fn reclaim_expired_async(
+        &self,
+        cursor: u64,
+    ) -> Option<BoxFuture<Result<(usize, u64), String>>> {
+        let c = self.0.clone();
+        Some(Box::pin(async move {
+            c.reclaim_expired_async(cursor).await.map_err(err)
+        }))
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.0.now()
+    }
+
+    fn max_value(&self) -> usize {
+        // `dmkit kv` and `dmkit resp` build their clients with the default settings.
+        static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        *MAX.get_or_init(|| dmkit_fusee::ClientConfig::new(0).max_value)
+    }
+
     fn info(&self) -> Vec<(String, String)> {
         let s = self.0.cache_stats();
         vec![
@@ -231,6 +400,8 @@ pub fn run(args: RespArgs) -> Result<(), CliError> {
         Arc::new(FuseeBackend(client)),
         RespConfig {
             password,
+            expiry_sweep: (args.expiry_sweep_ms > 0)
+                .then(|| std::time::Duration::from_millis(args.expiry_sweep_ms)),
             ..RespConfig::default()
         },
     )
@@ -310,6 +481,76 @@ mod tests {
                 "key k{i}: {v:?}"
             );
         }
+    }
+
+    fn say(c: &mut TcpStream, what: &[u8], lines: usize) -> String {
+        c.write_all(what).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 8192];
+        while got.windows(2).filter(|w| w == b"\r\n").count() < lines {
+            let n = c.read(&mut buf).unwrap();
+            assert!(n > 0, "closed");
+            got.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8_lossy(&got).into_owned()
+    }
+
+    /// Deadlines over FUSEE: TTL counts down, an expired key reads as absent, and the
+    /// gateway's sweep deletes the expired keys nobody reads (INFO counts them). PERSIST and
+    /// KEEPTTL keep the value; an EXPIRE never undoes a write between its read and its write.
+    #[test]
+    fn expiry_over_fusee() {
+        let cluster = LocalCluster::start_tcp(LocalConfig::new(3, 3)).unwrap();
+        let client = cluster.client(12).unwrap();
+        let s = RespServer::start(
+            "127.0.0.1:0",
+            Arc::new(FuseeBackend(client.clone())),
+            RespConfig {
+                expiry_sweep: Some(Duration::from_millis(5)),
+                ..RespConfig::default()
+            },
+        )
+        .unwrap();
+        let mut c = TcpStream::connect(s.local_addr()).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        assert_eq!(
+            say(
+                &mut c,
+                b"SET a 1 PX 100\r\nSET b 2 EX 100\r\nSET c 3 KEEPTTL\r\nPERSIST b\r\nTTL b\r\nSETEX d 100 4\r\nTTL d\r\nEXPIRE d 200 GT\r\nTTL d\r\n",
+                9
+            ),
+            "+OK\r\n+OK\r\n+OK\r\n:1\r\n:-1\r\n+OK\r\n:100\r\n:1\r\n:200\r\n"
+        );
+        for i in 0..20 {
+            say(&mut c, format!("SET gone{i} x PX 50\r\n").as_bytes(), 1);
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let t = std::time::Instant::now();
+        loop {
+            let info = say(&mut c, b"INFO\r\n", 3);
+            std::thread::sleep(Duration::from_millis(50));
+            let mut rest = vec![0u8; 65536];
+            c.set_read_timeout(Some(Duration::from_millis(100)))
+                .unwrap();
+            let n = c.read(&mut rest).unwrap_or(0);
+            c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            let info = format!("{info}{}", String::from_utf8_lossy(&rest[..n]));
+            let expired: u64 = info
+                .split("expired_keys:")
+                .nth(1)
+                .and_then(|r| r.split_whitespace().next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            // a and the 20 others: nobody read them, the sweep took them.
+            if expired >= 21 {
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(20), "{info}");
+        }
+        assert_eq!(
+            say(&mut c, b"GET a\r\nEXISTS b c d gone1\r\nDBSIZE\r\n", 3),
+            "$-1\r\n:3\r\n:3\r\n"
+        );
     }
 
     /// MGET, MSET, DEL and EXISTS over many keys go out as one write per memory node per

@@ -1,16 +1,18 @@
 //! A Redis-protocol gateway (RESP2, and RESP3 after `HELLO 3`): Redis clients talk to a
-//! key-value backend (FUSEE) through GET, SET (NX/XX/GET), SETNX, GETSET, GETDEL, DEL,
-//! EXISTS, MGET, MSET, MSETNX (one key), INCR/INCRBY/DECR/DECRBY/INCRBYFLOAT, APPEND, STRLEN,
-//! GETRANGE, SETRANGE, TYPE, SCAN, KEYS, DBSIZE, RANDOMKEY, FLUSHDB/FLUSHALL, PING, ECHO,
-//! INFO, COMMAND, CONFIG GET, SELECT 0, TIME, HELLO, AUTH,
-//! CLIENT (ID, SETNAME, GETNAME, LIST, INFO, SETINFO), MULTI/EXEC/DISCARD, RESET and QUIT,
-//! with Redis's error formats and pipelining. Read-modify-write commands read the value and
-//! write over it with the backend's compare-and-set ([`KvBackend::compare_and_set`]), again
-//! when another writer came between.
+//! key-value backend (FUSEE) through the string, key, expiry, connection, server and
+//! transaction commands of [`commands::COMMANDS`] (the one list of what is served), with
+//! Redis's error formats and pipelining. Read-modify-write commands read the key's entry
+//! (value, deadline, version: [`KvBackend::get_entry`]) and write over exactly that entry
+//! ([`KvBackend::replace_entry`], [`KvBackend::delete_entry`]), again when another writer came
+//! between.
+//!
+//! **Expiry**: a key may carry a deadline (Unix milliseconds, the backend's clock); past it
+//! the key reads as absent, and a background task deletes expired keys one backend step at
+//! a time ([`RespConfig::expiry_sweep`]).
 //!
 //! **Transactions**: a `MULTI` block on one key is one atomic step (run on a copy of the
-//! value read, written over it with compare-and-set, run again if another writer came
-//! between); `WATCH` of one key aborts `EXEC` (nil) when its value changed. A block or a
+//! entry read, written over it with compare-and-set, run again if another writer came
+//! between); `WATCH` of one key aborts `EXEC` (nil) when its entry changed. A block or a
 //! `WATCH` over several keys is refused with an error and nothing applied: this store cannot
 //! yet make several keys one atomic step, and never half-applies one.
 
@@ -35,7 +37,70 @@ pub enum PutMode {
     IfPresent,
 }
 
+/// What a conditional write of an entry compares: the backend's own token for one write of a
+/// key (not only its bytes: a change back to the same value is a change), compared with `==`.
+#[derive(Clone)]
+pub struct Version(Arc<dyn Token>);
+
+/// A backend's version token (any `PartialEq` type).
+pub trait Token: Send + Sync + 'static {
+    /// Whether `other` is the same token.
+    fn same(&self, other: &dyn Token) -> bool;
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+impl<T: PartialEq + Send + Sync + 'static> Token for T {
+    fn same(&self, other: &dyn Token) -> bool {
+        other.as_any().downcast_ref::<T>() == Some(self)
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl Version {
+    pub fn new<T: PartialEq + Send + Sync + 'static>(token: T) -> Version {
+        Version(Arc::new(token))
+    }
+
+    /// The token, if it is a `T` (a backend reads back its own).
+    pub fn get<T: 'static>(&self) -> Option<&T> {
+        self.0.as_any().downcast_ref::<T>()
+    }
+}
+
+impl PartialEq for Version {
+    fn eq(&self, other: &Version) -> bool {
+        self.0.same(other.0.as_ref())
+    }
+}
+
+impl std::fmt::Debug for Version {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Version(..)")
+    }
+}
+
+/// A key's value as read, with its deadline and its version.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    pub value: Vec<u8>,
+    /// Unix milliseconds (the backend's clock, [`KvBackend::now_ms`]) after which the key
+    /// reads as absent; `None`: never.
+    pub expires_at: Option<u64>,
+    /// What [`KvBackend::replace_entry`] and [`KvBackend::delete_entry`] compare.
+    pub version: Version,
+}
+
+const NO_EXPIRY: &str = "this backend has no deadlines (expiry)";
+
 /// The store behind the gateway.
+///
+/// Deadlines: an entry may expire ([`KvBackend::put_entry`] and
+/// [`KvBackend::replace_entry`] take one); past it the key reads as absent everywhere
+/// (`get`, `get_entry`, `scan`, and a `put` with [`PutMode::IfAbsent`] takes it as absent), and
+/// [`KvBackend::reclaim_expired`] deletes expired keys one step at a time. `put` (and
+/// `compare_and_set`) write a value without a deadline, as Redis's SET does.
 pub trait KvBackend: Send + Sync {
     /// The value of `key`, if present.
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, String>;
@@ -84,6 +149,107 @@ pub trait KvBackend: Send + Sync {
         let _ = cursor;
         None
     }
+    /// The key's entry: value, deadline and version (`None` if absent or expired). The
+    /// default has no deadlines: the value is its own version.
+    fn get_entry(&self, key: &[u8]) -> Result<Option<Entry>, String> {
+        Ok(self.get(key)?.map(|v| Entry {
+            version: Version::new(v.clone()),
+            value: v,
+            expires_at: None,
+        }))
+    }
+    /// Stores `value` with deadline `expires_at` as `mode` says; whether it was written.
+    fn put_entry(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        expires_at: Option<u64>,
+        mode: PutMode,
+    ) -> Result<bool, String> {
+        match expires_at {
+            None => self.put(key, value, mode),
+            Some(_) => Err(NO_EXPIRY.into()),
+        }
+    }
+    /// Writes `value` and deadline `expires_at` only if `key` still holds exactly `current`
+    /// (its version), linearizable.
+    fn replace_entry(
+        &self,
+        key: &[u8],
+        current: &Entry,
+        value: &[u8],
+        expires_at: Option<u64>,
+    ) -> Result<Cas, String> {
+        match (expires_at, current.version.get::<Vec<u8>>()) {
+            (None, Some(v)) => self.compare_and_set(key, v, value),
+            _ => Err(NO_EXPIRY.into()),
+        }
+    }
+    /// Deletes `key` only if it still holds exactly `current`, linearizable.
+    fn delete_entry(&self, key: &[u8], current: &Entry) -> Result<Cas, String> {
+        match current.version.get::<Vec<u8>>() {
+            Some(v) => self.delete_if(key, v),
+            None => Err(NO_EXPIRY.into()),
+        }
+    }
+    /// One step of the background sweep: deletes expired keys of one part of the store;
+    /// how many, and the next cursor (0: a round is done; start with 0).
+    fn reclaim_expired(&self, cursor: u64) -> Result<(usize, u64), String> {
+        let _ = cursor;
+        Ok((0, 0))
+    }
+    /// The clock deadlines are compared with: Unix milliseconds.
+    fn now_ms(&self) -> u64 {
+        unix_ms()
+    }
+    /// The longest value a write accepts (the gateway refuses longer ones, writing nothing).
+    fn max_value(&self) -> usize {
+        usize::MAX
+    }
+    /// [`KvBackend::get_entry`] as a future (see [`KvBackend::get_async`]).
+    fn get_entry_async(&self, key: Vec<u8>) -> Option<BoxFuture<Result<Option<Entry>, String>>> {
+        let _ = key;
+        None
+    }
+    /// [`KvBackend::put_entry`] as a future (see [`KvBackend::get_async`]).
+    fn put_entry_async(
+        &self,
+        key: Vec<u8>,
+        value: Vec<u8>,
+        expires_at: Option<u64>,
+        mode: PutMode,
+    ) -> Option<BoxFuture<Result<bool, String>>> {
+        let _ = (key, value, expires_at, mode);
+        None
+    }
+    /// [`KvBackend::replace_entry`] as a future (see [`KvBackend::get_async`]).
+    fn replace_entry_async(
+        &self,
+        key: Vec<u8>,
+        current: Entry,
+        value: Vec<u8>,
+        expires_at: Option<u64>,
+    ) -> Option<BoxFuture<Result<Cas, String>>> {
+        let _ = (key, current, value, expires_at);
+        None
+    }
+    /// [`KvBackend::delete_entry`] as a future (see [`KvBackend::get_async`]).
+    fn delete_entry_async(
+        &self,
+        key: Vec<u8>,
+        current: Entry,
+    ) -> Option<BoxFuture<Result<Cas, String>>> {
+        let _ = (key, current);
+        None
+    }
+    /// [`KvBackend::reclaim_expired`] as a future (see [`KvBackend::get_async`]).
+    fn reclaim_expired_async(
+        &self,
+        cursor: u64,
+    ) -> Option<BoxFuture<Result<(usize, u64), String>>> {
+        let _ = cursor;
+        None
+    }
     /// Lines for INFO's "# Keyspace"-like backend section (`name:value`).
     fn info(&self) -> Vec<(String, String)> {
         Vec::new()
@@ -115,6 +281,13 @@ pub trait KvBackend: Send + Sync {
         let _ = key;
         None
     }
+}
+
+/// The system clock: Unix milliseconds.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// What a conditional write did.
@@ -150,6 +323,11 @@ pub struct RespConfig {
     /// connection must `AUTH` (or `HELLO … AUTH default PASSWORD`) before any other command.
     /// It is compared in constant time and never shown (INFO, CONFIG GET, logs).
     pub password: Option<Vec<u8>>,
+    /// Active expiry: every this often, one step of the backend's sweep
+    /// ([`KvBackend::reclaim_expired`]: FUSEE deletes the expired keys of one index subtable)
+    /// runs in the background, so that expired keys nobody reads again free their space.
+    /// `None`: only reads reclaim them.
+    pub expiry_sweep: Option<std::time::Duration>,
 }
 
 impl Default for RespConfig {
@@ -160,6 +338,7 @@ impl Default for RespConfig {
             io_threads: 0,
             backend_threads: 64,
             password: None,
+            expiry_sweep: Some(std::time::Duration::from_millis(100)),
         }
     }
 }
@@ -169,6 +348,8 @@ struct Shared {
     cfg: RespConfig,
     clients: AtomicUsize,
     commands: AtomicU64,
+    /// Keys the background sweep found expired and deleted.
+    expired: AtomicU64,
     started: Instant,
     stop: AtomicBool,
     /// Commands on keys, to the dispatcher (see [`dispatch`]).
@@ -210,6 +391,7 @@ impl Shared {
             cfg,
             clients: AtomicUsize::new(0),
             commands: AtomicU64::new(0),
+            expired: AtomicU64::new(0),
             started: Instant::now(),
             stop: AtomicBool::new(false),
             jobs,
@@ -322,11 +504,15 @@ impl RespServer {
             tokio::net::TcpListener::from_std(l)?
         };
         let accept = handle.spawn(accept_loop(shared.clone(), listener));
+        let mut tasks = vec![accept, dispatcher];
+        if let Some(every) = shared.cfg.expiry_sweep {
+            tasks.push(handle.spawn(sweep(shared.clone(), every)));
+        }
         Ok(RespServer {
             addr: local,
             shared,
             rt,
-            tasks: vec![accept, dispatcher],
+            tasks,
         })
     }
 
@@ -351,6 +537,27 @@ impl Drop for RespServer {
         }
         if let Some(rt) = self.rt.take() {
             rt.shutdown_background();
+        }
+    }
+}
+
+/// Active expiry: one step of the backend's sweep every `every`, round after round (a step
+/// that fails is tried again at the next tick from where it was).
+async fn sweep(s: Arc<Shared>, every: std::time::Duration) {
+    let mut cursor = 0;
+    loop {
+        tokio::time::sleep(every).await;
+        if s.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        match reclaim_expired(&s, cursor).await {
+            Ok((n, next)) => {
+                if n > 0 {
+                    s.expired.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                cursor = next;
+            }
+            Err(e) => tracing::debug!(error = %e, "expiry sweep step failed; again later"),
         }
     }
 }
@@ -392,42 +599,33 @@ enum Running {
 /// Commands of one connection in flight at once, at most.
 const MAX_PIPELINE_IN_FLIGHT: usize = 64;
 
-/// The commands on keys (see [`command_keys`]).
-const KEY_COMMANDS: [&str; 21] = [
-    "get",
-    "set",
-    "setnx",
-    "del",
-    "unlink",
-    "exists",
-    "mget",
-    "mset",
-    "msetnx",
-    "incr",
-    "decr",
-    "incrby",
-    "decrby",
-    "incrbyfloat",
-    "append",
-    "getset",
-    "getdel",
-    "strlen",
-    "getrange",
-    "substr",
-    "setrange",
-];
-
-/// The keys a command reads or writes (`None`: it touches no key and runs inline).
+/// The keys a command reads or writes (`None`: it touches no key and runs inline), by its
+/// key positions in the command table (a container's by its subcommand's: OBJECT ENCODING).
 fn command_keys<'a>(name: &str, argv: &'a [Vec<u8>]) -> Option<Vec<&'a [u8]>> {
-    match name {
-        // (No key: the command still runs, to answer with its arity error.)
-        "get" | "set" | "setnx" | "incr" | "decr" | "incrby" | "decrby" | "incrbyfloat"
-        | "append" | "getset" | "getdel" | "strlen" | "getrange" | "substr" | "setrange"
-        | "type" => Some(argv.first().map(|k| vec![k.as_slice()]).unwrap_or_default()),
-        "del" | "unlink" | "exists" | "mget" => Some(argv.iter().map(Vec::as_slice).collect()),
-        "mset" | "msetnx" => Some(argv.iter().step_by(2).map(Vec::as_slice).collect()),
-        _ => None,
+    if CONN_COMMANDS.contains(&name) {
+        return None;
     }
+    let c = served(name)?;
+    let (mut first, mut last, mut step) = c.keys;
+    if first == 0 {
+        let sub = argv.first()?;
+        (first, last, step) = commands::lookup(&[c.name.as_bytes(), b"|", sub].concat())?.keys;
+        if first == 0 {
+            return None;
+        }
+    }
+    let argc = argv.len() as i64 + 1;
+    let last = if last < 0 {
+        argc + last
+    } else {
+        last.min(argc - 1)
+    };
+    Some(
+        (first..=last)
+            .step_by(step.max(1) as usize)
+            .filter_map(|i| argv.get(i as usize - 1).map(Vec::as_slice))
+            .collect(),
+    )
 }
 
 /// A backend call: awaited in place when the backend is async, on the blocking pool when it
@@ -491,43 +689,98 @@ async fn all_keys(s: &Arc<Shared>) -> Result<Vec<Vec<u8>>, String> {
     }
 }
 
-async fn cas(s: &Arc<Shared>, key: &[u8], expected: &[u8], value: &[u8]) -> Result<Cas, String> {
-    let (k, e, v) = (key.to_vec(), expected.to_vec(), value.to_vec());
+async fn get_entry(s: &Arc<Shared>, key: &[u8]) -> Result<Option<Entry>, String> {
+    let k = key.to_vec();
+    call(s, s.backend.get_entry_async(k.clone()), move |b| {
+        b.get_entry(&k)
+    })
+    .await
+}
+
+async fn put_entry(
+    s: &Arc<Shared>,
+    key: &[u8],
+    value: &[u8],
+    expires_at: Option<u64>,
+    mode: PutMode,
+) -> Result<bool, String> {
+    let (k, v) = (key.to_vec(), value.to_vec());
     let fut = s
         .backend
-        .compare_and_set_async(k.clone(), e.clone(), v.clone());
-    call(s, fut, move |b| b.compare_and_set(&k, &e, &v)).await
+        .put_entry_async(k.clone(), v.clone(), expires_at, mode);
+    call(s, fut, move |b| b.put_entry(&k, &v, expires_at, mode)).await
 }
 
-async fn delete_if(s: &Arc<Shared>, key: &[u8], expected: &[u8]) -> Result<Cas, String> {
-    let (k, e) = (key.to_vec(), expected.to_vec());
-    let fut = s.backend.delete_if_async(k.clone(), e.clone());
-    call(s, fut, move |b| b.delete_if(&k, &e)).await
+async fn replace_entry(
+    s: &Arc<Shared>,
+    key: &[u8],
+    current: &Entry,
+    value: &[u8],
+    expires_at: Option<u64>,
+) -> Result<Cas, String> {
+    let (k, c, v) = (key.to_vec(), current.clone(), value.to_vec());
+    let fut = s
+        .backend
+        .replace_entry_async(k.clone(), c.clone(), v.clone(), expires_at);
+    call(s, fut, move |b| b.replace_entry(&k, &c, &v, expires_at)).await
 }
 
-/// Read-modify-write of one key, linearizable: reads the value, asks `f` for the new one
-/// (`None`: leave the key as it is; an error reply: stop), and writes it only over the value
-/// read (compare-and-set, or an insert over "absent"); again if another writer came between.
-/// Returns the value read and the one written.
+async fn delete_entry(s: &Arc<Shared>, key: &[u8], current: &Entry) -> Result<Cas, String> {
+    let (k, c) = (key.to_vec(), current.clone());
+    let fut = s.backend.delete_entry_async(k.clone(), c.clone());
+    call(s, fut, move |b| b.delete_entry(&k, &c)).await
+}
+
+async fn reclaim_expired(s: &Arc<Shared>, cursor: u64) -> Result<(usize, u64), String> {
+    let fut = s.backend.reclaim_expired_async(cursor);
+    call(s, fut, move |b| b.reclaim_expired(cursor)).await
+}
+
+/// What a read-modify-write writes.
+#[derive(Debug, Clone, PartialEq)]
+enum Write {
+    /// This value, with this deadline.
+    Set(Vec<u8>, Option<u64>),
+    Delete,
+}
+
+/// Read-modify-write of one key, linearizable: reads the entry, asks `f` what to write
+/// (`None`: leave the key as it is; an error reply: stop), and writes it only over exactly
+/// the entry read (compare-and-set of its version, an insert over "absent"); again if
+/// another writer came between. Returns the entry read and what was written.
 async fn rmw(
     s: &Arc<Shared>,
     key: &[u8],
-    f: impl Fn(Option<&[u8]>) -> Result<Option<Vec<u8>>, Reply>,
-) -> Result<(Option<Vec<u8>>, Option<Vec<u8>>), Reply> {
+    f: impl Fn(Option<&Entry>) -> Result<Option<Write>, Reply>,
+) -> Result<(Option<Entry>, Option<Write>), Reply> {
     loop {
-        let cur = get(s, key).await.map_err(backend_err)?;
-        let Some(new) = f(cur.as_deref())? else {
+        let cur = get_entry(s, key).await.map_err(backend_err)?;
+        let Some(w) = f(cur.as_ref())? else {
             return Ok((cur, None));
         };
-        let written = match &cur {
-            None => put(s, key, &new, PutMode::IfAbsent).await,
-            Some(c) => cas(s, key, c, &new).await.map(|r| r == Cas::Swapped),
+        if let Write::Set(v, _) = &w {
+            if v.len() > s.backend.max_value() {
+                return Err(too_large());
+            }
+        }
+        let written = match (&cur, &w) {
+            (None, Write::Set(v, d)) => put_entry(s, key, v, *d, PutMode::IfAbsent).await,
+            (Some(c), Write::Set(v, d)) => replace_entry(s, key, c, v, *d)
+                .await
+                .map(|r| r == Cas::Swapped),
+            (Some(c), Write::Delete) => delete_entry(s, key, c).await.map(|r| r == Cas::Swapped),
+            (None, Write::Delete) => Ok(true),
         }
         .map_err(backend_err)?;
         if written {
-            return Ok((cur, Some(new)));
+            return Ok((cur, Some(w)));
         }
     }
+}
+
+/// Redis's error for a value longer than the store takes (nothing is written).
+fn too_large() -> Reply {
+    Reply::err("string exceeds maximum allowed size (proto-max-bulk-len)")
 }
 
 fn parse_i64(v: &[u8]) -> Option<i64> {
@@ -565,18 +818,24 @@ async fn incr(s: &Arc<Shared>, name: &str, argv: &[Vec<u8>]) -> Reply {
         let r = rmw(s, key, |cur| {
             let n = match cur {
                 None => 0.0,
-                Some(c) => parse_f64(c).ok_or_else(|| Reply::err("value is not a valid float"))?,
+                Some(c) => {
+                    parse_f64(&c.value).ok_or_else(|| Reply::err("value is not a valid float"))?
+                }
             };
             let v = n + by;
             if !v.is_finite() {
                 return Err(Reply::err("increment would produce NaN or Infinity"));
             }
-            Ok(Some(format!("{v}").into_bytes()))
+            // The key keeps its deadline, as in Redis.
+            Ok(Some(Write::Set(
+                format!("{v}").into_bytes(),
+                cur.and_then(|c| c.expires_at),
+            )))
         })
         .await;
         return match r {
-            Ok((_, Some(v))) => Reply::Bulk(v),
-            Ok((_, None)) => Reply::Nil,
+            Ok((_, Some(Write::Set(v, _)))) => Reply::Bulk(v),
+            Ok(_) => Reply::Nil,
             Err(e) => e,
         };
     }
@@ -598,17 +857,20 @@ async fn incr(s: &Arc<Shared>, name: &str, argv: &[Vec<u8>]) -> Reply {
     let r = rmw(s, key, |cur| {
         let n = match cur {
             None => 0,
-            Some(c) => parse_i64(c).ok_or_else(not_integer)?,
+            Some(c) => parse_i64(&c.value).ok_or_else(not_integer)?,
         };
         let v = n
             .checked_add(delta)
             .ok_or_else(|| Reply::err("increment or decrement would overflow"))?;
-        Ok(Some(v.to_string().into_bytes()))
+        Ok(Some(Write::Set(
+            v.to_string().into_bytes(),
+            cur.and_then(|c| c.expires_at),
+        )))
     })
     .await;
     match r {
-        Ok((_, Some(v))) => Reply::Integer(parse_i64(&v).unwrap_or_default()),
-        Ok((_, None)) => Reply::Nil,
+        Ok((_, Some(Write::Set(v, _)))) => Reply::Integer(parse_i64(&v).unwrap_or_default()),
+        Ok(_) => Reply::Nil,
         Err(e) => e,
     }
 }
@@ -638,7 +900,7 @@ fn submit(s: &Arc<Shared>, args: Vec<Vec<u8>>) -> BoxFuture<Reply> {
             let name = String::from_utf8_lossy(args.first().map_or(&[][..], |a| a.as_slice()))
                 .to_ascii_lowercase();
             // (Only the commands on keys come here: a small, known set of labels.)
-            if let Some(&label) = KEY_COMMANDS.iter().find(|c| **c == name) {
+            if let Some(label) = served(&name).map(|c| c.name) {
                 metrics::histogram!("dmkit_resp_command_seconds", "command" => label)
                     .record(started.elapsed().as_secs_f64());
             }
@@ -680,8 +942,8 @@ struct ConnState {
     multi: Option<Vec<Vec<Vec<u8>>>>,
     /// A command queued in this transaction was refused: EXEC discards it.
     multi_failed: bool,
-    /// The key WATCH named and the value it read then (`None`: absent).
-    watched: Option<(Vec<u8>, Option<Vec<u8>>)>,
+    /// The key WATCH named and the entry it read then (`None`: absent).
+    watched: Option<(Vec<u8>, Option<Entry>)>,
     /// Authenticated (always, without a password).
     authed: bool,
 }
@@ -922,6 +1184,11 @@ fn execute_local(s: &Shared, args: &[Vec<u8>]) -> (Reply, bool) {
         "info" => Reply::Bulk(info(s).into_bytes()),
         "command" => commands::command(argv),
         "config" => config(s, argv),
+        // (OBJECT ENCODING runs on its key; other subcommands come here.)
+        "object" => Reply::err(format!(
+            "unknown subcommand '{}'. Try OBJECT HELP.",
+            String::from_utf8_lossy(argv.first().map_or(&[][..], Vec::as_slice))
+        )),
         "select" => match argv {
             [db] if db.as_slice() == b"0" => Reply::ok(),
             [_] => Reply::err("DB index is out of range"),
@@ -956,6 +1223,21 @@ async fn execute_keyed(s: &Arc<Shared>, args: &[Vec<u8>]) -> Reply {
             _ => arity("get"),
         },
         "set" => set(s, argv).await,
+        "setex" | "psetex" => setex(s, &name, argv).await,
+        "getex" => getex(s, argv).await,
+        "expire" | "pexpire" | "expireat" | "pexpireat" => expire(s, &name, argv).await,
+        "ttl" | "pttl" | "expiretime" | "pexpiretime" => match argv {
+            [k] => ttl(s, &name, k).await,
+            _ => arity(&name),
+        },
+        "persist" => match argv {
+            [k] => persist(s, k).await,
+            _ => arity("persist"),
+        },
+        "object" => object(s, argv).await,
+        "copy" => copy(s, argv).await,
+        "rename" | "renamenx" => rename(s, &name, argv).await,
+        "setnx" if argv.get(1).is_some_and(|v| v.len() > s.backend.max_value()) => too_large(),
         "setnx" => match argv {
             [k, v] => match put(s, k, v, PutMode::IfAbsent).await {
                 Ok(w) => Reply::Integer(i64::from(w)),
@@ -963,7 +1245,7 @@ async fn execute_keyed(s: &Arc<Shared>, args: &[Vec<u8>]) -> Reply {
             },
             _ => arity("setnx"),
         },
-        "del" | "unlink" | "exists" | "mget" if argv.is_empty() => arity(&name),
+        "del" | "unlink" | "exists" | "mget" | "touch" if argv.is_empty() => arity(&name),
         "del" | "unlink" => {
             let futs = distinct(argv)
                 .into_iter()
@@ -974,7 +1256,7 @@ async fn execute_keyed(s: &Arc<Shared>, args: &[Vec<u8>]) -> Reply {
                 .collect();
             count_true(dmkit_verbs::join_all(futs).await)
         }
-        "exists" | "mget" => {
+        "exists" | "mget" | "touch" => {
             let futs = argv
                 .iter()
                 .map(|k| {
@@ -983,7 +1265,7 @@ async fn execute_keyed(s: &Arc<Shared>, args: &[Vec<u8>]) -> Reply {
                 })
                 .collect();
             let got: Vec<Result<Option<Vec<u8>>, String>> = dmkit_verbs::join_all(futs).await;
-            if name == "exists" {
+            if name != "mget" {
                 count_true(got.into_iter().map(|r| r.map(|v| v.is_some())).collect())
             } else {
                 let mut items = Vec::with_capacity(got.len());
@@ -1000,37 +1282,34 @@ async fn execute_keyed(s: &Arc<Shared>, args: &[Vec<u8>]) -> Reply {
         "incr" | "decr" | "incrby" | "decrby" | "incrbyfloat" => incr(s, &name, argv).await,
         "append" => match argv {
             [k, v] => match rmw(s, k, |cur| {
-                let mut b = cur.unwrap_or_default().to_vec();
+                let (mut b, d) =
+                    cur.map_or((Vec::new(), None), |c| (c.value.clone(), c.expires_at));
+                if b.len().saturating_add(v.len()) > MAX_STRING {
+                    return Err(too_large());
+                }
                 b.extend_from_slice(v);
-                Ok(Some(b))
+                Ok(Some(Write::Set(b, d)))
             })
             .await
             {
-                Ok((_, Some(b))) => Reply::Integer(b.len() as i64),
-                Ok((_, None)) => Reply::Integer(0),
+                Ok((_, Some(Write::Set(b, _)))) => Reply::Integer(b.len() as i64),
+                Ok(_) => Reply::Integer(0),
                 Err(e) => e,
             },
             _ => arity("append"),
         },
         "getset" => match argv {
-            [k, v] => match rmw(s, k, |_| Ok(Some(v.clone()))).await {
-                Ok((old, _)) => old.map_or(Reply::Nil, Reply::Bulk),
+            // The new value has no deadline, as in Redis.
+            [k, v] => match rmw(s, k, |_| Ok(Some(Write::Set(v.clone(), None)))).await {
+                Ok((old, _)) => old.map_or(Reply::Nil, |e| Reply::Bulk(e.value)),
                 Err(e) => e,
             },
             _ => arity("getset"),
         },
         "getdel" => match argv {
-            [k] => loop {
-                let cur = match get(s, k).await {
-                    Ok(Some(v)) => v,
-                    Ok(None) => break Reply::Nil,
-                    Err(e) => break backend_err(e),
-                };
-                match delete_if(s, k, &cur).await {
-                    Ok(Cas::Swapped) => break Reply::Bulk(cur),
-                    Ok(Cas::Changed) => continue,
-                    Err(e) => break backend_err(e),
-                }
+            [k] => match rmw(s, k, |cur| Ok(cur.map(|_| Write::Delete))).await {
+                Ok((old, _)) => old.map_or(Reply::Nil, |e| Reply::Bulk(e.value)),
+                Err(e) => e,
             },
             _ => arity("getdel"),
         },
@@ -1070,22 +1349,33 @@ async fn execute_keyed(s: &Arc<Shared>, args: &[Vec<u8>]) -> Reply {
                         // Redis creates nothing and changes nothing for an empty range.
                         return Ok(None);
                     }
-                    let mut b = cur.unwrap_or_default().to_vec();
+                    let (mut b, d) =
+                        cur.map_or((Vec::new(), None), |c| (c.value.clone(), c.expires_at));
                     if b.len() < o + v.len() {
                         b.resize(o + v.len(), 0);
                     }
                     b[o..o + v.len()].copy_from_slice(v);
-                    Ok(Some(b))
+                    Ok(Some(Write::Set(b, d)))
                 })
                 .await
                 {
-                    Ok((_, Some(b))) => Reply::Integer(b.len() as i64),
-                    Ok((cur, None)) => Reply::Integer(cur.map_or(0, |c| c.len() as i64)),
+                    Ok((_, Some(Write::Set(b, _)))) => Reply::Integer(b.len() as i64),
+                    Ok((cur, _)) => Reply::Integer(cur.map_or(0, |c| c.value.len() as i64)),
                     Err(e) => e,
                 },
             },
             _ => arity("setrange"),
         },
+        "mset" | "msetnx"
+            if argv
+                .iter()
+                .skip(1)
+                .step_by(2)
+                .any(|v| v.len() > s.backend.max_value()) =>
+        {
+            // Checked for every value before any is written.
+            too_large()
+        }
         "msetnx" if argv.is_empty() || argv.len() % 2 != 0 => arity("msetnx"),
         "msetnx" if argv.len() > 2 => Reply::err(
             "MSETNX over several keys cannot be one atomic step on this store (nothing was \
@@ -1318,7 +1608,7 @@ async fn execute_conn(s: &Arc<Shared>, st: &mut ConnState, args: &[Vec<u8>]) -> 
             [] => arity("watch"),
             [k] if st.watched.as_ref().is_none_or(|(w, _)| w == k) => {
                 if st.watched.is_none() {
-                    match get(s, k).await {
+                    match get_entry(s, k).await {
                         Ok(v) => st.watched = Some((k.clone(), v)),
                         Err(e) => return (counted_error(backend_err(e)), false),
                     }
@@ -1387,7 +1677,7 @@ async fn execute_conn(s: &Arc<Shared>, st: &mut ConnState, args: &[Vec<u8>]) -> 
     (counted_error(reply), false)
 }
 
-/// Runs a transaction's block (`watched`: the key WATCH read and its value then). A block
+/// Runs a transaction's block (`watched`: the key WATCH read and its entry then). A block
 /// whose commands touch one key (or none) is one atomic step: its commands run against a copy
 /// of the key's value, and the result is written over that value with compare-and-set (an
 /// insert over "absent", a delete-if for a deleted key). When another writer came between:
@@ -1396,7 +1686,7 @@ async fn execute_conn(s: &Arc<Shared>, st: &mut ConnState, args: &[Vec<u8>]) -> 
 async fn exec_block(
     s: &Arc<Shared>,
     q: Vec<Vec<Vec<u8>>>,
-    watched: Option<(Vec<u8>, Option<Vec<u8>>)>,
+    watched: Option<(Vec<u8>, Option<Entry>)>,
 ) -> Reply {
     let mut keys: Vec<Vec<u8>> = Vec::new();
     for args in &q {
@@ -1422,18 +1712,19 @@ async fn exec_block(
     }
     let key = keys.pop();
     loop {
-        // The value the block starts from: WATCH's, or read now.
+        // The entry the block starts from: WATCH's, or read now.
         let start = match (&watched, &key) {
             (Some((_, v)), _) => v.clone(),
-            (None, Some(k)) => match get(s, k).await {
+            (None, Some(k)) => match get_entry(s, k).await {
                 Ok(v) => v,
                 Err(e) => return backend_err(e),
             },
             (None, None) => None,
         };
-        let copy = Arc::new(MemoryBackend::default());
-        if let (Some(k), Some(v)) = (&key, &start) {
-            let _ = copy.put(k, v, PutMode::Upsert);
+        // A copy of the key, on the backend's clock and limits.
+        let copy = Arc::new(MemoryBackend::copying(s.backend.clone()));
+        if let (Some(k), Some(e)) = (&key, &start) {
+            let _ = copy.put_entry(k, &e.value, e.expires_at, PutMode::Upsert);
         }
         let scratch = Shared::scratch(copy.clone(), &s.cfg);
         let mut replies = Vec::with_capacity(q.len());
@@ -1452,21 +1743,27 @@ async fn exec_block(
         let Some(k) = &key else {
             return Reply::Array(replies);
         };
-        let end = copy.get(k).unwrap_or_default();
-        let applied = if end == start {
-            // Nothing to write: with WATCH, the key must still hold what it read.
+        let end = copy
+            .get_entry(k)
+            .unwrap_or_default()
+            .map(|e| (e.value, e.expires_at));
+        let started = start.as_ref().map(|e| (e.value.clone(), e.expires_at));
+        let applied = if end == started {
+            // Nothing to write: with WATCH, the key must still hold exactly what it read.
             match &watched {
-                Some(_) => match get(s, k).await {
+                Some(_) => match get_entry(s, k).await {
                     Ok(now) => now == start,
                     Err(e) => return backend_err(e),
                 },
                 None => true,
             }
         } else {
-            let r = match (&start, &end) {
-                (None, Some(e)) => put(s, k, e, PutMode::IfAbsent).await,
-                (Some(b), Some(e)) => cas(s, k, b, e).await.map(|c| c == Cas::Swapped),
-                (Some(b), None) => delete_if(s, k, b).await.map(|c| c == Cas::Swapped),
+            let r = match (&start, end) {
+                (None, Some((v, d))) => put_entry(s, k, &v, d, PutMode::IfAbsent).await,
+                (Some(b), Some((v, d))) => replace_entry(s, k, b, &v, d)
+                    .await
+                    .map(|c| c == Cas::Swapped),
+                (Some(b), None) => delete_entry(s, k, b).await.map(|c| c == Cas::Swapped),
                 (None, None) => Ok(true),
             };
             match r {
@@ -1821,44 +2118,410 @@ fn command_label(name: &str) -> &'static str {
     served(name).map_or("other", |c| c.name)
 }
 
+/// How an expiry option gives its time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ExpireKind {
+    /// EX: seconds from now.
+    Ex,
+    /// PX: milliseconds from now.
+    Px,
+    /// EXAT: a Unix time in seconds.
+    ExAt,
+    /// PXAT: a Unix time in milliseconds.
+    PxAt,
+}
+
+/// The options of SET (and GETEX), parsed as Redis parses them: NX/XX, GET, and one of
+/// EX/PX/EXAT/PXAT/KEEPTTL (PERSIST for GETEX); an option given twice is taken once, two that
+/// conflict are a syntax error.
+#[derive(Debug, Default)]
+struct SetOptions<'a> {
+    nx: bool,
+    xx: bool,
+    get: bool,
+    keepttl: bool,
+    persist: bool,
+    expire: Option<(ExpireKind, &'a [u8])>,
+}
+
+fn set_options(opts: &[Vec<u8>], getex: bool) -> Result<SetOptions<'_>, Reply> {
+    let mut o = SetOptions::default();
+    let mut i = 0;
+    while i < opts.len() {
+        let opt = opts[i].to_ascii_uppercase();
+        let next = opts.get(i + 1);
+        let kind = match opt.as_slice() {
+            b"EX" => Some(ExpireKind::Ex),
+            b"PX" => Some(ExpireKind::Px),
+            b"EXAT" => Some(ExpireKind::ExAt),
+            b"PXAT" => Some(ExpireKind::PxAt),
+            _ => None,
+        };
+        match (opt.as_slice(), kind) {
+            (b"NX", _) if !getex && !o.xx => o.nx = true,
+            (b"XX", _) if !getex && !o.nx => o.xx = true,
+            (b"GET", _) if !getex => o.get = true,
+            (b"KEEPTTL", _) if !getex && !o.persist && o.expire.is_none() => o.keepttl = true,
+            (b"PERSIST", _) if getex && !o.keepttl && o.expire.is_none() => o.persist = true,
+            (_, Some(k))
+                if !o.keepttl
+                    && !o.persist
+                    && o.expire.is_none_or(|(e, _)| e == k)
+                    && next.is_some() =>
+            {
+                o.expire = next.map(|n| (k, n.as_slice()));
+                i += 1;
+            }
+            _ => return Err(Reply::err("syntax error")),
+        }
+        i += 1;
+    }
+    Ok(o)
+}
+
+fn invalid_expire(cmd: &str) -> Reply {
+    Reply::err(format!("invalid expire time in '{cmd}' command"))
+}
+
+/// The deadline (Unix ms) an EX/PX/EXAT/PXAT option of `cmd` sets, with Redis's checks: an
+/// integer (else "not an integer"), above zero and without overflow (else "invalid expire
+/// time").
+fn option_deadline(cmd: &str, kind: ExpireKind, raw: &[u8], now: u64) -> Result<u64, Reply> {
+    let n = parse_i64(raw).ok_or_else(not_integer)?;
+    let seconds = matches!(kind, ExpireKind::Ex | ExpireKind::ExAt);
+    if n <= 0 || (seconds && n > i64::MAX / 1000) {
+        return Err(invalid_expire(cmd));
+    }
+    let ms = if seconds { n * 1000 } else { n };
+    let at = match kind {
+        ExpireKind::Ex | ExpireKind::Px => ms.checked_add(now as i64),
+        ExpireKind::ExAt | ExpireKind::PxAt => Some(ms),
+    };
+    match at {
+        Some(at) if at > 0 => Ok(at as u64),
+        _ => Err(invalid_expire(cmd)),
+    }
+}
+
+/// SET key value [NX | XX] [GET] [EX s | PX ms | EXAT t | PXAT t | KEEPTTL]. Without KEEPTTL
+/// the key's deadline is replaced (none unless given), as in Redis.
 async fn set(s: &Arc<Shared>, argv: &[Vec<u8>]) -> Reply {
     let [k, v, opts @ ..] = argv else {
         return arity("set");
     };
-    let mut mode = PutMode::Upsert;
-    let mut get_old = false;
-    for o in opts {
-        match o.to_ascii_uppercase().as_slice() {
-            b"NX" if mode == PutMode::Upsert => mode = PutMode::IfAbsent,
-            b"XX" if mode == PutMode::Upsert => mode = PutMode::IfPresent,
-            b"EX" | b"PX" | b"EXAT" | b"PXAT" | b"KEEPTTL" => {
-                return Reply::err(
-                    "expiry (EX/PX/EXAT/PXAT/KEEPTTL) is not supported by this store",
-                );
-            }
-            b"GET" if !get_old => get_old = true,
-            _ => return Reply::err("syntax error"),
-        }
+    let o = match set_options(opts, false) {
+        Ok(o) => o,
+        Err(e) => return e,
+    };
+    let deadline = match o.expire {
+        Some((kind, raw)) => match option_deadline("set", kind, raw, s.backend.now_ms()) {
+            Ok(d) => Some(d),
+            Err(e) => return e,
+        },
+        None => None,
+    };
+    if v.len() > s.backend.max_value() {
+        return too_large();
     }
-    if get_old {
-        // SET ... GET: the old value (nil if none), written over it atomically.
-        return match rmw(s, k, |cur| {
+    let mode = match (o.nx, o.xx) {
+        (true, _) => PutMode::IfAbsent,
+        (_, true) => PutMode::IfPresent,
+        _ => PutMode::Upsert,
+    };
+    if o.get || o.keepttl || (mode == PutMode::IfPresent && deadline.is_some()) {
+        // Read, then write over exactly what was read (SET ... GET answers the old value).
+        let r = rmw(s, k, |cur| {
             Ok(match (mode, cur) {
                 (PutMode::IfAbsent, Some(_)) | (PutMode::IfPresent, None) => None,
-                _ => Some(v.clone()),
+                _ => Some(Write::Set(
+                    v.clone(),
+                    if o.keepttl {
+                        cur.and_then(|c| c.expires_at)
+                    } else {
+                        deadline
+                    },
+                )),
             })
         })
-        .await
-        {
-            Ok((old, _)) => old.map_or(Reply::Nil, Reply::Bulk),
+        .await;
+        return match r {
+            Ok((old, _)) if o.get => old.map_or(Reply::Nil, |e| Reply::Bulk(e.value)),
+            Ok((_, Some(_))) => Reply::ok(),
+            Ok((_, None)) => Reply::Nil,
             Err(e) => e,
         };
     }
-    match put(s, k, v, mode).await {
+    match put_entry(s, k, v, deadline, mode).await {
         Ok(true) => Reply::ok(),
         Ok(false) => Reply::Nil,
         Err(e) => backend_err(e),
     }
+}
+
+/// SETEX key seconds value, PSETEX key milliseconds value.
+async fn setex(s: &Arc<Shared>, name: &str, argv: &[Vec<u8>]) -> Reply {
+    let [k, t, v] = argv else {
+        return arity(name);
+    };
+    let kind = if name == "setex" {
+        ExpireKind::Ex
+    } else {
+        ExpireKind::Px
+    };
+    let deadline = match option_deadline(name, kind, t, s.backend.now_ms()) {
+        Ok(d) => d,
+        Err(e) => return e,
+    };
+    if v.len() > s.backend.max_value() {
+        return too_large();
+    }
+    match put_entry(s, k, v, Some(deadline), PutMode::Upsert).await {
+        Ok(_) => Reply::ok(),
+        Err(e) => backend_err(e),
+    }
+}
+
+/// GETEX key [EX s | PX ms | EXAT t | PXAT t | PERSIST]: the value, and the deadline
+/// changed over exactly the entry read (a deadline already past deletes the key).
+async fn getex(s: &Arc<Shared>, argv: &[Vec<u8>]) -> Reply {
+    let [k, opts @ ..] = argv else {
+        return arity("getex");
+    };
+    let o = match set_options(opts, true) {
+        Ok(o) => o,
+        Err(e) => return e,
+    };
+    let now = s.backend.now_ms();
+    let deadline = match o.expire {
+        Some((kind, raw)) => match option_deadline("getex", kind, raw, now) {
+            Ok(d) => Some(d),
+            Err(e) => return e,
+        },
+        None => None,
+    };
+    let r = rmw(s, k, |cur| {
+        let Some(c) = cur else { return Ok(None) };
+        Ok(match deadline {
+            Some(d) if d <= now => Some(Write::Delete),
+            Some(d) => Some(Write::Set(c.value.clone(), Some(d))),
+            None if o.persist && c.expires_at.is_some() => Some(Write::Set(c.value.clone(), None)),
+            None => None,
+        })
+    })
+    .await;
+    match r {
+        Ok((cur, _)) => cur.map_or(Reply::Nil, |e| Reply::Bulk(e.value)),
+        Err(e) => e,
+    }
+}
+
+/// EXPIRE, PEXPIRE, EXPIREAT, PEXPIREAT key time [NX | XX | GT | LT], as Redis 7: 1 if the
+/// deadline was set (a time already past deletes the key), 0 if the key is absent or the
+/// condition fails (no deadline counts as infinite for GT and LT).
+async fn expire(s: &Arc<Shared>, name: &str, argv: &[Vec<u8>]) -> Reply {
+    let [k, t, opts @ ..] = argv else {
+        return arity(name);
+    };
+    let (mut nx, mut xx, mut gt, mut lt) = (false, false, false, false);
+    for o in opts {
+        match o.to_ascii_uppercase().as_slice() {
+            b"NX" => nx = true,
+            b"XX" => xx = true,
+            b"GT" => gt = true,
+            b"LT" => lt = true,
+            _ => {
+                return Reply::err(format!("Unsupported option {}", String::from_utf8_lossy(o)));
+            }
+        }
+    }
+    if nx && (xx || gt || lt) {
+        return Reply::err("NX and XX, GT or LT options at the same time are not compatible");
+    }
+    if gt && lt {
+        return Reply::err("GT and LT options at the same time are not compatible");
+    }
+    let Some(n) = parse_i64(t) else {
+        return not_integer();
+    };
+    let now = s.backend.now_ms();
+    let seconds = matches!(name, "expire" | "expireat");
+    let ms = if seconds {
+        n.checked_mul(1000)
+    } else {
+        Some(n)
+    };
+    let base = if matches!(name, "expire" | "pexpire") {
+        now as i64
+    } else {
+        0
+    };
+    let Some(when) = ms.and_then(|m| m.checked_add(base)) else {
+        return invalid_expire(name);
+    };
+    let r = rmw(s, k, |cur| {
+        let Some(c) = cur else { return Ok(None) };
+        let ok = match c.expires_at {
+            None => !(xx || gt),
+            Some(d) => {
+                let d = d as i64;
+                let refused = nx || (gt && when <= d) || (lt && when >= d);
+                !refused
+            }
+        };
+        if !ok {
+            return Ok(None);
+        }
+        Ok(Some(if when <= now as i64 {
+            Write::Delete
+        } else {
+            Write::Set(c.value.clone(), Some(when as u64))
+        }))
+    })
+    .await;
+    match r {
+        Ok((_, w)) => Reply::Integer(i64::from(w.is_some())),
+        Err(e) => e,
+    }
+}
+
+/// TTL, PTTL, EXPIRETIME, PEXPIRETIME: -2 if the key is absent, -1 if it has no deadline.
+async fn ttl(s: &Arc<Shared>, name: &str, k: &[u8]) -> Reply {
+    let e = match get_entry(s, k).await {
+        Ok(Some(e)) => e,
+        Ok(None) => return Reply::Integer(-2),
+        Err(e) => return backend_err(e),
+    };
+    let Some(d) = e.expires_at else {
+        return Reply::Integer(-1);
+    };
+    let d = d.min(i64::MAX as u64) as i64;
+    let ms = match name {
+        "ttl" | "pttl" => (d - s.backend.now_ms() as i64).max(0),
+        _ => d,
+    };
+    // Seconds are rounded, as Redis does.
+    Reply::Integer(match name {
+        "ttl" | "expiretime" => (ms + 500) / 1000,
+        _ => ms,
+    })
+}
+
+/// PERSIST: 1 if the key had a deadline (now removed, over exactly the entry read).
+async fn persist(s: &Arc<Shared>, k: &[u8]) -> Reply {
+    let r = rmw(s, k, |cur| {
+        Ok(cur
+            .filter(|c| c.expires_at.is_some())
+            .map(|c| Write::Set(c.value.clone(), None)))
+    })
+    .await;
+    match r {
+        Ok((_, w)) => Reply::Integer(i64::from(w.is_some())),
+        Err(e) => e,
+    }
+}
+
+/// OBJECT ENCODING key: how Redis would encode the string (`int`, `embstr` up to 44 bytes,
+/// `raw`); nil if absent. The other OBJECT subcommands describe Redis's memory and are not
+/// served.
+async fn object(s: &Arc<Shared>, argv: &[Vec<u8>]) -> Reply {
+    match argv {
+        [sub, k] if sub.eq_ignore_ascii_case(b"encoding") => match get(s, k).await {
+            Ok(Some(v)) => {
+                let enc = if v.len() <= 20 && parse_i64(&v).is_some() {
+                    "int"
+                } else if v.len() <= 44 {
+                    "embstr"
+                } else {
+                    "raw"
+                };
+                Reply::Bulk(enc.as_bytes().to_vec())
+            }
+            Ok(None) => Reply::Nil,
+            Err(e) => backend_err(e),
+        },
+        [sub, ..] => Reply::err(format!(
+            "unknown subcommand '{}'. Try OBJECT HELP.",
+            String::from_utf8_lossy(sub)
+        )),
+        [] => arity("object"),
+    }
+}
+
+/// COPY source destination [DB 0] [REPLACE]: the source's value and deadline as read, written
+/// to the destination (an insert, or with REPLACE an overwrite). Two keys, so not one atomic
+/// step: the copy is of the source as it was when read.
+async fn copy(s: &Arc<Shared>, argv: &[Vec<u8>]) -> Reply {
+    let [src, dst, opts @ ..] = argv else {
+        return arity("copy");
+    };
+    let mut replace = false;
+    let mut i = 0;
+    while i < opts.len() {
+        match opts[i].to_ascii_uppercase().as_slice() {
+            b"REPLACE" => replace = true,
+            b"DB" if i + 1 < opts.len() => {
+                i += 1;
+                match parse_i64(&opts[i]) {
+                    Some(0) => {}
+                    Some(_) => return Reply::err("DB index is out of range"),
+                    None => return not_integer(),
+                }
+            }
+            _ => return Reply::err("syntax error"),
+        }
+        i += 1;
+    }
+    if src == dst {
+        return Reply::err("source and destination objects are the same");
+    }
+    let e = match get_entry(s, src).await {
+        Ok(Some(e)) => e,
+        Ok(None) => return Reply::Integer(0),
+        Err(e) => return backend_err(e),
+    };
+    let mode = if replace {
+        PutMode::Upsert
+    } else {
+        PutMode::IfAbsent
+    };
+    match put_entry(s, dst, &e.value, e.expires_at, mode).await {
+        Ok(w) => Reply::Integer(i64::from(w)),
+        Err(e) => backend_err(e),
+    }
+}
+
+/// RENAME and RENAMENX: two keys, so not one atomic step on this store. The source's entry
+/// is read, written to the destination (RENAMENX: only if absent), then the source is deleted
+/// only if it still holds exactly what was read. A reader may see both keys in between, and a
+/// gateway that dies in between leaves both: a value is never lost. A write to the source
+/// in between survives there (as if it came after the rename).
+async fn rename(s: &Arc<Shared>, name: &str, argv: &[Vec<u8>]) -> Reply {
+    let [src, dst] = argv else {
+        return arity(name);
+    };
+    let nx = name == "renamenx";
+    let e = match get_entry(s, src).await {
+        Ok(Some(e)) => e,
+        Ok(None) => return Reply::err("no such key"),
+        Err(e) => return backend_err(e),
+    };
+    if src == dst {
+        return if nx { Reply::Integer(0) } else { Reply::ok() };
+    }
+    let mode = if nx {
+        PutMode::IfAbsent
+    } else {
+        PutMode::Upsert
+    };
+    match put_entry(s, dst, &e.value, e.expires_at, mode).await {
+        Ok(true) => {}
+        Ok(false) => return Reply::Integer(0),
+        Err(e) => return backend_err(e),
+    }
+    if let Err(e) = delete_entry(s, src, &e).await {
+        return backend_err(e);
+    }
+    if nx { Reply::Integer(1) } else { Reply::ok() }
 }
 
 fn info(s: &Shared) -> String {
@@ -1879,8 +2542,9 @@ fn info(s: &Shared) -> String {
     ));
     out.push_str("\r\n# Stats\r\n");
     out.push_str(&format!(
-        "total_commands_processed:{}\r\n",
-        s.commands.load(Ordering::Relaxed)
+        "total_commands_processed:{}\r\nexpired_keys:{}\r\n",
+        s.commands.load(Ordering::Relaxed),
+        s.expired.load(Ordering::Relaxed)
     ));
     let extra = s.backend.info();
     if !extra.is_empty() {
@@ -1893,59 +2557,217 @@ fn info(s: &Shared) -> String {
 }
 
 /// An in-memory backend: for tests of the gateway itself and for `redis-benchmark` baselines
-/// of the protocol path alone.
-#[derive(Debug, Default)]
+/// of the protocol path alone. Keys may have deadlines (an expired key reads as absent and
+/// is removed when met, or by [`KvBackend::reclaim_expired`]); every write gets a new version.
 pub struct MemoryBackend {
-    map: parking_lot::Mutex<std::collections::HashMap<Vec<u8>, Vec<u8>>>,
+    map: parking_lot::Mutex<MemoryMap>,
+    /// Another backend whose clock and value limit this one takes (a transaction's copy).
+    like: Option<Arc<dyn KvBackend>>,
+    max_value: usize,
+}
+
+#[derive(Default)]
+struct MemoryMap {
+    keys: std::collections::HashMap<Vec<u8>, Stored>,
+    /// The version of the next write.
+    next: u64,
+}
+
+struct Stored {
+    value: Vec<u8>,
+    expires_at: Option<u64>,
+    version: u64,
+}
+
+impl std::fmt::Debug for MemoryBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryBackend")
+            .field("keys", &self.map.lock().keys.len())
+            .finish()
+    }
+}
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        MemoryBackend {
+            map: parking_lot::Mutex::new(MemoryMap::default()),
+            like: None,
+            max_value: MAX_STRING,
+        }
+    }
+}
+
+impl MemoryBackend {
+    /// A backend that takes values up to `max` bytes.
+    pub fn with_max_value(max: usize) -> MemoryBackend {
+        MemoryBackend {
+            max_value: max,
+            ..MemoryBackend::default()
+        }
+    }
+
+    /// An empty backend on `other`'s clock and value limit.
+    pub fn copying(other: Arc<dyn KvBackend>) -> MemoryBackend {
+        MemoryBackend {
+            max_value: other.max_value(),
+            like: Some(other),
+            ..MemoryBackend::default()
+        }
+    }
+
+    /// The live entry of `key` (an expired one is removed).
+    fn live<'a>(&self, m: &'a mut MemoryMap, key: &[u8]) -> Option<&'a mut Stored> {
+        let now = self.now_ms();
+        if m.keys
+            .get(key)
+            .is_some_and(|e| e.expires_at.is_some_and(|d| d <= now))
+        {
+            m.keys.remove(key);
+        }
+        m.keys.get_mut(key)
+    }
+
+    fn store(m: &mut MemoryMap, key: &[u8], value: &[u8], expires_at: Option<u64>) {
+        m.next += 1;
+        let version = m.next;
+        m.keys.insert(
+            key.to_vec(),
+            Stored {
+                value: value.to_vec(),
+                expires_at,
+                version,
+            },
+        );
+    }
+
+    fn check(&self, value: &[u8]) -> Result<(), String> {
+        if value.len() > self.max_value {
+            return Err(format!(
+                "a value of {} bytes is over this store's maximum of {} bytes: nothing was written",
+                value.len(),
+                self.max_value
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl KvBackend for MemoryBackend {
     fn blocks(&self) -> bool {
         false
     }
+    fn now_ms(&self) -> u64 {
+        self.like.as_ref().map_or_else(unix_ms, |b| b.now_ms())
+    }
+    fn max_value(&self) -> usize {
+        self.max_value
+    }
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, String> {
-        Ok(self.map.lock().get(key).cloned())
+        let mut m = self.map.lock();
+        Ok(self.live(&mut m, key).map(|e| e.value.clone()))
     }
     fn put(&self, key: &[u8], value: &[u8], mode: PutMode) -> Result<bool, String> {
+        self.put_entry(key, value, None, mode)
+    }
+    fn delete(&self, key: &[u8]) -> Result<bool, String> {
         let mut m = self.map.lock();
-        let present = m.contains_key(key);
+        let present = self.live(&mut m, key).is_some();
+        m.keys.remove(key);
+        Ok(present)
+    }
+    fn compare_and_set(&self, key: &[u8], expected: &[u8], value: &[u8]) -> Result<Cas, String> {
+        self.check(value)?;
+        let mut m = self.map.lock();
+        if self.live(&mut m, key).is_some_and(|e| e.value == expected) {
+            Self::store(&mut m, key, value, None);
+            return Ok(Cas::Swapped);
+        }
+        Ok(Cas::Changed)
+    }
+    fn delete_if(&self, key: &[u8], expected: &[u8]) -> Result<Cas, String> {
+        let mut m = self.map.lock();
+        if self.live(&mut m, key).is_some_and(|e| e.value == expected) {
+            m.keys.remove(key);
+            return Ok(Cas::Swapped);
+        }
+        Ok(Cas::Changed)
+    }
+    fn scan(&self, cursor: u64) -> Result<ScanStep, String> {
+        // One step: every live key (a copy of a map is the whole scan).
+        if cursor != 0 {
+            return Ok((Vec::new(), 0));
+        }
+        let now = self.now_ms();
+        let m = self.map.lock();
+        Ok((
+            m.keys
+                .iter()
+                .filter(|(_, e)| e.expires_at.is_none_or(|d| d > now))
+                .map(|(k, _)| k.clone())
+                .collect(),
+            0,
+        ))
+    }
+    fn get_entry(&self, key: &[u8]) -> Result<Option<Entry>, String> {
+        let mut m = self.map.lock();
+        Ok(self.live(&mut m, key).map(|e| Entry {
+            value: e.value.clone(),
+            expires_at: e.expires_at,
+            version: Version::new(e.version),
+        }))
+    }
+    fn put_entry(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        expires_at: Option<u64>,
+        mode: PutMode,
+    ) -> Result<bool, String> {
+        self.check(value)?;
+        let mut m = self.map.lock();
+        let present = self.live(&mut m, key).is_some();
         let write = match mode {
             PutMode::Upsert => true,
             PutMode::IfAbsent => !present,
             PutMode::IfPresent => present,
         };
         if write {
-            m.insert(key.to_vec(), value.to_vec());
+            Self::store(&mut m, key, value, expires_at);
         }
         Ok(write)
     }
-    fn delete(&self, key: &[u8]) -> Result<bool, String> {
-        Ok(self.map.lock().remove(key).is_some())
-    }
-    fn compare_and_set(&self, key: &[u8], expected: &[u8], value: &[u8]) -> Result<Cas, String> {
+    fn replace_entry(
+        &self,
+        key: &[u8],
+        current: &Entry,
+        value: &[u8],
+        expires_at: Option<u64>,
+    ) -> Result<Cas, String> {
+        self.check(value)?;
         let mut m = self.map.lock();
-        match m.get_mut(key) {
-            Some(v) if v.as_slice() == expected => {
-                *v = value.to_vec();
-                Ok(Cas::Swapped)
-            }
-            _ => Ok(Cas::Changed),
-        }
-    }
-    fn scan(&self, cursor: u64) -> Result<ScanStep, String> {
-        // One step: every key (a copy of a map is the whole scan).
-        if cursor != 0 {
-            return Ok((Vec::new(), 0));
-        }
-        Ok((self.map.lock().keys().cloned().collect(), 0))
-    }
-    fn delete_if(&self, key: &[u8], expected: &[u8]) -> Result<Cas, String> {
-        let mut m = self.map.lock();
-        if m.get(key).is_some_and(|v| v.as_slice() == expected) {
-            m.remove(key);
+        let held = self.live(&mut m, key).map(|e| e.version);
+        if held.is_some() && held.as_ref() == current.version.get::<u64>() {
+            Self::store(&mut m, key, value, expires_at);
             return Ok(Cas::Swapped);
         }
         Ok(Cas::Changed)
+    }
+    fn delete_entry(&self, key: &[u8], current: &Entry) -> Result<Cas, String> {
+        let mut m = self.map.lock();
+        let held = self.live(&mut m, key).map(|e| e.version);
+        if held.is_some() && held.as_ref() == current.version.get::<u64>() {
+            m.keys.remove(key);
+            return Ok(Cas::Swapped);
+        }
+        Ok(Cas::Changed)
+    }
+    fn reclaim_expired(&self, _cursor: u64) -> Result<(usize, u64), String> {
+        // One step: the whole map.
+        let now = self.now_ms();
+        let mut m = self.map.lock();
+        let before = m.keys.len();
+        m.keys.retain(|_, e| e.expires_at.is_none_or(|d| d > now));
+        Ok((before - m.keys.len(), 0))
     }
 }
 
@@ -2017,8 +2839,8 @@ mod tests {
         let s = server();
         roundtrip(
             &s,
-            b"FOO bar\r\nGET\r\nSET k v EX 10\r\nSET k v NX XX\r\nMSET a\r\nSELECT 3\r\n",
-            b"-ERR unknown command 'FOO', with args beginning with: 'bar' \r\n-ERR wrong number of arguments for 'get' command\r\n-ERR expiry (EX/PX/EXAT/PXAT/KEEPTTL) is not supported by this store\r\n-ERR syntax error\r\n-ERR wrong number of arguments for 'mset' command\r\n-ERR DB index is out of range\r\n",
+            b"FOO bar\r\nGET\r\nSET k v EX 0\r\nSET k v NX XX\r\nMSET a\r\nSELECT 3\r\n",
+            b"-ERR unknown command 'FOO', with args beginning with: 'bar' \r\n-ERR wrong number of arguments for 'get' command\r\n-ERR invalid expire time in 'set' command\r\n-ERR syntax error\r\n-ERR wrong number of arguments for 'mset' command\r\n-ERR DB index is out of range\r\n",
         );
     }
 
@@ -2278,6 +3100,334 @@ mod tests {
             &mut c,
             b"MSETNX p 1 q 2\r\nEXISTS p q\r\n",
             b"-ERR MSETNX over several keys cannot be one atomic step on this store (nothing was set): use SETNX key by key\r\n:0\r\n",
+        );
+    }
+
+    /// One reply (simple, error, integer or bulk) from `r`, as its wire text.
+    fn one_reply(r: &mut impl std::io::BufRead) -> String {
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        if let Some(n) = line
+            .strip_prefix('$')
+            .and_then(|n| n.trim().parse::<usize>().ok())
+        {
+            let mut body = vec![0u8; n + 2];
+            r.read_exact(&mut body).unwrap();
+            line.push_str(&String::from_utf8_lossy(&body));
+        }
+        line
+    }
+
+    /// The expiry commands and their options, with what redis-server 7.0 answered to the
+    /// same commands (PTTL within 50 ms of it; COPY to DB 1 differs: this store has one
+    /// database).
+    #[test]
+    fn expiry_commands_answer_as_redis_does() {
+        let s = server();
+        let c = TcpStream::connect(s.local_addr()).unwrap();
+        c.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        let mut w = c.try_clone().unwrap();
+        let mut r = std::io::BufReader::new(c);
+        for (cmd, want) in [
+            ("SET k v EX 100", "+OK\r\n"),
+            ("TTL k", ":100\r\n"),
+            ("PTTL k", ":100000\r\n"),
+            ("SET k v PX 100000 GET", "$1\r\nv\r\n"),
+            ("TTL k", ":100\r\n"),
+            ("SET k v2 KEEPTTL", "+OK\r\n"),
+            ("TTL k", ":100\r\n"),
+            ("GET k", "$2\r\nv2\r\n"),
+            ("SET k v3", "+OK\r\n"),
+            ("TTL k", ":-1\r\n"),
+            (
+                "SET k v EX 0",
+                "-ERR invalid expire time in 'set' command\r\n",
+            ),
+            (
+                "SET k v EX -1",
+                "-ERR invalid expire time in 'set' command\r\n",
+            ),
+            (
+                "SET k v EX abc",
+                "-ERR value is not an integer or out of range\r\n",
+            ),
+            ("SET k v EX 10 PX 100", "-ERR syntax error\r\n"),
+            ("SET k v KEEPTTL EX 10", "-ERR syntax error\r\n"),
+            ("SET k v EX", "-ERR syntax error\r\n"),
+            ("SET k v EXAT 1", "+OK\r\n"),
+            ("GET k", "$-1\r\n"),
+            ("SET k v EXAT 99999999999", "+OK\r\n"),
+            ("EXPIRETIME k", ":99999999999\r\n"),
+            ("PEXPIRETIME k", ":99999999999000\r\n"),
+            ("SET k v PXAT 99999999999000 NX", "$-1\r\n"),
+            ("SET k v XX EX 50", "+OK\r\n"),
+            ("TTL k", ":50\r\n"),
+            ("SET k v NX NX", "$-1\r\n"),
+            (
+                "SET k v EX 9223372036854775807",
+                "-ERR invalid expire time in 'set' command\r\n",
+            ),
+            (
+                "SET k v PX 9223372036854775807",
+                "-ERR invalid expire time in 'set' command\r\n",
+            ),
+            ("SETEX k 100 v", "+OK\r\n"),
+            ("TTL k", ":100\r\n"),
+            (
+                "SETEX k 0 v",
+                "-ERR invalid expire time in 'setex' command\r\n",
+            ),
+            (
+                "SETEX k x v",
+                "-ERR value is not an integer or out of range\r\n",
+            ),
+            ("PSETEX k 100000 v", "+OK\r\n"),
+            ("TTL k", ":100\r\n"),
+            (
+                "PSETEX k -5 v",
+                "-ERR invalid expire time in 'psetex' command\r\n",
+            ),
+            ("PERSIST k", ":1\r\n"),
+            ("PERSIST k", ":0\r\n"),
+            ("TTL k", ":-1\r\n"),
+            ("PERSIST nokey", ":0\r\n"),
+            ("TTL nokey", ":-2\r\n"),
+            ("PTTL nokey", ":-2\r\n"),
+            ("EXPIRETIME nokey", ":-2\r\n"),
+            ("EXPIRE k 100", ":1\r\n"),
+            ("EXPIRE k 100 NX", ":0\r\n"),
+            ("EXPIRE k 200 XX", ":1\r\n"),
+            ("TTL k", ":200\r\n"),
+            ("EXPIRE k 50 GT", ":0\r\n"),
+            ("EXPIRE k 300 GT", ":1\r\n"),
+            ("TTL k", ":300\r\n"),
+            ("EXPIRE k 500 LT", ":0\r\n"),
+            ("EXPIRE k 100 LT", ":1\r\n"),
+            ("TTL k", ":100\r\n"),
+            ("PERSIST k", ":1\r\n"),
+            ("EXPIRE k 100 XX", ":0\r\n"),
+            ("EXPIRE k 100 GT", ":0\r\n"),
+            ("EXPIRE k 100 LT", ":1\r\n"),
+            ("TTL k", ":100\r\n"),
+            (
+                "EXPIRE k 100 NX XX",
+                "-ERR NX and XX, GT or LT options at the same time are not compatible\r\n",
+            ),
+            (
+                "EXPIRE k 100 GT LT",
+                "-ERR GT and LT options at the same time are not compatible\r\n",
+            ),
+            ("EXPIRE k 100 FOO", "-ERR Unsupported option FOO\r\n"),
+            (
+                "EXPIRE k abc",
+                "-ERR value is not an integer or out of range\r\n",
+            ),
+            (
+                "EXPIRE k 9223372036854775807",
+                "-ERR invalid expire time in 'expire' command\r\n",
+            ),
+            ("EXPIRE nokey 100", ":0\r\n"),
+            ("PEXPIRE k 100000", ":1\r\n"),
+            ("PTTL k", ":99997\r\n"),
+            ("EXPIREAT k 99999999999", ":1\r\n"),
+            ("EXPIRETIME k", ":99999999999\r\n"),
+            ("PEXPIREAT k 99999999999000", ":1\r\n"),
+            ("PEXPIRETIME k", ":99999999999000\r\n"),
+            ("EXPIRE k -1", ":1\r\n"),
+            ("EXISTS k", ":0\r\n"),
+            ("SET k v", "+OK\r\n"),
+            ("EXPIREAT k 1", ":1\r\n"),
+            ("EXISTS k", ":0\r\n"),
+            ("SET k hello EX 100", "+OK\r\n"),
+            ("GETEX k", "$5\r\nhello\r\n"),
+            ("GETEX k PERSIST", "$5\r\nhello\r\n"),
+            ("TTL k", ":-1\r\n"),
+            ("GETEX k EX 200", "$5\r\nhello\r\n"),
+            ("TTL k", ":200\r\n"),
+            ("GETEX k PX 300000", "$5\r\nhello\r\n"),
+            ("TTL k", ":300\r\n"),
+            ("GETEX k EXAT 99999999999", "$5\r\nhello\r\n"),
+            ("EXPIRETIME k", ":99999999999\r\n"),
+            ("GETEX k PXAT 99999999999000", "$5\r\nhello\r\n"),
+            (
+                "GETEX k EX 0",
+                "-ERR invalid expire time in 'getex' command\r\n",
+            ),
+            ("GETEX k EX 10 PX 10", "-ERR syntax error\r\n"),
+            ("GETEX k KEEPTTL", "-ERR syntax error\r\n"),
+            ("GETEX k NX", "-ERR syntax error\r\n"),
+            ("GETEX nokey EX 10", "$-1\r\n"),
+            ("GETEX k EXAT 1", "$5\r\nhello\r\n"),
+            ("EXISTS k", ":0\r\n"),
+            ("SET n 5 EX 100", "+OK\r\n"),
+            ("INCR n", ":6\r\n"),
+            ("TTL n", ":100\r\n"),
+            ("APPEND n 1", ":2\r\n"),
+            ("TTL n", ":100\r\n"),
+            ("GETSET n 7", "$2\r\n61\r\n"),
+            ("TTL n", ":-1\r\n"),
+            ("SET s abc EX 100", "+OK\r\n"),
+            ("SETRANGE s 1 X", ":3\r\n"),
+            ("TTL s", ":100\r\n"),
+            ("GETDEL s", "$3\r\naXc\r\n"),
+            ("TTL s", ":-2\r\n"),
+            ("SET a 1 EX 100", "+OK\r\n"),
+            ("COPY a b", ":1\r\n"),
+            ("TTL b", ":100\r\n"),
+            ("GET b", "$1\r\n1\r\n"),
+            ("COPY a b", ":0\r\n"),
+            ("COPY a b REPLACE", ":1\r\n"),
+            (
+                "COPY a a",
+                "-ERR source and destination objects are the same\r\n",
+            ),
+            ("COPY nokey c", ":0\r\n"),
+            ("COPY a c DB 1", "-ERR DB index is out of range\r\n"),
+            (
+                "COPY a c DB x",
+                "-ERR value is not an integer or out of range\r\n",
+            ),
+            ("COPY a c FOO", "-ERR syntax error\r\n"),
+            ("COPY a c DB 0 REPLACE", ":1\r\n"),
+            ("RENAME a r", "+OK\r\n"),
+            ("EXISTS a", ":0\r\n"),
+            ("GET r", "$1\r\n1\r\n"),
+            ("TTL r", ":100\r\n"),
+            ("RENAME nokey r2", "-ERR no such key\r\n"),
+            ("RENAME r r", "+OK\r\n"),
+            ("RENAMENX r r", ":0\r\n"),
+            ("SET t 1", "+OK\r\n"),
+            ("RENAMENX r t", ":0\r\n"),
+            ("RENAMENX r t2", ":1\r\n"),
+            ("GET t2", "$1\r\n1\r\n"),
+            ("TOUCH t t2 nokey t", ":3\r\n"),
+            ("OBJECT ENCODING t", "$3\r\nint\r\n"),
+            ("SET e hello", "+OK\r\n"),
+            ("OBJECT ENCODING e", "$6\r\nembstr\r\n"),
+            ("SET e 01", "+OK\r\n"),
+            ("OBJECT ENCODING e", "$6\r\nembstr\r\n"),
+            ("SET e 123456789012345678901", "+OK\r\n"),
+            ("OBJECT ENCODING e", "$6\r\nembstr\r\n"),
+            (
+                "SET e aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+                "+OK\r\n",
+            ),
+            ("OBJECT ENCODING e", "$3\r\nraw\r\n"),
+            ("OBJECT ENCODING nokey", "$-1\r\n"),
+            (
+                "OBJECT FOO e",
+                "-ERR unknown subcommand 'FOO'. Try OBJECT HELP.\r\n",
+            ),
+            (
+                "OBJECT ENCODING",
+                "-ERR wrong number of arguments for 'object|encoding' command\r\n",
+            ),
+            (
+                "TTL",
+                "-ERR wrong number of arguments for 'ttl' command\r\n",
+            ),
+            (
+                "SETEX k 10",
+                "-ERR wrong number of arguments for 'setex' command\r\n",
+            ),
+        ] {
+            w.write_all(format!("{cmd}\r\n").as_bytes()).unwrap();
+            let got = one_reply(&mut r);
+            if cmd.starts_with("PTTL") && want.starts_with(':') {
+                let n = |t: &str| t[1..].trim().parse::<i64>().unwrap();
+                let (g, e) = (n(&got), n(want));
+                assert!((g - e).abs() < 50, "{cmd}: {got:?}, redis-server: {want:?}");
+            } else {
+                assert_eq!(got, want, "{cmd}");
+            }
+        }
+    }
+
+    /// Deadlines pass: the key reads as absent, and the background sweep deletes it.
+    #[test]
+    fn expired_keys_read_as_absent_and_the_sweep_deletes_them() {
+        let b = Arc::new(MemoryBackend::default());
+        let s = RespServer::start(
+            "127.0.0.1:0",
+            b.clone(),
+            RespConfig {
+                expiry_sweep: Some(std::time::Duration::from_millis(10)),
+                ..RespConfig::default()
+            },
+        )
+        .unwrap();
+        roundtrip(
+            &s,
+            b"SET a 1 PX 50\r\nSET b 2 PX 50\r\nPSETEX c 50 3\r\nSET d 4\r\nDBSIZE\r\n",
+            b"+OK\r\n+OK\r\n+OK\r\n+OK\r\n:4\r\n",
+        );
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        // Nobody read a, b or c: the sweep took them.
+        assert_eq!(b.map.lock().keys.len(), 1);
+        roundtrip(
+            &s,
+            b"GET a\r\nEXISTS a b c d\r\nDBSIZE\r\nSETNX a new\r\nGET a\r\nTTL a\r\n",
+            b"$-1\r\n:1\r\n:1\r\n:1\r\n$3\r\nnew\r\n:-1\r\n",
+        );
+        let mut c = TcpStream::connect(s.local_addr()).unwrap();
+        c.write_all(b"INFO\r\n").unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let mut buf = [0u8; 4096];
+        let n = c.read(&mut buf).unwrap();
+        let info = String::from_utf8_lossy(&buf[..n]);
+        assert!(info.contains("expired_keys:3"), "{info}");
+    }
+
+    /// A transaction keeps the key's deadline, and WATCH sees a write of the same value (the
+    /// version changed).
+    #[test]
+    fn transactions_keep_deadlines_and_watch_compares_versions() {
+        let s = server();
+        let mut other = TcpStream::connect(s.local_addr()).unwrap();
+        let mut tx = TcpStream::connect(s.local_addr()).unwrap();
+        roundtrip_on(
+            &mut tx,
+            b"SET k 1 EX 100\r\nMULTI\r\nINCR k\r\nTTL k\r\nEXPIRE k 200\r\nEXEC\r\nTTL k\r\nGET k\r\n",
+            b"+OK\r\n+OK\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n*3\r\n:2\r\n:100\r\n:1\r\n:200\r\n$1\r\n2\r\n",
+        );
+        roundtrip_on(&mut tx, b"WATCH k\r\n", b"+OK\r\n");
+        // The same value written again: a change all the same.
+        roundtrip_on(&mut other, b"SET k 2\r\n", b"+OK\r\n");
+        roundtrip_on(
+            &mut tx,
+            b"MULTI\r\nGET k\r\nEXEC\r\n",
+            b"+OK\r\n+QUEUED\r\n*-1\r\n",
+        );
+        roundtrip_on(
+            &mut tx,
+            b"MULTI\r\nSET k v PX 1\r\nEXEC\r\n",
+            b"+OK\r\n+QUEUED\r\n*1\r\n+OK\r\n",
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        roundtrip_on(&mut tx, b"EXISTS k\r\n", b":0\r\n");
+    }
+
+    /// A value over the store's maximum is refused before anything is written, on every
+    /// path that writes one (MSET and MSETNX check every value first).
+    #[test]
+    fn values_over_the_maximum_are_refused_whole() {
+        let s = RespServer::start(
+            "127.0.0.1:0",
+            Arc::new(MemoryBackend::with_max_value(8)),
+            RespConfig::default(),
+        )
+        .unwrap();
+        let big = "-ERR string exceeds maximum allowed size (proto-max-bulk-len)\r\n";
+        roundtrip(
+            &s,
+            b"SET k 123456789\r\nSETNX k 123456789\r\nSETEX k 10 123456789\r\nGETSET k 123456789\r\n\
+              MSET a 1 b 123456789\r\nMSETNX a 123456789\r\nEXISTS k a b\r\n\
+              SET k 12345678\r\nAPPEND k 9\r\nSETRANGE k 8 9\r\nSETRANGE k 7 9\r\nGET k\r\n",
+            format!(
+                "{big}{big}{big}{big}{big}{big}:0\r\n+OK\r\n{big}{big}:8\r\n$8\r\n12345679\r\n"
+            )
+            .as_bytes(),
         );
     }
 
