@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Tier: the RESP gateway driven by the real Redis tools (tests/tests/resp_redis.rs: redis-cli
 # and redis-benchmark against `dmkit resp` in front of 3 memnodes and a master; a redis-py
-# session at its defaults run against the gateway and a real redis-server, the same output),
-# and `dmkit bench resp --quick` (the gateway against a real redis-server in the same run).
+# session at its defaults run against the gateway and a real redis-server, the same output;
+# tests/scripts/compat.py: 180-odd everyday commands through redis-py and redis-cli against
+# both, compared reply by reply, failing on a difference outside its documented allow-list or
+# a match rate under 90%), and `dmkit bench resp --quick` (the gateway against a real
+# redis-server in the same run).
 # Installs Debian's redis-tools and redis-server, and redis-py from PyPI; fails (non-zero) if it cannot: never
 # passes silently.
 set -euo pipefail

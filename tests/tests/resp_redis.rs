@@ -580,3 +580,46 @@ fn redis_py_at_its_defaults_sees_what_redis_server_gives() {
     );
     assert!(got.contains("empty key get: b'empty'"), "{got}");
 }
+
+/// The compatibility script (tests/scripts/compat.py): 180-odd everyday commands sent to the
+/// gateway and to a real redis-server through redis-py (its defaults: RESP3) and through
+/// redis-cli (RESP2, one session), compared reply by reply. It prints the per-command table,
+/// the match rate and the allow-list of deliberate differences, and fails on a difference not
+/// in the allow-list, an allow-list entry that no longer differs, or a match rate under 90%.
+#[test]
+#[ignore = "needs redis-server, redis-cli and redis-py: run .ci/tier-redis.sh"]
+fn compatibility_script_matches_redis_server() {
+    need("redis-cli", "redis-tools");
+    let has_py = Command::new("python3")
+        .args(["-c", "import redis"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        has_py,
+        "redis-py not found: `python3 -m pip install redis` (or run .ci/tier-redis.sh)"
+    );
+    let redis = start_redis_server();
+    let c = start_cluster(3, 3);
+    let (_gw, addr) = start_gateway(&c, 7340006);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/compat.py");
+    let out = Command::new("python3")
+        .args([
+            script,
+            "--gateway",
+            &port_of(&addr),
+            "--redis",
+            &redis.1,
+            "--client",
+            "both",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "the gateway differs from redis-server beyond the allow-list (table above)"
+    );
+    assert!(stdout.contains("0 unexpected"), "{stdout}");
+}

@@ -1181,7 +1181,7 @@ fn execute_local(s: &Shared, args: &[Vec<u8>]) -> (Reply, bool) {
         }
         "time" => arity("time"),
         "del" | "unlink" | "exists" | "mget" | "mset" => arity(&name),
-        "info" => Reply::Bulk(info(s).into_bytes()),
+        "info" => Reply::Bulk(info(s, argv).into_bytes()),
         "command" => commands::command(argv),
         "config" => config(s, argv),
         // (OBJECT ENCODING runs on its key; other subcommands come here.)
@@ -2524,36 +2524,63 @@ async fn rename(s: &Arc<Shared>, name: &str, argv: &[Vec<u8>]) -> Reply {
     if nx { Reply::Integer(1) } else { Reply::ok() }
 }
 
-fn info(s: &Shared) -> String {
-    let mut out = String::new();
-    out.push_str("# Server\r\nredis_version:");
-    out.push_str(REDIS_VERSION);
-    out.push_str("\r\ndmkit_version:");
-    out.push_str(env!("CARGO_PKG_VERSION"));
-    out.push_str("\r\nredis_mode:standalone\r\n");
-    out.push_str(&format!(
-        "uptime_in_seconds:{}\r\n",
-        s.started.elapsed().as_secs()
+/// INFO [section ...]: the sections this gateway has (server, clients, stats, replication,
+/// backend); none named, `default`, `all` or `everything`: all of them. An unknown section
+/// gives nothing, as in Redis.
+fn info(s: &Shared, wanted: &[Vec<u8>]) -> String {
+    let mut sections: Vec<(&str, String)> = Vec::new();
+    sections.push((
+        "Server",
+        format!(
+            "redis_version:{REDIS_VERSION}\r\ndmkit_version:{}\r\nredis_mode:standalone\r\n\
+             uptime_in_seconds:{}\r\n",
+            env!("CARGO_PKG_VERSION"),
+            s.started.elapsed().as_secs()
+        ),
     ));
-    out.push_str("\r\n# Clients\r\n");
-    out.push_str(&format!(
-        "connected_clients:{}\r\n",
-        s.clients.load(Ordering::Relaxed)
+    sections.push((
+        "Clients",
+        format!(
+            "connected_clients:{}\r\nmaxclients:{}\r\n",
+            s.clients.load(Ordering::Relaxed),
+            s.cfg.max_clients
+        ),
     ));
-    out.push_str("\r\n# Stats\r\n");
-    out.push_str(&format!(
-        "total_commands_processed:{}\r\nexpired_keys:{}\r\n",
-        s.commands.load(Ordering::Relaxed),
-        s.expired.load(Ordering::Relaxed)
+    sections.push((
+        "Stats",
+        format!(
+            "total_commands_processed:{}\r\nexpired_keys:{}\r\n",
+            s.commands.load(Ordering::Relaxed),
+            s.expired.load(Ordering::Relaxed)
+        ),
+    ));
+    sections.push((
+        "Replication",
+        "role:master\r\nconnected_slaves:0\r\n".into(),
     ));
     let extra = s.backend.info();
     if !extra.is_empty() {
-        out.push_str("\r\n# Backend\r\n");
-        for (k, v) in extra {
-            out.push_str(&format!("{k}:{v}\r\n"));
-        }
+        sections.push((
+            "Backend",
+            extra.iter().map(|(k, v)| format!("{k}:{v}\r\n")).collect(),
+        ));
     }
-    out
+    let all = wanted.is_empty()
+        || wanted.iter().any(|w| {
+            [&b"default"[..], b"all", b"everything"]
+                .iter()
+                .any(|a| w.eq_ignore_ascii_case(a))
+        });
+    sections
+        .into_iter()
+        .filter(|(name, _)| {
+            all || wanted
+                .iter()
+                .any(|w| w.eq_ignore_ascii_case(name.as_bytes()))
+        })
+        .map(|(name, body)| format!("# {name}\r\n{body}"))
+        .collect::<Vec<_>>()
+        .join("\r\n")
 }
 
 /// An in-memory backend: for tests of the gateway itself and for `redis-benchmark` baselines
