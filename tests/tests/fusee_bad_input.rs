@@ -22,16 +22,29 @@ fn one_line(stderr: &[u8]) -> String {
 #[test]
 fn oversized_value_and_a_busy_client_id_fail_with_one_line() {
     let c = start();
-    // A 20 KB value does not fit FUSEE's largest object (16 KiB).
-    let big = "v".repeat(20_000);
+    // A value over the maximum (64 MiB; values beyond one object are chunked).
+    let dir = tempfile::tempdir().unwrap();
+    let over = dir.path().join("over");
+    std::fs::File::create(&over)
+        .unwrap()
+        .set_len((64 << 20) + 1)
+        .unwrap();
     let out = run_dmkit(
-        &["kv", "--cluster", &c.file, "put", "big", &big],
+        &[
+            "kv",
+            "--cluster",
+            &c.file,
+            "put",
+            "big",
+            "--value-file",
+            over.to_str().unwrap(),
+        ],
         Duration::from_secs(30),
     );
     // Bad input, not a failure of the cluster: a usage error.
     assert_eq!(out.status.code(), Some(2));
     let err = one_line(&out.stderr);
-    assert!(err.contains("exceeds the largest object"), "{err}");
+    assert!(err.contains("larger than the maximum"), "{err}");
     // The cluster still works, and the key was not half written.
     let out = run_dmkit(
         &["kv", "--cluster", &c.file, "get", "big"],

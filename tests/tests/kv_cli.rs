@@ -27,9 +27,9 @@ fn put_get_del_and_their_exit_codes() {
     let c = start(3);
     assert_eq!(kv(&c, &["put", "fruit", "apple"]).0, 0);
     let (code, out, _) = kv(&c, &["get", "fruit"]);
-    assert_eq!((code, out.as_str()), (0, "apple\n"));
+    assert_eq!((code, out.as_str()), (0, "apple"));
     assert_eq!(kv(&c, &["put", "fruit", "cherry"]).0, 0);
-    assert_eq!(kv(&c, &["get", "fruit"]).1, "cherry\n");
+    assert_eq!(kv(&c, &["get", "fruit"]).1, "cherry");
     let (code, out, err) = kv(&c, &["get", "nothing"]);
     assert_eq!(code, 1);
     assert!(out.is_empty());
@@ -39,7 +39,7 @@ fn put_get_del_and_their_exit_codes() {
     assert_eq!(kv(&c, &["get", "fruit"]).0, 1);
     // Another client id sees the same data.
     assert_eq!(kv(&c, &["--client-id", "5", "put", "k", "v"]).0, 0);
-    assert_eq!(kv(&c, &["get", "k"]).1, "v\n");
+    assert_eq!(kv(&c, &["get", "k"]).1, "v");
 }
 
 #[test]
@@ -136,5 +136,5 @@ fn a_client_without_the_cluster_secret_gets_nothing_and_changes_nothing() {
         );
     }
     let got = run(Some(secret), &["kv", "--cluster", &file, "get", "k"]);
-    assert_eq!(String::from_utf8_lossy(&got.stdout), "v\n");
+    assert_eq!(String::from_utf8_lossy(&got.stdout), "v");
 }

@@ -4,13 +4,18 @@
 //!
 //! | code | meaning |
 //! |---|---|
-//! | 0 | done (`get` printed the value on stdout) |
+//! | 0 | done (`get` wrote the value on stdout) |
 //! | 1 | the key was not found (`get`, `del`); nothing on stdout |
-//! | 2 | usage: a bad flag or argument, an unreadable or invalid cluster file, an empty key, a key or value over the limit, a client id in use |
+//! | 2 | usage: a bad flag or argument, an unreadable or invalid cluster file, an unreadable `--value-file`, no value given (and stdin a terminal), a key too long or a value over the maximum (64 MiB; nothing is written), a client id in use |
+//!
+//! Values are bytes: `put KEY VALUE` takes the argument's bytes, `put KEY --value-file PATH`
+//! a file's, `put KEY` alone stdin's (any bytes, `\0` included). `get` writes the value's
+//! bytes to stdout as they are, adding a newline only when stdout is a terminal (so
+//! `dmkit kv get KEY > file` is the value exactly). Keys may be empty, as in Redis.
 //! | 3 | the cluster failed: no memory node answers, a member stays unreachable, the cluster is not formatted, an operation failed |
 
-use std::io::Write;
-use std::path::PathBuf;
+use std::io::{IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use dmkit_fusee::{Client, ClientConfig, DeleteResult};
@@ -55,8 +60,15 @@ fn parse_ms(s: &str) -> Result<Duration, String> {
 
 #[derive(Debug, clap::Subcommand)]
 pub enum KvOp {
-    /// Store VALUE under KEY (insert or overwrite).
-    Put { key: String, value: String },
+    /// Store a value under KEY (insert or overwrite): VALUE, the bytes of --value-file, or
+    /// (with neither) the bytes of stdin.
+    Put {
+        key: String,
+        value: Option<String>,
+        /// Read the value from this file (any bytes).
+        #[arg(long, conflicts_with = "value")]
+        value_file: Option<PathBuf>,
+    },
     /// Print the value of KEY.
     Get { key: String },
     /// Remove KEY.
@@ -181,7 +193,58 @@ fn is_usage(e: &dmkit_fusee::Error) -> bool {
         dmkit_fusee::Error::KeyTooLong(_)
             | dmkit_fusee::Error::ValueTooLong(_)
             | dmkit_fusee::Error::ObjectTooLarge(..)
+            | dmkit_fusee::Error::ValueTooLarge { .. }
+            | dmkit_fusee::Error::ReservedKey { .. }
     )
+}
+
+fn too_large(max: usize) -> CliError {
+    CliError::usage(format!(
+        "the value is larger than the maximum of {max} bytes ({} MiB): nothing was written",
+        max >> 20
+    ))
+}
+
+/// At most `max` bytes from `r`; more is [`too_large`].
+fn read_at_most(r: impl Read, max: usize, what: &str) -> Result<Vec<u8>, CliError> {
+    let mut v = Vec::new();
+    r.take(max as u64 + 1)
+        .read_to_end(&mut v)
+        .map_err(|e| CliError::usage(format!("cannot read {what}: {e}")))?;
+    if v.len() > max {
+        return Err(too_large(max));
+    }
+    Ok(v)
+}
+
+/// The value `put` stores: the argument, the file, or stdin; at most `max` bytes, checked
+/// before anything is connected or written.
+fn value_of(arg: Option<&str>, file: Option<&Path>, max: usize) -> Result<Vec<u8>, CliError> {
+    match (arg, file) {
+        (Some(v), _) if v.len() > max => Err(too_large(max)),
+        (Some(v), _) => Ok(v.as_bytes().to_vec()),
+        (None, Some(p)) => {
+            let what = format!("--value-file {}", p.display());
+            let f = std::fs::File::open(p)
+                .map_err(|e| CliError::usage(format!("cannot read {what}: {e}")))?;
+            if f.metadata()
+                .is_ok_and(|m| m.is_file() && m.len() > max as u64)
+            {
+                return Err(too_large(max));
+            }
+            read_at_most(f, max, &what)
+        }
+        (None, None) => {
+            let stdin = std::io::stdin();
+            if stdin.is_terminal() {
+                return Err(CliError::usage(
+                    "no value: give it as VALUE, with --value-file PATH, or on stdin \
+                     (e.g. `dmkit kv put KEY < file`)",
+                ));
+            }
+            read_at_most(stdin.lock(), max, "the value from stdin")
+        }
+    }
 }
 
 /// A FUSEE client for the cluster file, recovered under `id` (so a crashed earlier run with
@@ -289,21 +352,15 @@ pub fn client_with(
 
 pub fn run(args: KvArgs) -> Result<(), CliError> {
     let file = ClusterFile::load(&args.cluster).map_err(CliError::usage)?;
-    // Bad input is a usage error before anything is connected.
-    let (key, value) = match &args.op {
-        KvOp::Put { key, value } => (key, Some(value)),
-        KvOp::Get { key } | KvOp::Del { key } => (key, None),
+    // Bad input is a usage error before anything is connected (the value is read whole
+    // first: nothing is written when it is too large or unreadable).
+    let max = ClientConfig::new(args.client_id).max_value;
+    let value = match &args.op {
+        KvOp::Put {
+            value, value_file, ..
+        } => Some(value_of(value.as_deref(), value_file.as_deref(), max)?),
+        KvOp::Get { .. } | KvOp::Del { .. } => None,
     };
-    if key.is_empty() {
-        return Err(CliError::usage("KEY must not be empty"));
-    }
-    let pair = key.len() + value.map_or(0, String::len);
-    if pair > dmkit_fusee::alloc::MAX_OBJECT {
-        return Err(CliError::usage(format!(
-            "KEY and VALUE take {pair} bytes, which exceeds the largest object ({} bytes)",
-            dmkit_fusee::alloc::MAX_OBJECT
-        )));
-    }
     let _lock = lock_id(args.client_id, true)?;
     // A CLI call waits a few seconds, not half a minute, for a member to be failed over.
     let c = client_with(
@@ -320,12 +377,23 @@ pub fn run(args: KvArgs) -> Result<(), CliError> {
         }
     };
     let r = match args.op {
-        KvOp::Put { key, value } => c.upsert(key.as_bytes(), value.as_bytes()).map_err(fail),
+        KvOp::Put { key, .. } => c
+            .upsert(key.as_bytes(), &value.unwrap_or_default())
+            .map_err(fail),
         KvOp::Get { key } => match c.search(key.as_bytes()).map_err(fail)? {
             Some(v) => {
-                let mut out = std::io::stdout().lock();
+                let stdout = std::io::stdout();
+                let newline = stdout.is_terminal();
+                let mut out = stdout.lock();
                 out.write_all(&v)
-                    .and_then(|()| out.write_all(b"\n"))
+                    .and_then(|()| {
+                        if newline {
+                            out.write_all(b"\n")
+                        } else {
+                            Ok(())
+                        }
+                    })
+                    .and_then(|()| out.flush())
                     .map_err(|e| CliError::with_code(format!("cannot write the value: {e}"), 3))
             }
             None => Err(CliError::with_code(format!("key '{key}' not found"), 1)),
