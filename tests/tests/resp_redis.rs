@@ -199,7 +199,17 @@ fn malformed_resp_closes_only_that_connection() {
 
 /// Sends `input` and reads until the reply holds `want_lines` lines (CRLF-terminated).
 fn exchange_lines(s: &mut TcpStream, input: &[u8], want_lines: usize) -> String {
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    exchange_lines_within(s, input, want_lines, Duration::from_secs(20))
+}
+
+/// [`exchange_lines`], waiting up to `limit` for each read.
+fn exchange_lines_within(
+    s: &mut TcpStream,
+    input: &[u8],
+    want_lines: usize,
+    limit: Duration,
+) -> String {
+    s.set_read_timeout(Some(limit)).unwrap();
     s.write_all(input).unwrap();
     let mut out = Vec::new();
     let mut buf = [0u8; 4096];
@@ -622,4 +632,60 @@ fn compatibility_script_matches_redis_server() {
         "the gateway differs from redis-server beyond the allow-list (table above)"
     );
     assert!(stdout.contains("0 unexpected"), "{stdout}");
+}
+
+/// A 64 MiB value (the store's maximum) round-trips through the gateway over FUSEE; a
+/// longer one is refused with Redis's errors and nothing is written: a SET whose bulk is over
+/// the limit gets `Protocol error: invalid bulk length` (and its connection closes, as
+/// Redis's does), an APPEND past the maximum `string exceeds maximum allowed size`.
+#[test]
+fn a_64_mib_value_round_trips_through_the_gateway() {
+    const MAX: usize = 64 << 20;
+    let c = ProcCluster::start(3, 1, "192MiB");
+    let (_gw, addr) = start_gateway(&c, 7340011);
+    let big: Vec<u8> = (0..MAX).map(|i| (i * 13 + i / 8191) as u8).collect();
+    let mut s = TcpStream::connect(&addr).unwrap();
+    let mut req = format!("*3\r\n$3\r\nSET\r\n$3\r\nbig\r\n${MAX}\r\n").into_bytes();
+    req.extend_from_slice(&big);
+    req.extend_from_slice(b"\r\n");
+    let t = std::time::Instant::now();
+    assert_eq!(
+        exchange_lines_within(&mut s, &req, 1, Duration::from_secs(300)),
+        "+OK\r\n"
+    );
+    eprintln!("SET of 64 MiB: {:?}", t.elapsed());
+    s.write_all(b"GET big\r\n").unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+    let head = format!("${MAX}\r\n");
+    let mut got = Vec::with_capacity(MAX + 64);
+    let mut buf = vec![0u8; 1 << 20];
+    while got.len() < head.len() + MAX + 2 {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "closed after {} bytes", got.len());
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(got.starts_with(head.as_bytes()), "{:?}", &got[..32]);
+    assert!(
+        got[head.len()..head.len() + MAX] == big[..],
+        "the value came back changed"
+    );
+    assert_eq!(
+        exchange_lines(&mut s, b"APPEND big x\r\nSTRLEN big\r\n", 2),
+        "-ERR string exceeds maximum allowed size (proto-max-bulk-len)\r\n:67108864\r\n"
+    );
+    // One byte over, announced: refused before its bytes are read.
+    let mut s2 = TcpStream::connect(&addr).unwrap();
+    s2.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    s2.write_all(format!("*3\r\n$3\r\nSET\r\n$3\r\nbig\r\n${}\r\n", MAX + 1).as_bytes())
+        .unwrap();
+    let mut out = Vec::new();
+    let _ = s2.read_to_end(&mut out);
+    assert_eq!(
+        String::from_utf8_lossy(&out),
+        format!("-ERR Protocol error: invalid bulk length {}\r\n", MAX + 1)
+    );
+    assert_eq!(
+        exchange_lines(&mut s, b"STRLEN big\r\nDEL big\r\n", 2),
+        ":67108864\r\n:1\r\n"
+    );
 }

@@ -35,8 +35,8 @@ pub struct RespArgs {
     #[arg(long)]
     pub auth_cluster_secret: bool,
     /// Active expiry: one step of the sweep that deletes expired keys (one FUSEE index
-    /// subtable) every this many milliseconds; 0 turns it off (expired keys are then deleted
-    /// only when read).
+    /// subtable) every this many milliseconds, or after nine times the last step's duration
+    /// when that is longer; 0 turns it off (expired keys are then deleted only when read).
     #[arg(long, default_value_t = 100)]
     pub expiry_sweep_ms: u64,
 }
