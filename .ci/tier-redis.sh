@@ -2,7 +2,7 @@
 # Tier: the RESP gateway driven by the real Redis tools (tests/tests/resp_redis.rs: redis-cli
 # and redis-benchmark against `dmkit resp` in front of 3 memnodes and a master; a redis-py
 # session at its defaults run against the gateway and a real redis-server, the same output;
-# tests/scripts/compat.py: 180-odd everyday commands through redis-py and redis-cli against
+# tests/scripts/compat.py: 186 everyday commands through redis-py and redis-cli against
 # both, compared reply by reply, failing on a difference outside its documented allow-list or
 # a match rate under 90%), and `dmkit bench resp --quick` (the gateway against a real
 # redis-server in the same run).

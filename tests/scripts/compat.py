@@ -94,6 +94,8 @@ COMMANDS = [
     ("DECRBY c:counter 5", "exact"),
     ("INCRBYFLOAT c:float 1.5", "exact"),
     ("INCRBYFLOAT c:float 0.25", "exact"),
+    ("SET c:f 0.2", "exact"),
+    ("INCRBYFLOAT c:f 0.1", "exact"),
     ("INCRBY c:counter -3", "exact"),
     ("DECRBY c:counter x", "exact"),
     ("INCRBYFLOAT c:float abc", "exact"),

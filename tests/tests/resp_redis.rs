@@ -591,7 +591,7 @@ fn redis_py_at_its_defaults_sees_what_redis_server_gives() {
     assert!(got.contains("empty key get: b'empty'"), "{got}");
 }
 
-/// The compatibility script (tests/scripts/compat.py): 180-odd everyday commands sent to the
+/// The compatibility script (tests/scripts/compat.py): 186 everyday commands sent to the
 /// gateway and to a real redis-server through redis-py (its defaults: RESP3) and through
 /// redis-cli (RESP2, one session), compared reply by reply. It prints the per-command table,
 /// the match rate and the allow-list of deliberate differences, and fails on a difference not

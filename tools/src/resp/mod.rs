@@ -807,6 +807,14 @@ fn parse_f64(v: &[u8]) -> Option<f64> {
     t.parse::<f64>().ok().filter(|f| f.is_finite())
 }
 
+/// INCRBYFLOAT's result as text: 15 significant digits (what a 64-bit float holds for any
+/// decimal), without an exponent, so that everyday decimals come out as Redis prints them
+/// (0.2 + 0.1 is 0.3; Redis computes in 80-bit long double and prints 17 decimals).
+fn float_text(v: f64) -> String {
+    let rounded: f64 = format!("{v:.14e}").parse().unwrap_or(v);
+    format!("{rounded}")
+}
+
 fn not_integer() -> Reply {
     Reply::err("value is not an integer or out of range")
 }
@@ -835,7 +843,7 @@ async fn incr(s: &Arc<Shared>, name: &str, argv: &[Vec<u8>]) -> Reply {
             }
             // The key keeps its deadline, as in Redis.
             Ok(Some(Write::Set(
-                format!("{v}").into_bytes(),
+                float_text(v).into_bytes(),
                 cur.and_then(|c| c.expires_at),
             )))
         })
@@ -3001,6 +3009,22 @@ mod tests {
                 "docs/OPERATOR.md does not name {}",
                 c.name
             );
+        }
+    }
+
+    #[test]
+    fn floats_print_as_redis_prints_everyday_decimals() {
+        for (v, want) in [
+            (0.2 + 0.1, "0.3"),
+            (1000.3, "1000.3"),
+            (0.1 + 0.7, "0.8"),
+            (10.5 + 0.1, "10.6"),
+            (11.0, "11"),
+            (-2.5, "-2.5"),
+            (1e20, "100000000000000000000"),
+            (3.0e-7, "0.0000003"),
+        ] {
+            assert_eq!(float_text(v), want, "{v}");
         }
     }
 
