@@ -2411,12 +2411,12 @@ async fn ttl(s: &Arc<Shared>, name: &str, k: &[u8]) -> Reply {
     };
     let d = d.min(i64::MAX as u64) as i64;
     let ms = match name {
-        "ttl" | "pttl" => (d - s.backend.now_ms() as i64).max(0),
+        "ttl" | "pttl" => d.saturating_sub(s.backend.now_ms() as i64).max(0),
         _ => d,
     };
     // Seconds are rounded, as Redis does.
     Reply::Integer(match name {
-        "ttl" | "expiretime" => (ms + 500) / 1000,
+        "ttl" | "expiretime" => ms.saturating_add(500) / 1000,
         _ => ms,
     })
 }
@@ -3010,6 +3010,102 @@ mod tests {
                 c.name
             );
         }
+    }
+
+    /// Every command of the table with arguments drawn from a pool of awkward ones (extreme
+    /// numbers, options in the wrong places, empty and binary strings): each gets a reply and
+    /// the connection stays up (nothing panics).
+    #[test]
+    fn awkward_arguments_get_replies_never_a_panic() {
+        let s = server();
+        let pool: [&[u8]; 34] = [
+            b"",
+            b"0",
+            b"-1",
+            b"1",
+            b"2",
+            b"9223372036854775807",
+            b"-9223372036854775808",
+            b"99999999999999999999",
+            b"abc",
+            b"EX",
+            b"PX",
+            b"EXAT",
+            b"PXAT",
+            b"KEEPTTL",
+            b"NX",
+            b"XX",
+            b"GT",
+            b"LT",
+            b"GET",
+            b"PERSIST",
+            b"REPLACE",
+            b"DB",
+            b"MATCH",
+            b"COUNT",
+            b"TYPE",
+            b"*",
+            b"k",
+            b"k2",
+            b"1.5",
+            b"inf",
+            b"nan",
+            b"\x00\xff",
+            b"[",
+            b"\\",
+        ];
+        let mut c = TcpStream::connect(s.local_addr()).unwrap();
+        c.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = |n: usize| {
+            seed = seed
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (seed >> 33) as usize % n
+        };
+        let mut i = 0;
+        for cmd in commands::COMMANDS {
+            let words: Vec<&str> = cmd.name.split('|').collect();
+            if words[0] == "quit" {
+                continue;
+            }
+            for _ in 0..40 {
+                let mut args: Vec<&[u8]> = words.iter().map(|w| w.as_bytes()).collect();
+                for _ in 0..next(7) {
+                    args.push(pool[next(pool.len())]);
+                }
+                let marker = format!("mk{i}");
+                i += 1;
+                let mut req = format!("*{}\r\n", args.len()).into_bytes();
+                for a in &args {
+                    req.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+                    req.extend_from_slice(a);
+                    req.extend_from_slice(b"\r\n");
+                }
+                // Out of any transaction the command opened, then a marker to wait for.
+                req.extend_from_slice(format!("DISCARD\r\nECHO {marker}\r\n").as_bytes());
+                c.write_all(&req).unwrap();
+                let mut got = Vec::new();
+                let mut buf = [0u8; 65536];
+                let want = format!("{marker}\r\n");
+                while !got.ends_with(want.as_bytes()) {
+                    let n = c.read(&mut buf).unwrap_or(0);
+                    assert!(
+                        n > 0,
+                        "{args:?}: the connection closed after {:?}",
+                        String::from_utf8_lossy(&got)
+                    );
+                    got.extend_from_slice(&buf[..n]);
+                }
+                assert!(
+                    !String::from_utf8_lossy(&got).contains("shutting down"),
+                    "{args:?}: the dispatcher is gone"
+                );
+            }
+        }
+        // The commands on keys still run (the dispatcher did not die with one of them).
+        roundtrip(&s, b"SET after ok\r\nGET after\r\n", b"+OK\r\n$2\r\nok\r\n");
     }
 
     #[test]
