@@ -85,10 +85,11 @@ pub fn pool_backing(pool: &Arc<Pool>) -> FnBacking {
         Media::Dram
     };
     let p = pool.clone();
+    let recorder = pool.clone();
     // SAFETY: the data area stays mapped while the pool lives, and the backing owns an Arc of
     // it; the area is only accessed through the verbs layer's atomic view (and the pool's own
     // metadata code, which does not touch the data area).
-    unsafe {
+    let backing = unsafe {
         FnBacking::new(
             pool.clone(),
             pool.data_ptr(),
@@ -99,7 +100,9 @@ pub fn pool_backing(pool: &Arc<Pool>) -> FnBacking {
                     .map_err(|e| std::io::Error::other(e.to_string()))
             },
         )
-    }
+    };
+    // A crash-test pool records what the NIC writes (real media ignore it).
+    backing.with_write_hook(move |off, len| recorder.note_data_write(off, len))
 }
 
 /// A FUSEE memory node.

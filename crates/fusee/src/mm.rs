@@ -240,7 +240,10 @@ impl Inner {
                         }
                         let off = blk.id * bs + g.object_offset(i);
                         let h = b.read(region.at(off), object::HEADER_LEN);
-                        b.write(
+                        // Durable before the bit is cleared (the soft NIC persists in
+                        // order): a power cut must not leave an object neither reclaimed
+                        // nor marked free.
+                        b.write_durable(
                             region.at(off + object::FLAGS_OFF as u64),
                             &[object::FLAG_RECLAIMED],
                         );
