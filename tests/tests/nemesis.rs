@@ -198,7 +198,7 @@ fn a_nemesis_over_processes_loses_no_acknowledged_write() {
             }
             1 => {
                 let i = rng.random_range(0..3);
-                let ms = rng.random_range(100..2500);
+                let ms = rng.random_range(100..6000);
                 let pid = run.cluster.memnodes[i].pid();
                 signal(pid, "-STOP");
                 std::thread::sleep(Duration::from_millis(ms));
