@@ -68,7 +68,8 @@ SOFTROCE_TIMEOUT=600 bash "$RUNNER" ./target/release/dmkit bench fusee --backend
 python3 .ci/check-fusee-rtts.py target/fusee-micro-rdma.json
 
 # FUSEE's index grows past many splits over rdma: 50 000 keys from one client (r = 1), and
-# 2 x 25 000 from two clients at once (r = 2), every key read back.
+# 2 x 25 000 from two clients at once (r = 1; GROWTH_R=2 for replicated splits), every key
+# read back.
 SOFTROCE_TIMEOUT=900 DMKIT="$PWD/target/release/dmkit" bash "$RUNNER" bash .ci/softroce-growth.sh
 
 # FUSEE's failover process tests (SIGKILLed memnodes under YCSB clients, refills, a dead

@@ -436,6 +436,11 @@ impl Proc {
         lines(self.0.as_mut().expect("still running"))
     }
 
+    /// Its process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.0.as_ref().map(Child::id)
+    }
+
     /// SIGKILL, and wait for it to be gone.
     pub fn kill(&mut self) {
         if let Some(c) = &mut self.0 {

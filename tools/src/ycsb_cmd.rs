@@ -6,7 +6,7 @@
 //! process with the same id on this host fails at once — and the client is recovered under
 //! its id first), optionally loads the records, runs the workload for `--seconds`, prints one
 //! summary line on stdout and, with `--ack-log PATH`, appends every acknowledged write as
-//! `key<TAB>tag<TAB>fnv1a64-of-value-in-hex<TAB>unix-milliseconds` (tag = `c<client id>:<counter>`, also the value's
+//! `key<TAB>tag<TAB>fnv1a64-of-value-in-hex<TAB>unix-milliseconds` (tag = `c<client id>:<counter>`, the counter starting at the run's start time in ms × 10⁶ so that tags grow across restarts; also the value's
 //! first bytes, so every write's value is unique).
 //!
 //! `--partition K/N` makes this client write only keys whose record number is K modulo N (an
@@ -266,9 +266,15 @@ pub fn run(args: YcsbArgs) -> Result<(), CliError> {
             suffix: format!("-c{}", args.client_id),
         }
     });
+    // Tags grow across restarts of a client id (start time in ms, then a million writes a
+    // run): a checker tells a write in flight at a kill (a higher tag than the last
+    // acknowledged one) from an older value come back (a lower one).
+    let started_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
     let mut writes = Writes {
         id: args.client_id,
-        counter: 0,
+        counter: started_ms.saturating_mul(1_000_000),
         log,
         acked: 0,
     };

@@ -1688,12 +1688,15 @@ impl Inner {
             let o = slot_addr(old);
             if let Some(flag) = view.acting(o.node, o.offset + object::FLAGS_OFF as u64) {
                 match batches.iter_mut().find(|b| b.node() == flag.node) {
+                    // Durable, as the commit record: recovery takes an outdated flag for
+                    // "swapped in and replaced since" (its replacer frees what it replaced);
+                    // a power cut must not leave the swap without the flag.
                     Some(b) => {
-                        b.write(flag, &[object::FLAG_OUTDATED]);
+                        b.write_durable(flag, &[object::FLAG_OUTDATED]);
                     }
                     None => {
                         let mut b = self.ep.batch(flag.node);
-                        b.write(flag, &[object::FLAG_OUTDATED]);
+                        b.write_durable(flag, &[object::FLAG_OUTDATED]);
                         batches.push(b);
                     }
                 }

@@ -54,22 +54,53 @@ pub struct LocalCluster {
 impl LocalCluster {
     /// Starts the memory nodes and formats the cluster.
     pub fn start(cfg: LocalConfig) -> Result<LocalCluster> {
-        cfg.cluster.validate()?;
-        let sim = SimCluster::new(cfg.sim.clone());
-        let mut memnodes = Vec::new();
+        let mut pools = Vec::new();
         for id in &cfg.cluster.nodes {
             let pool = Pool::create_dram(
                 cfg.pool_bytes,
                 PoolOptions::default().block_size(cfg.block_size),
             )
             .map_err(|e| Error::Config(format!("pool for memory node {id}: {e}")))?;
+            pools.push(pool);
+        }
+        Self::start_on(cfg, pools)
+    }
+
+    /// Starts memory nodes on the given pools (one per node, in `cfg.cluster.nodes` order)
+    /// and formats the cluster. `cfg.pool_bytes` and `cfg.block_size` are the pools' own.
+    pub fn start_on(cfg: LocalConfig, pools: Vec<Pool>) -> Result<LocalCluster> {
+        Self::serve(cfg, pools, true)
+    }
+
+    /// Starts memory nodes on pools of a formatted cluster (reopened after a crash, say),
+    /// as their processes would restart on their pool files: nothing is formatted.
+    pub fn reopen(cfg: LocalConfig, pools: Vec<Pool>) -> Result<LocalCluster> {
+        Self::serve(cfg, pools, false)
+    }
+
+    fn serve(cfg: LocalConfig, pools: Vec<Pool>, format: bool) -> Result<LocalCluster> {
+        cfg.cluster.validate()?;
+        if pools.len() != cfg.cluster.nodes.len() {
+            return Err(Error::Config(format!(
+                "{} pools for {} memory nodes",
+                pools.len(),
+                cfg.cluster.nodes.len()
+            )));
+        }
+        let sim = SimCluster::new(cfg.sim.clone());
+        let mut memnodes = Vec::new();
+        for (id, pool) in cfg.cluster.nodes.iter().zip(pools) {
             let m = Memnode::new(*id, pool)?;
             sim.add_node(m.node().clone());
             memnodes.push(m);
         }
         // The formatting client (the master's role) uses an id of its own.
         let ep = sim.endpoint(u64::MAX - 16)?;
-        let view = cluster::format(&ep, &cfg.cluster)?;
+        let view = if format {
+            cluster::format(&ep, &cfg.cluster)?
+        } else {
+            cluster::open(&ep, &cfg.cluster.nodes)?
+        };
         Ok(LocalCluster {
             sim,
             memnodes,

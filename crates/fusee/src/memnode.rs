@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use dmkit_pmem_pool::{BlockId, Pool};
 use dmkit_verbs::wire::{Reader, WireError, Writer};
-use dmkit_verbs::{Access, FnBacking, Media, MemoryNode, NodeId, Peer, RegionDesc};
+use dmkit_verbs::{Access, FnBacking, MemoryNode, NodeId, Peer, RegionDesc};
 
 use crate::error::{Error, Result};
 use crate::membership::Membership;
@@ -79,27 +79,7 @@ pub(crate) mod status {
 
 /// The pool's data area as verbs-registrable memory.
 pub fn pool_backing(pool: &Arc<Pool>) -> FnBacking {
-    let media = if pool.is_persistent() {
-        Media::Nvm
-    } else {
-        Media::Dram
-    };
-    let p = pool.clone();
-    // SAFETY: the data area stays mapped while the pool lives, and the backing owns an Arc of
-    // it; the area is only accessed through the verbs layer's atomic view (and the pool's own
-    // metadata code, which does not touch the data area).
-    unsafe {
-        FnBacking::new(
-            pool.clone(),
-            pool.data_ptr(),
-            pool.data_len() / 8 * 8,
-            media,
-            move |off, len| {
-                p.persist(off, len)
-                    .map_err(|e| std::io::Error::other(e.to_string()))
-            },
-        )
-    }
+    dmkit_pmem_pool::verbs::verbs_backing(pool)
 }
 
 /// A FUSEE memory node.

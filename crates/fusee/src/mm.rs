@@ -213,8 +213,12 @@ impl Inner {
             plan.push((*node, p));
         }
         let results = self.ep.execute_many_async(tags::RECLAIM, batches).await;
-        // Round 2: per node, read each freed object's header, mark it reclaimed, clear bits.
+        // Round 2: per node, read each freed object's header and mark it reclaimed (durably);
+        // round 3 clears the bits — only once the flags are persisted (on every backend: an
+        // rdma batch persists its durable writes after all its verbs), so a power cut never
+        // leaves an object neither reclaimed nor marked free.
         let mut batches = Vec::new();
+        let mut clears = Vec::new();
         let mut found = Vec::new();
         for (res, (node, p)) in results.into_iter().zip(plan) {
             let res = res?;
@@ -222,6 +226,7 @@ impl Inner {
                 continue;
             };
             let mut b = self.ep.batch(node);
+            let mut clear = self.ep.batch(node);
             let mut items = Vec::new();
             for (blk, g, idx) in p {
                 let bits = res.read(idx);
@@ -240,14 +245,14 @@ impl Inner {
                         }
                         let off = blk.id * bs + g.object_offset(i);
                         let h = b.read(region.at(off), object::HEADER_LEN);
-                        b.write(
+                        b.write_durable(
                             region.at(off + object::FLAGS_OFF as u64),
                             &[object::FLAG_RECLAIMED],
                         );
                         items.push((blk.class, Addr { node, offset: off }, h));
                     }
                     // Clear exactly the bits seen: frees that land meanwhile stay set.
-                    b.faa(
+                    clear.faa(
                         region.at(blk.id * bs + alloc::BLOCK_HEADER + w as u64 * 8),
                         0u64.wrapping_sub(word),
                     );
@@ -255,18 +260,20 @@ impl Inner {
             }
             if !items.is_empty() {
                 batches.push(b);
+                clears.push(clear);
                 found.push(items);
             }
         }
+        let flagged = self.ep.execute_many_async(tags::RECLAIM, batches).await;
+        let mut headers = Vec::new();
+        for r in flagged {
+            headers.push(r?);
+        }
+        for r in self.ep.execute_many_async(tags::RECLAIM, clears).await {
+            r?;
+        }
         let mut n = 0;
-        for (res, items) in self
-            .ep
-            .execute_many_async(tags::RECLAIM, batches)
-            .await
-            .into_iter()
-            .zip(found)
-        {
-            let res = res?;
+        for (res, items) in headers.into_iter().zip(found) {
             let mut f = self.free.lock();
             for (class, addr, h) in items {
                 let generation = object::decode_header(res.read(h))

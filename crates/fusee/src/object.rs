@@ -15,7 +15,10 @@
 //!                           recovery can tell whether the slot was reused since)
 //!            +28 crc u32    crc32c over (old, old_gen, generation, op, this object's address);
 //!                           never 0, so a zeroed record is always "not committed"
-//!            +32 reserved u32
+//!            +32 sum u32    crc32c over the object as written (header with its flags byte as 0,
+//!                           key, value, padding, next, prev, op, used); never 0. A power cut
+//!                           can leave any cache line of an object not yet persisted: a torn
+//!                           object fails its sum and is no object at all
 //!            +36 finished u8  1 once the operation and its cleanup are complete
 //!            +37 reserved u8
 //!            +38 op u8      INSERT, UPDATE or DELETE
@@ -43,6 +46,8 @@ pub const LOG_LEN: usize = 40;
 /// Offset of the commit record inside the log entry.
 pub const COMMIT_OFF: usize = 16;
 pub const COMMIT_LEN: usize = 16;
+/// Offset of the object's checksum inside the log entry.
+pub const SUM_OFF: usize = 32;
 /// Offset of `finished` inside the log entry.
 pub const FINISHED_OFF: usize = 36;
 /// Flag: a newer version of the key replaced this object (cached addresses must not use it).
@@ -164,6 +169,18 @@ pub struct KvObject {
     pub conditional: bool,
 }
 
+/// The checksum of the object `b` whose log entry starts at `lo` (see the layout above).
+fn object_sum(b: &[u8], lo: usize) -> u32 {
+    let mut c = crc32c::crc32c(&b[..FLAGS_OFF]);
+    c = crc32c::crc32c_append(c, &[0]);
+    c = crc32c::crc32c_append(c, &b[FLAGS_OFF + 1..lo + COMMIT_OFF]);
+    c = crc32c::crc32c_append(c, &b[lo + 38..lo + 40]);
+    match c {
+        0 => 1,
+        v => v,
+    }
+}
+
 /// Encodes a new object (commit record empty, `used` set as the last byte).
 pub fn encode(
     key: &[u8],
@@ -201,6 +218,8 @@ pub fn encode_as(
     l[8..16].copy_from_slice(&prev.to_le_bytes());
     l[38] = op as u8;
     l[39] = 1;
+    let sum = object_sum(&out, lo);
+    out[lo + SUM_OFF..lo + SUM_OFF + 4].copy_from_slice(&sum.to_le_bytes());
     Ok(out)
 }
 
@@ -268,6 +287,15 @@ pub fn decode(b: &[u8], at: Addr) -> Option<KvObject> {
     if !log.used || flags & FLAG_RECLAIMED != 0 {
         return None;
     }
+    let sum = u32::from_le_bytes(
+        b[lo + SUM_OFF..lo + SUM_OFF + 4]
+            .try_into()
+            .expect("4 bytes"),
+    );
+    if sum != object_sum(b, lo) {
+        // Torn (a power cut persisted some of its lines) or garbage.
+        return None;
+    }
     Some(KvObject {
         key: b[HEADER_LEN..HEADER_LEN + klen].to_vec(),
         value: b[HEADER_LEN + klen..HEADER_LEN + klen + vlen].to_vec(),
@@ -307,6 +335,22 @@ mod tests {
         let mut torn = o.clone();
         *torn.last_mut().unwrap() = 0;
         assert!(decode(&torn, AT).is_none());
+        // Torn: any byte of it stale (but the flags, the commit record and `finished`, which
+        // are written after it).
+        for at in [
+            0,
+            5,
+            HEADER_LEN + 1,
+            log_offset(3, 6) + 3,
+            log_offset(3, 6) + 38,
+        ] {
+            let mut torn = o.clone();
+            torn[at] ^= 0x10;
+            assert!(decode(&torn, AT).is_none(), "byte {at} changed");
+        }
+        let mut flagged = o.clone();
+        flagged[FLAGS_OFF] |= FLAG_OUTDATED;
+        assert!(decode(&flagged, AT).is_some());
         // Reclaimed by its owner.
         let mut rec = o.clone();
         rec[FLAGS_OFF] |= FLAG_RECLAIMED;

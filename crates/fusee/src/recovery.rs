@@ -402,7 +402,13 @@ impl crate::client::Inner {
         // and length class: the same word). The object's generation tells: it changed.
         let holds_old = |c: &object::Commit| -> Result<(bool, bool)> {
             let probe = Verifier::new(&view);
-            let holds = self.index().search(&probe, &obj.key)?.map(|s| s.raw()) == Some(c.old);
+            let holds = match self.index().search(&probe, &obj.key)? {
+                Some(s) => s.raw() == c.old,
+                // Absent: a write that replaced an object's word swapped it (only the
+                // round's last writer, the one with the record, swaps that word) and the
+                // key was deleted since; one that filled an empty word cannot tell here.
+                None => Slot::from_raw(c.old)?.is_none(),
+            };
             let reused = holds && c.old != 0 && self.generation_of(c.old)? != c.old_gen;
             Ok((holds, reused))
         };

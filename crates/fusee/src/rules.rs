@@ -162,7 +162,7 @@ pub enum RedoStart {
     /// reused object: not resumed (resuming would put an older value back); the entry is
     /// marked finished.
     Superseded,
-    /// A committed DELETE whose key no longer holds the value it replaced: it is done.
+    /// A committed entry whose key no longer holds the value it replaced: it is done.
     AlreadyDone,
     /// Resume the entry's SNAPSHOT round from where the slot stands.
     Resume,
@@ -175,7 +175,13 @@ pub enum RedoStart {
 pub fn redo_start(delete: bool, committed: Option<(bool, bool)>) -> RedoStart {
     let (done, aba) = match (delete, committed) {
         (true, Some((holds, reused))) => (!holds || reused, reused),
-        (false, Some((_, reused))) => (false, reused),
+        // A committed write whose key no longer holds the word it replaced: its swap
+        // happened (the record precedes it, and only the round's last writer — the one
+        // with the record — or the master completing its round swaps that word), and the
+        // key moved on since, perhaps by a later write recovery resumes first (entries of
+        // different size classes have no common order). Resuming would find its value
+        // nowhere and take it for never swapped in: the object it replaced would leak.
+        (false, Some((holds, reused))) => (!holds, reused),
         (_, None) => (false, false),
     };
     if aba && !delete {
@@ -202,7 +208,11 @@ mod tests {
         );
         assert_eq!(redo_start(true, Some((true, true))), RedoStart::AlreadyDone);
         assert_eq!(redo_start(false, Some((true, true))), RedoStart::Superseded);
-        assert_eq!(redo_start(false, Some((false, false))), RedoStart::Resume);
+        assert_eq!(
+            redo_start(false, Some((false, false))),
+            RedoStart::AlreadyDone
+        );
+        assert_eq!(redo_start(false, Some((true, false))), RedoStart::Resume);
     }
 
     #[test]

@@ -1032,9 +1032,14 @@ impl ProtocolModel {
                 }
                 let w = s.slot[p];
                 let o = s.objs[&id].clone();
-                // `holds_old`: the key's slot holds the word the record says was replaced
-                // (objects are never reused in the model: no generation change).
-                let holds = o.commit.map(|old| (!is_empty_word(w) && w == old, false));
+                // `holds_old`: the key's slot holds the word the record says was replaced;
+                // with the key absent, a record that replaced an empty word (an INSERT's)
+                // cannot tell, one that replaced an object's word was swapped (objects are
+                // never reused in the model: no generation change).
+                let holds = o.commit.map(|old| match is_empty_word(w) {
+                    true => (is_empty_word(old), false),
+                    false => (w == old, false),
+                });
                 match (self.redo)(o.delete, holds) {
                     rules::RedoStart::Superseded | rules::RedoStart::AlreadyDone => {
                         Self::finish(s, id, o.delete);

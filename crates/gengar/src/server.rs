@@ -21,9 +21,10 @@ use dmkit_cache::{
 use dmkit_lease::{
     Clock, LeaseConfig, LeaseError, LeaseTable, LeaseTuner, Tier, Timestamp, TunerConfig,
 };
+use dmkit_pmem_pool::verbs::verbs_backing;
 use dmkit_pmem_pool::{Pool, PoolOptions};
 use dmkit_verbs::wire::{Reader, WireError};
-use dmkit_verbs::{Access, FnBacking, Media, MemoryNode, NodeId, Peer, RegionDesc, RegionMemory};
+use dmkit_verbs::{Access, MemoryNode, NodeId, Peer, RegionDesc, RegionMemory};
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
@@ -97,30 +98,6 @@ struct Cached {
     generation: u32,
 }
 
-/// A pool's data area as verbs-registrable memory.
-fn pool_backing(pool: &Arc<Pool>) -> FnBacking {
-    let media = if pool.is_persistent() {
-        Media::Nvm
-    } else {
-        Media::Dram
-    };
-    let p = pool.clone();
-    // SAFETY: the data area stays mapped while the pool lives and the backing owns an Arc of
-    // it; the area is only accessed through the verbs layer's atomic views.
-    unsafe {
-        FnBacking::new(
-            pool.clone(),
-            pool.data_ptr(),
-            pool.data_len() / 8 * 8,
-            media,
-            move |off, len| {
-                p.persist(off, len)
-                    .map_err(|e| std::io::Error::other(e.to_string()))
-            },
-        )
-    }
-}
-
 /// A Gengar server. Serve its [`GengarServer::node`] with any verbs backend.
 pub struct GengarServer {
     node: Arc<MemoryNode>,
@@ -170,10 +147,10 @@ impl GengarServer {
         let dram = Arc::new(dram);
         let node = Arc::new(MemoryNode::new(id));
         let nvm_region = node
-            .register(Arc::new(pool_backing(&nvm)), Access::ALL, Some(NVM_BASE))
+            .register(Arc::new(verbs_backing(&nvm)), Access::ALL, Some(NVM_BASE))
             .map_err(|e| setup(&e))?;
         let dram_region = node
-            .register(Arc::new(pool_backing(&dram)), Access::ALL, Some(DRAM_BASE))
+            .register(Arc::new(verbs_backing(&dram)), Access::ALL, Some(DRAM_BASE))
             .map_err(|e| setup(&e))?;
         let nvm_mem = node.memory(nvm_region.rkey).expect("just registered");
         let dram_mem = node.memory(dram_region.rkey).expect("just registered");

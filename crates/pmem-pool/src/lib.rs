@@ -46,6 +46,8 @@ mod stats;
 
 #[cfg(any(test, feature = "test_utils"))]
 pub mod test_utils;
+#[cfg(feature = "verbs")]
+pub mod verbs;
 
 #[cfg(test)]
 mod crash_tests;

@@ -409,6 +409,16 @@ impl Pool {
         self.medium.persist(self.geometry.data_offset + offset, len)
     }
 
+    /// Says that `[offset, offset + len)` of the data area was written through
+    /// [`Pool::data_ptr`] (by a NIC, say): the crash-test medium records it; real media ignore
+    /// it.
+    pub fn note_data_write(&self, offset: usize, len: usize) {
+        if self.check_data_range(offset, len).is_ok() {
+            self.medium
+                .note_write(self.geometry.data_offset + offset, len);
+        }
+    }
+
     /// Whether the pool survives power failure (false for DRAM pools).
     pub fn is_persistent(&self) -> bool {
         self.medium.is_persistent()

@@ -343,12 +343,15 @@ impl Medium for CrashMedium {
     }
     fn write(&self, offset: usize, data: &[u8]) {
         self.inner.region.write(offset, data);
-        if data.is_empty() {
+        self.note_write(offset, data.len());
+    }
+    fn note_write(&self, offset: usize, len: usize) {
+        if len == 0 {
             return;
         }
         // Model a copy as the 8-byte stores a memcpy makes, in address order.
         let first = offset / 8 * 8;
-        let end = offset + data.len();
+        let end = offset + len;
         for word in (first..end).step_by(8) {
             if word + 8 <= self.len() {
                 let value = self.inner.region.load_u64(word);

@@ -29,6 +29,12 @@ pub trait Backing: Send + Sync + std::fmt::Debug {
     fn media(&self) -> Media;
     /// Makes `[offset, offset + len)` durable. A no-op for volatile memory.
     fn persist(&self, offset: usize, len: usize) -> std::io::Result<()>;
+    /// Told after a verb changed `[offset, offset + len)` (a write, a swap, an add): a
+    /// backing that records its stores (a power-failure test medium) records them. Nothing,
+    /// by default.
+    fn wrote(&self, offset: usize, len: usize) {
+        let _ = (offset, len);
+    }
 }
 
 /// Anonymous, zero-filled, volatile memory, mapped lazily (pages are committed on first
@@ -108,6 +114,7 @@ impl Backing for DramBacking {
 }
 
 type PersistFn = Box<dyn Fn(usize, usize) -> std::io::Result<()> + Send + Sync>;
+type WroteFn = Box<dyn Fn(usize, usize) + Send + Sync>;
 
 /// Memory owned elsewhere (a mapped pool, say), registered through a pointer, a length and a
 /// persist function. The owner is kept alive for as long as the backing is.
@@ -128,6 +135,7 @@ pub struct FnBacking {
     len: usize,
     media: Media,
     persist: PersistFn,
+    wrote: Option<WroteFn>,
 }
 
 // SAFETY: the memory is owned by `_owner` (Send + Sync) and only accessed through atomics or
@@ -156,7 +164,15 @@ impl FnBacking {
             len,
             media,
             persist: Box::new(persist),
+            wrote: None,
         }
+    }
+
+    /// Calls `wrote(offset, len)` after every verb that changes the memory (see
+    /// [`Backing::wrote`]).
+    pub fn with_write_hook(mut self, wrote: impl Fn(usize, usize) + Send + Sync + 'static) -> Self {
+        self.wrote = Some(Box::new(wrote));
+        self
     }
 }
 
@@ -181,6 +197,11 @@ impl Backing for FnBacking {
     }
     fn persist(&self, offset: usize, len: usize) -> std::io::Result<()> {
         (self.persist)(offset, len)
+    }
+    fn wrote(&self, offset: usize, len: usize) {
+        if let Some(f) = &self.wrote {
+            f(offset, len);
+        }
     }
 }
 
@@ -244,6 +265,11 @@ impl RegionMemory {
 
     pub fn backing(&self) -> &Arc<dyn Backing> {
         &self.backing
+    }
+
+    /// Tells the backing a verb changed `[off, off + len)` ([`Backing::wrote`]).
+    pub fn wrote(&self, off: usize, len: usize) {
+        self.backing.wrote(off, len);
     }
 
     fn check(&self, off: usize, len: usize) -> Result<(), AccessFault> {

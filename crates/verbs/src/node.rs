@@ -313,6 +313,7 @@ impl MemoryNode {
             OpKind::Write { durable } => {
                 debug_assert_eq!(data.len(), len as usize);
                 r.mem.write(off, data)?;
+                r.mem.wrote(off, data.len());
                 if durable {
                     r.mem.persist(off, data.len())?;
                 }
@@ -328,6 +329,9 @@ impl MemoryNode {
                 // A failed one too: the value it returns may be another client's swap, not
                 // yet persisted, that this client acts on.
                 let old = r.mem.cas(off, expect, new)?;
+                if old == expect {
+                    r.mem.wrote(off, 8);
+                }
                 if r.desc.media == Media::Nvm {
                     r.mem.persist(off, 8)?;
                 }
@@ -338,6 +342,7 @@ impl MemoryNode {
                     return Err(AccessFault::Misaligned);
                 }
                 let old = r.mem.faa(off, add)?;
+                r.mem.wrote(off, 8);
                 if r.desc.media == Media::Nvm {
                     r.mem.persist(off, 8)?;
                 }

@@ -93,6 +93,13 @@ pub trait Medium: Send + Sync + fmt::Debug {
     /// failure (a no-op on volatile media).
     fn persist(&self, offset: usize, len: usize) -> Result<()>;
 
+    /// Says that `[offset, offset + len)` was written through the mapping ([`Medium::as_ptr`],
+    /// e.g. by a NIC), not through [`Medium::write`]: a recording medium records the bytes it
+    /// now holds as stores. A no-op for every real medium.
+    fn note_write(&self, offset: usize, len: usize) {
+        let _ = (offset, len);
+    }
+
     /// Copies `data` to `offset` and persists it (libpmem does both in one call).
     fn write_persist(&self, offset: usize, data: &[u8]) -> Result<()> {
         self.write(offset, data);
