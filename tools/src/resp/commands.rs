@@ -446,11 +446,16 @@ pub const COMMANDS: &[Spec] = &[
         args: "", deprecated: None },
 ];
 
-/// The command (or `container|sub`) named `name`, any case.
+/// The command (or `container|sub`) named `name`, any case (a hash lookup: every command
+/// the gateway receives is looked up).
 pub fn lookup(name: &[u8]) -> Option<&'static Spec> {
-    COMMANDS
-        .iter()
-        .find(|c| c.name.as_bytes().eq_ignore_ascii_case(name))
+    static BY_NAME: std::sync::LazyLock<std::collections::HashMap<&'static [u8], &'static Spec>> =
+        std::sync::LazyLock::new(|| COMMANDS.iter().map(|c| (c.name.as_bytes(), c)).collect());
+    let mut buf = [0u8; 40];
+    let lower = buf.get_mut(..name.len())?;
+    lower.copy_from_slice(name);
+    lower.make_ascii_lowercase();
+    BY_NAME.get(&*lower).copied()
 }
 
 /// The top-level commands (those COMMAND COUNT counts).
