@@ -164,87 +164,75 @@ fn run(nodes: u16, r: usize) {
         samples: 2,
         seed: 0x90e4,
     };
-    let mut total = 0;
-    medium.for_each_crash_image(policy, |img| total += usize::from(img.point >= formatted));
-    let stride = total.div_ceil(cap).max(1);
-    let mut seen = 0;
-    let mut checked = 0;
-    medium.for_each_crash_image(policy, |img| {
-        if img.point < formatted {
-            return;
-        }
-        seen += 1;
-        if seen % stride != 0 && seen != total {
-            return;
-        }
-        checked += 1;
-        let at = format!(
-            "r = {r}, image {seen} of {total} (persist point {}, {} acked)",
-            img.point, img.mark
-        );
-        let image = CrashMedium::from_image(img.bytes);
-        let c = LocalCluster::reopen(config(nodes, r), pools_on(&image, nodes as usize, false))
-            .unwrap_or_else(|e| panic!("{at}: the cluster does not open: {e}"));
-        let recovered: Vec<_> = CLIENTS
-            .iter()
-            .map(|id| {
-                let (rec, report) = c
-                    .recover(*id)
-                    .unwrap_or_else(|e| panic!("{at}: recovery of {id}: {e}"));
-                rec.flush().unwrap();
-                (rec, report)
-            })
-            .collect();
-        let reader = c.client(1).unwrap();
-        for (ci, id) in CLIENTS.iter().enumerate() {
-            // The steps of this client acknowledged before the cut: a prefix of its script.
-            let done = acked[..img.mark as usize]
-                .iter()
-                .filter(|(c, _)| c == id)
-                .count();
-            let mut live = 0;
-            for k in 0..KEYS_PER_CLIENT {
-                let key = format!("c{id}-k{k}");
-                let steps: Vec<_> = scripts[ci]
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, (kk, _))| *kk == key)
-                    .collect();
-                let before = steps
-                    .iter()
-                    .rev()
-                    .find(|(i, _)| *i < done)
-                    .map(|(_, (_, v))| v.clone())
-                    .unwrap_or(None);
-                let next = steps
-                    .iter()
-                    .find(|(i, _)| *i >= done)
-                    .map(|(_, (_, v))| v.clone());
-                let now = reader.search(key.as_bytes()).unwrap();
-                assert!(
-                    now == before || Some(&now) == next.as_ref(),
-                    "{at}: {key} holds {:?}; acknowledged {:?}, in flight {:?}",
-                    now.as_deref().map(String::from_utf8_lossy),
-                    before.as_deref().map(String::from_utf8_lossy),
-                    next.map(|v| v.map(|v| String::from_utf8_lossy(&v).into_owned()))
-                );
-                live += usize::from(now.is_some());
-            }
-            // No leak: every object of the client's blocks is live (one of its keys) or free.
-            let (rec, report) = &recovered[ci];
-            rec.reclaim().unwrap();
-            let objects: u64 = rec
-                .owned_block_classes()
-                .iter()
-                .map(|class| BlockGeometry::new(BLOCK as u64, *class).objects)
-                .sum();
-            assert_eq!(
-                rec.free_objects() + live,
-                objects as usize,
-                "{at}: client {id} leaked objects ({live} live keys; recovery: {report:?})"
+    let (total, checked) =
+        medium.for_each_sampled_image(policy, formatted, cap, |img, seen, total| {
+            let at = format!(
+                "r = {r}, image {seen} of {total} (persist point {}, {} acked)",
+                img.point, img.mark
             );
-        }
-    });
+            let image = CrashMedium::from_image(img.bytes);
+            let c = LocalCluster::reopen(config(nodes, r), pools_on(&image, nodes as usize, false))
+                .unwrap_or_else(|e| panic!("{at}: the cluster does not open: {e}"));
+            let recovered: Vec<_> = CLIENTS
+                .iter()
+                .map(|id| {
+                    let (rec, report) = c
+                        .recover(*id)
+                        .unwrap_or_else(|e| panic!("{at}: recovery of {id}: {e}"));
+                    rec.flush().unwrap();
+                    (rec, report)
+                })
+                .collect();
+            let reader = c.client(1).unwrap();
+            for (ci, id) in CLIENTS.iter().enumerate() {
+                // The steps of this client acknowledged before the cut: a prefix of its script.
+                let done = acked[..img.mark as usize]
+                    .iter()
+                    .filter(|(c, _)| c == id)
+                    .count();
+                let mut live = 0;
+                for k in 0..KEYS_PER_CLIENT {
+                    let key = format!("c{id}-k{k}");
+                    let steps: Vec<_> = scripts[ci]
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, (kk, _))| *kk == key)
+                        .collect();
+                    let before = steps
+                        .iter()
+                        .rev()
+                        .find(|(i, _)| *i < done)
+                        .map(|(_, (_, v))| v.clone())
+                        .unwrap_or(None);
+                    let next = steps
+                        .iter()
+                        .find(|(i, _)| *i >= done)
+                        .map(|(_, (_, v))| v.clone());
+                    let now = reader.search(key.as_bytes()).unwrap();
+                    assert!(
+                        now == before || Some(&now) == next.as_ref(),
+                        "{at}: {key} holds {:?}; acknowledged {:?}, in flight {:?}",
+                        now.as_deref().map(String::from_utf8_lossy),
+                        before.as_deref().map(String::from_utf8_lossy),
+                        next.map(|v| v.map(|v| String::from_utf8_lossy(&v).into_owned()))
+                    );
+                    live += usize::from(now.is_some());
+                }
+                // No leak: every object of the client's blocks is live (one of its keys) or free.
+                let (rec, report) = &recovered[ci];
+                rec.reclaim().unwrap();
+                let objects: u64 = rec
+                    .owned_block_classes()
+                    .iter()
+                    .map(|class| BlockGeometry::new(BLOCK as u64, *class).objects)
+                    .sum();
+                assert_eq!(
+                    rec.free_objects() + live,
+                    objects as usize,
+                    "{at}: client {id} leaked objects ({live} live keys; recovery: {report:?})"
+                );
+            }
+        });
     eprintln!("power cut r = {r}: {ops} steps per client, {total} images, {checked} checked");
     assert!(
         checked >= cap.min(total) * 9 / 10,

@@ -93,63 +93,52 @@ fn power_cuts_lose_no_acknowledged_gengar_write() {
         samples: 2,
         seed: 0x6e6a,
     };
-    let mut total = 0;
-    medium.for_each_crash_image(policy, |img| total += usize::from(img.point >= formatted));
-    let stride = total.div_ceil(cap).max(1);
-    let (mut seen, mut checked) = (0, 0);
-    medium.for_each_crash_image(policy, |img| {
-        if img.point < formatted {
-            return;
-        }
-        seen += 1;
-        if seen % stride != 0 && seen != total {
-            return;
-        }
-        checked += 1;
-        let at = format!(
-            "image {seen} of {total} (persist point {}, {} acked)",
-            img.point, img.mark
-        );
-        let pool = Pool::open_on(CrashMedium::from_image(img.bytes).boxed())
-            .unwrap_or_else(|e| panic!("{at}: the pool does not open: {e}"));
-        let done = &acked[..img.mark as usize];
-        let allocated = done.iter().filter(|(_, w)| w.is_none()).count();
-        let live = pool.stats().live_objects;
-        assert!(
-            live >= allocated && live <= (allocated + 1).min(OBJECTS),
-            "{at}: {live} objects in the pool, {allocated} allocations acknowledged"
-        );
-        let (_cluster, _server, reader) = serve(pool);
-        for (o, addr) in addrs.iter().enumerate().take(allocated) {
-            let last = done.iter().rev().find(|(oo, w)| *oo == o && w.is_some());
-            let want = last
-                .map(|(_, w)| pattern(w.expect("a write")))
-                .unwrap_or(vec![0; SIZE]);
-            // The next write of this object, if it was in flight at the cut.
-            let next = acked[img.mark as usize..]
-                .iter()
-                .find(|(oo, w)| *oo == o && w.is_some())
-                .map(|(_, w)| pattern(w.expect("a write")));
-            let now = reader
-                .read(*addr)
-                .unwrap_or_else(|e| panic!("{at}: object {o} cannot be read: {e}"));
-            for w in 0..SIZE.div_ceil(8) {
-                let r = w * 8..(w * 8 + 8).min(SIZE);
-                let ok = now[r.clone()] == want[r.clone()]
-                    || next
-                        .as_ref()
-                        .is_some_and(|n| now[r.clone()] == n[r.clone()]);
-                assert!(
-                    ok,
-                    "{at}: object {o} bytes {}..{}: {:?}, acknowledged {:?}",
-                    r.start,
-                    r.end,
-                    &now[r.clone()],
-                    &want[r.clone()]
-                );
+    let (total, checked) =
+        medium.for_each_sampled_image(policy, formatted, cap, |img, seen, total| {
+            let at = format!(
+                "image {seen} of {total} (persist point {}, {} acked)",
+                img.point, img.mark
+            );
+            let pool = Pool::open_on(CrashMedium::from_image(img.bytes).boxed())
+                .unwrap_or_else(|e| panic!("{at}: the pool does not open: {e}"));
+            let done = &acked[..img.mark as usize];
+            let allocated = done.iter().filter(|(_, w)| w.is_none()).count();
+            let live = pool.stats().live_objects;
+            assert!(
+                live >= allocated && live <= (allocated + 1).min(OBJECTS),
+                "{at}: {live} objects in the pool, {allocated} allocations acknowledged"
+            );
+            let (_cluster, _server, reader) = serve(pool);
+            for (o, addr) in addrs.iter().enumerate().take(allocated) {
+                let last = done.iter().rev().find(|(oo, w)| *oo == o && w.is_some());
+                let want = last
+                    .map(|(_, w)| pattern(w.expect("a write")))
+                    .unwrap_or(vec![0; SIZE]);
+                // The next write of this object, if it was in flight at the cut.
+                let next = acked[img.mark as usize..]
+                    .iter()
+                    .find(|(oo, w)| *oo == o && w.is_some())
+                    .map(|(_, w)| pattern(w.expect("a write")));
+                let now = reader
+                    .read(*addr)
+                    .unwrap_or_else(|e| panic!("{at}: object {o} cannot be read: {e}"));
+                for w in 0..SIZE.div_ceil(8) {
+                    let r = w * 8..(w * 8 + 8).min(SIZE);
+                    let ok = now[r.clone()] == want[r.clone()]
+                        || next
+                            .as_ref()
+                            .is_some_and(|n| now[r.clone()] == n[r.clone()]);
+                    assert!(
+                        ok,
+                        "{at}: object {o} bytes {}..{}: {:?}, acknowledged {:?}",
+                        r.start,
+                        r.end,
+                        &now[r.clone()],
+                        &want[r.clone()]
+                    );
+                }
             }
-        }
-    });
+        });
     eprintln!("gengar power cut: {writes} writes, {total} images, {checked} checked");
     assert!(checked >= cap.min(total) * 9 / 10);
 }

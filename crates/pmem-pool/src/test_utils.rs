@@ -187,6 +187,34 @@ impl CrashMedium {
         }
     }
 
+    /// Calls `f(image, index, total)` with at most `cap` of the crash images at persist points
+    /// from `from_point` on (earlier ones — a cut during setup, say — are skipped), spread
+    /// evenly over the record, the last one always included; returns `(total, checked)`.
+    /// Enumerates the record twice (once to count).
+    pub fn for_each_sampled_image(
+        &self,
+        policy: CrashPolicy,
+        from_point: usize,
+        cap: usize,
+        mut f: impl FnMut(CrashImage<'_>, usize, usize),
+    ) -> (usize, usize) {
+        let mut total = 0;
+        self.for_each_crash_image(policy, |img| total += usize::from(img.point >= from_point));
+        let stride = total.div_ceil(cap.max(1)).max(1);
+        let (mut seen, mut checked) = (0, 0);
+        self.for_each_crash_image(policy, |img| {
+            if img.point < from_point {
+                return;
+            }
+            seen += 1;
+            if seen % stride == 0 || seen == total {
+                checked += 1;
+                f(img, seen, total);
+            }
+        });
+        (total, checked)
+    }
+
     /// Calls `f` with every crash image of the record; returns how many there were.
     pub fn for_each_crash_image(
         &self,

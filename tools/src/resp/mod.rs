@@ -2823,20 +2823,7 @@ mod tests {
         let mut c = TcpStream::connect(server.local_addr()).unwrap();
         c.set_read_timeout(Some(std::time::Duration::from_secs(10)))
             .unwrap();
-        c.write_all(input).unwrap();
-        let mut got = Vec::new();
-        let mut chunk = [0u8; 4096];
-        while got.len() < expect.len() {
-            let Ok(n) = c.read(&mut chunk) else { break };
-            if n == 0 {
-                break;
-            }
-            got.extend_from_slice(&chunk[..n]);
-        }
-        assert_eq!(
-            String::from_utf8_lossy(&got),
-            String::from_utf8_lossy(expect)
-        );
+        roundtrip_on(&mut c, input, expect);
     }
 
     /// Sends `input` on `c` and reads exactly `expect`.
