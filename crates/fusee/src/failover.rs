@@ -541,7 +541,7 @@ impl Master {
             return Ok(None);
         };
         let b = self.ep.read(TAG, at, s.object_len())?;
-        Ok(object::decode(&b, a))
+        Ok(object::decode_checked(&b, a))
     }
 
     /// Writes the commit record of the object `chosen` points to, if it has none.

@@ -18,7 +18,10 @@
 //!            +32 sum u32    crc32c over the object as written (header with its flags byte as 0,
 //!                           key, value, padding, next, prev, op, used); never 0. A power cut
 //!                           can leave any cache line of an object not yet persisted: a torn
-//!                           object fails its sum and is no object at all
+//!                           object fails its sum and is no object at all. Only readers of
+//!                           objects no slot names check it (recovery's log walk, failover's
+//!                           repair: `decode_checked`): an object is durable before any slot
+//!                           word names it, so one read through the index is never torn
 //!            +36 finished u8  1 once the operation and its cleanup are complete
 //!            +37 reserved u8
 //!            +38 op u8      INSERT, UPDATE or DELETE
@@ -270,8 +273,22 @@ pub fn decode_log(b: &[u8], generation: u32, at: Addr) -> Option<LogEntry> {
     })
 }
 
+/// [`decode`], and the object's checksum checked: `None` for an object a power cut tore.
+/// For objects no index slot may name (a log walk); one read through the index was durable
+/// before the slot named it.
+pub fn decode_checked(b: &[u8], at: Addr) -> Option<KvObject> {
+    let o = decode(b, at)?;
+    let lo = log_offset(o.key.len(), o.value.len());
+    let sum = u32::from_le_bytes(
+        b[lo + SUM_OFF..lo + SUM_OFF + 4]
+            .try_into()
+            .expect("4 bytes"),
+    );
+    (sum == object_sum(b, lo)).then_some(o)
+}
+
 /// Decodes a whole object read from `at` (`b` may extend past it). `None` when the bytes are
-/// not a complete object (torn, free, or garbage).
+/// not a complete object (free, or garbage; a torn one only [`decode_checked`] tells).
 pub fn decode(b: &[u8], at: Addr) -> Option<KvObject> {
     let Header {
         klen,
@@ -285,15 +302,6 @@ pub fn decode(b: &[u8], at: Addr) -> Option<KvObject> {
     }
     let log = decode_log(&b[lo..lo + LOG_LEN], generation, at)?;
     if !log.used || flags & FLAG_RECLAIMED != 0 {
-        return None;
-    }
-    let sum = u32::from_le_bytes(
-        b[lo + SUM_OFF..lo + SUM_OFF + 4]
-            .try_into()
-            .expect("4 bytes"),
-    );
-    if sum != object_sum(b, lo) {
-        // Torn (a power cut persisted some of its lines) or garbage.
         return None;
     }
     Some(KvObject {
@@ -346,11 +354,12 @@ mod tests {
         ] {
             let mut torn = o.clone();
             torn[at] ^= 0x10;
-            assert!(decode(&torn, AT).is_none(), "byte {at} changed");
+            assert!(decode_checked(&torn, AT).is_none(), "byte {at} changed");
         }
+        assert!(decode_checked(&o, AT).is_some());
         let mut flagged = o.clone();
         flagged[FLAGS_OFF] |= FLAG_OUTDATED;
-        assert!(decode(&flagged, AT).is_some());
+        assert!(decode_checked(&flagged, AT).is_some());
         // Reclaimed by its owner.
         let mut rec = o.clone();
         rec[FLAGS_OFF] |= FLAG_RECLAIMED;

@@ -356,7 +356,7 @@ fn chain_order(items: &[&Found]) -> HashMap<Addr, u64> {
 /// `replicas` under which its commit record checks out (the CRC covers the address), else
 /// `addr` as it is. `None` if the bytes are not a whole object.
 fn decode_as_written(bytes: &[u8], addr: Addr, replicas: &[NodeId]) -> Option<(KvObject, Addr)> {
-    let first = object::decode(bytes, addr)?;
+    let first = object::decode_checked(bytes, addr)?;
     if first.log.commit.is_some() {
         return Some((first, addr));
     }
@@ -365,7 +365,7 @@ fn decode_as_written(bytes: &[u8], addr: Addr, replicas: &[NodeId]) -> Option<(K
             node: *node,
             offset: addr.offset,
         };
-        if let Some(o) = object::decode(bytes, at).filter(|o| o.log.commit.is_some()) {
+        if let Some(o) = object::decode_checked(bytes, at).filter(|o| o.log.commit.is_some()) {
             return Some((o, at));
         }
     }
