@@ -710,7 +710,7 @@ impl Client {
     ) -> Result<UpdateResult> {
         op_timed("update", async move {
             let expect = if live {
-                Expect::Live(self.now())
+                Expect::Live(self.inner.cfg.clock_skew_ms)
             } else {
                 Expect::Any
             };
@@ -878,7 +878,7 @@ impl Client {
         op_timed("delete", async move {
             let last = Mutex::new(None);
             let expect = if live {
-                Expect::Live(self.now())
+                Expect::Live(self.inner.cfg.clock_skew_ms)
             } else {
                 Expect::Any
             };

@@ -434,7 +434,9 @@ impl Client {
     /// Opens stored bytes: the entry (a large value's chunks read and checked), or why not.
     async fn open_stored(&self, key: &[u8], raw: Vec<u8>) -> Result<Opened> {
         let d = value::decode(&raw)?;
-        if d.expired(self.now()) {
+        // The clock only for a value with a deadline (reading it is a system call where the
+        // vDSO cannot serve it, as in emulated guests).
+        if d.deadline.is_some() && d.expired(self.now()) {
             return Ok(Opened::Expired(raw));
         }
         let value = match d.body {

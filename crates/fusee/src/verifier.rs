@@ -217,9 +217,10 @@ impl KeyVerifier for Verifier<'_> {
 pub(crate) enum Expect<'a> {
     /// Whatever it holds (an unconditional write).
     Any,
-    /// A value whose deadline has not passed at this time (Unix milliseconds; an expired
-    /// key counts as absent).
-    Live(u64),
+    /// A value whose deadline has not passed by the client's clock (the system clock plus
+    /// this skew in ms, read only for a value with a deadline); an expired key counts as
+    /// absent.
+    Live(i64),
     /// Exactly these stored bytes (a conditional write).
     Exactly(&'a [u8]),
 }
@@ -279,7 +280,12 @@ impl KeyVerifier for ValueGuard<'_, '_> {
                     *held = None;
                     Ok(None)
                 }
-                (Expect::Live(now), Some((_, o))) if crate::value::expired(&o.value, now) => {
+                (Expect::Live(skew), Some((_, o)))
+                    if crate::value::decode(&o.value).is_ok_and(|d| {
+                        d.deadline.is_some()
+                            && d.expired(crate::value::now_ms().saturating_add_signed(skew))
+                    }) =>
+                {
                     *held = None;
                     Ok(None)
                 }
