@@ -75,7 +75,16 @@ impl Client {
     /// [`Client::search`], awaited: one client serves many searches in flight at once, from
     /// any executor.
     pub async fn search_async(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        Ok(self.get_async(key).await?.map(|e| e.value))
+        check_key(key)?;
+        // A plain value (no deadline, not in chunks) is the stored bytes after the kind byte.
+        match self.search_raw_async(key).await? {
+            None => Ok(None),
+            Some(mut raw) if raw.first() == Some(&0) => {
+                raw.remove(0);
+                Ok(Some(raw))
+            }
+            Some(_) => Ok(self.get_async(key).await?.map(|e| e.value)),
+        }
     }
 
     /// The value of `key` with its deadline and version (`None` if absent or expired; an
