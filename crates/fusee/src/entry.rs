@@ -83,7 +83,7 @@ impl Client {
                 raw.remove(0);
                 Ok(Some(raw))
             }
-            Some(_) => Ok(self.get_async(key).await?.map(|e| e.value)),
+            first => Ok(self.entry_from(key, first).await?.map(|e| e.value)),
         }
     }
 
@@ -96,9 +96,21 @@ impl Client {
     /// [`Client::get`], awaited.
     pub async fn get_async(&self, key: &[u8]) -> Result<Option<Entry>> {
         check_key(key)?;
+        let first = self.search_raw_async(key).await?;
+        self.entry_from(key, first).await
+    }
+
+    /// The entry of `key` whose stored bytes a search just returned (`first`), reading the
+    /// key again while a large value's chunks keep changing under the read.
+    async fn entry_from(&self, key: &[u8], first: Option<Vec<u8>>) -> Result<Option<Entry>> {
         let mut before: Option<Vec<u8>> = None;
+        let mut next = Some(first);
         for _ in 0..READ_TRIES {
-            let Some(raw) = self.search_raw_async(key).await? else {
+            let read = match next.take() {
+                Some(r) => r,
+                None => self.search_raw_async(key).await?,
+            };
+            let Some(raw) = read else {
                 return Ok(None);
             };
             if before.as_ref() == Some(&raw) {
