@@ -3,3 +3,5 @@
 
 pub mod linearizability;
 pub mod procs;
+pub mod proxy;
+pub mod registers;

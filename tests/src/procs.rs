@@ -326,6 +326,9 @@ pub struct ProcCluster {
     pub memnodes: Vec<Memnode>,
     /// Holds the cluster file (and whatever else a test puts there).
     pub dir: tempfile::TempDir,
+    /// With [`ProcCluster::start_relayed`]: memory node `i` is reached (by the master, the
+    /// clients and the other memory nodes) through `relays[i]`, which a test can cut.
+    pub relays: Vec<crate::proxy::Relay>,
 }
 
 impl ProcCluster {
@@ -352,6 +355,24 @@ impl ProcCluster {
         extra: impl Fn(u16) -> Vec<String>,
         master_extra: &[&str],
     ) -> ProcCluster {
+        Self::start_inner(nodes, replicas, dram, extra, master_extra, false)
+    }
+
+    /// Like [`ProcCluster::start`], with every memory node behind a [`crate::proxy::Relay`]
+    /// (the cluster file names the relays): cutting `relays[i]` partitions node `i` from
+    /// everything that connects to it, while it keeps running.
+    pub fn start_relayed(nodes: u16, replicas: usize, dram: &str) -> ProcCluster {
+        Self::start_inner(nodes, replicas, dram, |_| Vec::new(), &[], true)
+    }
+
+    fn start_inner(
+        nodes: u16,
+        replicas: usize,
+        dram: &str,
+        extra: impl Fn(u16) -> Vec<String>,
+        master_extra: &[&str],
+        relayed: bool,
+    ) -> ProcCluster {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let memnodes: Vec<_> = (0..nodes)
             .map(|i| {
@@ -366,10 +387,21 @@ impl ProcCluster {
                 Memnode::start(&args)
             })
             .collect();
+        let relays: Vec<_> = if relayed {
+            memnodes
+                .iter()
+                .map(|m| crate::proxy::Relay::start(&m.addr))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let addrs: Vec<_> = memnodes
             .iter()
             .enumerate()
-            .map(|(i, m)| (i as u16, m.addr.clone()))
+            .map(|(i, m)| {
+                let addr = relays.get(i).map_or(&*m.addr, |r| r.addr());
+                (i as u16, addr.to_string())
+            })
             .collect();
         let file = cluster_file(dir.path(), "127.0.0.1:0", replicas, &addrs)
             .to_str()
@@ -388,6 +420,7 @@ impl ProcCluster {
             master,
             memnodes,
             dir,
+            relays,
         }
     }
 }
@@ -506,9 +539,28 @@ pub fn ycsb_a(
     value_bytes: u32,
     log: &Path,
 ) -> Proc {
+    ycsb_a_logged(file, id, share, seconds, records, value_bytes, log, None)
+}
+
+/// [`ycsb_a`], every read also appended to `reads` (`dmkit ycsb --read-log`).
+#[allow(clippy::too_many_arguments)]
+pub fn ycsb_a_logged(
+    file: &str,
+    id: u64,
+    share: &str,
+    seconds: &str,
+    records: u64,
+    value_bytes: u32,
+    log: &Path,
+    reads: Option<&Path>,
+) -> Proc {
+    let mut cmd = Command::new(dmkit_bin());
+    cmd.arg("ycsb");
+    if let Some(r) = reads {
+        cmd.args(["--read-log", r.to_str().expect("a UTF-8 path")]);
+    }
     Proc::new(
-        Command::new(dmkit_bin())
-            .args(["ycsb", "--cluster", file])
+        cmd.args(["--cluster", file])
             .args(["--client-id", &id.to_string()])
             .args(["--workload", "a", "--seconds", seconds])
             .args(["--records", &records.to_string()])

@@ -1,17 +1,24 @@
 //! A nemesis over processes: three `dmkit memnode`s (r = 3), a `dmkit master` and three
 //! YCSB-A clients on loopback, while a seeded nemesis SIGKILLs and restarts memory nodes
 //! (the master fails them over and refills them), pauses them (SIGSTOP past their lease:
-//! fenced and restarted; shorter: they resume), SIGKILLs clients and restarts them under
-//! their id (recovery from their logs), pauses clients, and kills and restarts the master.
-//! Every client logs every acknowledged write (`ycsb --ack-log`); afterwards every key must
-//! hold its last acknowledged write — or a later one in flight when its writer was killed
-//! (tags grow across restarts, so an older value come back is told from it).
+//! fenced and restarted; shorter: they resume), partitions them (every connection to the
+//! node goes through a relay, [`dmkit_tests::proxy::Relay`], which the nemesis cuts: the node
+//! keeps running, unreachable; past its lease it is failed over and fences itself, shorter
+//! it is reached again), SIGKILLs clients and restarts them under their id (recovery from
+//! their logs), pauses clients, and kills and restarts the master.
+//!
+//! Every client logs every acknowledged write (`ycsb --ack-log`) and every read
+//! (`--read-log`), with their invocation and return times. Afterwards every key must hold
+//! its last acknowledged write — or a later one in flight when its writer was killed (tags
+//! grow across restarts, so an older value come back is told from it) — and the whole
+//! history of reads and writes must be linearizable ([`dmkit_tests::registers`]: each key
+//! has one writer, so no read may return a write older than one acknowledged before it
+//! began, one not yet invoked when it returned, or one older than an earlier read's).
 //!
 //! CI runs it for `DMKIT_NEMESIS_SECS` (default 40); the long run is
 //! `DMKIT_NEMESIS_SECS=1800 cargo test --release -p dmkit-tests --test nemesis -- --nocapture`
 //! (`DMKIT_NEMESIS_SEED` replays a schedule of faults; the processes' own timing is the OS's).
-//! Partitions are the netns tier's (`fusee_partition.rs`); reads are checked for
-//! linearizability by the in-process suites, not here.
+//! One-way partitions between particular hosts are the netns tier's (`fusee_partition.rs`).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -19,8 +26,9 @@ use std::time::{Duration, Instant};
 
 use dmkit_fusee::{Client, ClientConfig};
 use dmkit_tests::procs::{
-    Daemon, Memnode, Proc, ProcCluster, connector, endpoint_for, fnv1a_64, ycsb_a, ycsb_load,
+    Daemon, Memnode, Proc, ProcCluster, connector, endpoint_for, fnv1a_64, ycsb_a_logged, ycsb_load,
 };
+use dmkit_tests::registers;
 use dmkit_verbs::NodeId;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -58,6 +66,7 @@ struct Run {
     cluster: ProcCluster,
     clients: Vec<Proc>,
     logs: Vec<PathBuf>,
+    reads: Vec<PathBuf>,
     end: Instant,
     faults: Vec<String>,
 }
@@ -82,7 +91,7 @@ impl Run {
     }
 
     fn start_client(&self, i: usize) -> Proc {
-        ycsb_a(
+        ycsb_a_logged(
             &self.cluster.file,
             71 + i as u64,
             &format!("{i}/{CLIENTS}"),
@@ -90,6 +99,7 @@ impl Run {
             RECORDS,
             VALUE,
             &self.logs[i],
+            Some(&self.reads[i]),
         )
     }
 
@@ -172,17 +182,21 @@ fn a_nemesis_over_processes_loses_no_acknowledged_write() {
     });
     eprintln!("nemesis: {secs} s, seed {seed} (DMKIT_NEMESIS_SEED={seed} replays the faults)");
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let cluster = ProcCluster::start(3, 3, "64MiB");
+    let cluster = ProcCluster::start_relayed(3, 3, "64MiB");
     let dir = cluster.dir.path().to_path_buf();
     let load_log = dir.join("ack-load.log");
     ycsb_load(&cluster.file, 70, RECORDS, VALUE, &load_log);
     let logs: Vec<_> = (0..CLIENTS)
         .map(|i| dir.join(format!("ack-{i}.log")))
         .collect();
+    let reads: Vec<_> = (0..CLIENTS)
+        .map(|i| dir.join(format!("reads-{i}.log")))
+        .collect();
     let mut run = Run {
         cluster,
         clients: Vec::new(),
         logs,
+        reads,
         end: Instant::now() + Duration::from_secs(secs),
         faults: Vec::new(),
     };
@@ -190,7 +204,7 @@ fn a_nemesis_over_processes_loses_no_acknowledged_write() {
     while Instant::now() < run.end {
         std::thread::sleep(Duration::from_millis(rng.random_range(300..1500)));
         let t = Instant::now();
-        let fault = match rng.random_range(0..6) {
+        let fault = match rng.random_range(0..7) {
             0 => {
                 let i = rng.random_range(0..3);
                 run.restart_memnode(i);
@@ -244,6 +258,22 @@ fn a_nemesis_over_processes_loses_no_acknowledged_write() {
                     "serving on",
                 );
                 "master SIGKILLed, a standby took over once its claim ran out".to_string()
+            }
+            5 => {
+                let i = rng.random_range(0..3);
+                let ms = rng.random_range(100..6000);
+                run.cluster.relays[i].cut();
+                std::thread::sleep(Duration::from_millis(ms));
+                run.cluster.relays[i].heal();
+                // As a pause: past its lease, failed over and fenced; back by a restart.
+                std::thread::sleep(Duration::from_millis(1500));
+                let addr = run.cluster.memnodes[i].addr.clone();
+                if is_member(&addr, i as u16) {
+                    format!("memnode {i} partitioned {ms} ms")
+                } else {
+                    run.restart_memnode(i);
+                    format!("memnode {i} partitioned {ms} ms, fenced, restarted, refilled")
+                }
             }
             _ => "quiet".to_string(),
         };
@@ -299,6 +329,35 @@ fn a_nemesis_over_processes_loses_no_acknowledged_write() {
     eprintln!(
         "nemesis: {} keys checked, {later} hold a write in flight at a kill",
         last.len()
+    );
+    // The whole history: every acknowledged write and every read, checked per key.
+    let mut writes = Vec::new();
+    for log in &all {
+        writes.extend(registers::read_writes(log));
+    }
+    let mut reads = Vec::new();
+    for log in &run.reads {
+        if log.exists() {
+            reads.extend(registers::read_reads(log));
+        }
+    }
+    let anomalies = registers::check(&writes, &reads);
+    eprintln!(
+        "nemesis: history of {} acknowledged writes and {} reads checked: {} anomalies",
+        writes.len(),
+        reads.len(),
+        anomalies.len()
+    );
+    assert!(
+        reads.len() > 100,
+        "too few reads logged to check: {}",
+        reads.len()
+    );
+    assert!(
+        anomalies.is_empty(),
+        "the history is not linearizable (seed {seed}): {:#?}; faults: {:?}",
+        &anomalies[..anomalies.len().min(10)],
+        run.faults
     );
     assert!(
         wrong.is_empty(),

@@ -67,9 +67,18 @@ pub struct YcsbArgs {
     /// is missing or holds another value.
     #[arg(long, requires = "load")]
     pub verify: bool,
-    /// Append every acknowledged write here as `key\ttag\tvalue-hash\tunix-ms`.
+    /// Append every acknowledged write here as
+    /// `key\ttag\tvalue-hash\tunix-ms\tinvoked-unix-us\tacknowledged-unix-us`.
     #[arg(long)]
     pub ack_log: Option<PathBuf>,
+    /// Append every read of the run phase here as
+    /// `key\ttag-or--\tvalue-hash-or--\tinvoked-unix-us\treturned-unix-us`, so that a
+    /// checker can test the reads against the acknowledged writes (with `--partition`, each
+    /// key has one writer: its reads are linearizable when none returns a write older than
+    /// one acknowledged before it began, or one not yet invoked when it returned, and no
+    /// read returns an older write than one that returned before it began).
+    #[arg(long)]
+    pub read_log: Option<PathBuf>,
     /// Operations this client keeps in flight at once (FUSEE's coroutines: async operation
     /// loops sharing the one client), in the load, the verify and the run phases.
     #[arg(long, default_value_t = 1)]
@@ -125,7 +134,15 @@ struct Writes {
     id: u64,
     counter: u64,
     log: Option<std::io::BufWriter<std::fs::File>>,
+    reads: Option<std::io::BufWriter<std::fs::File>>,
     acked: u64,
+}
+
+/// Microseconds since the Unix epoch (the logs' clock: every process on a host shares it).
+fn unix_us() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros())
 }
 
 impl Writes {
@@ -140,24 +157,51 @@ impl Writes {
         (tag, v)
     }
 
-    fn ack(&mut self, key: &str, tag: &str, value: &[u8]) -> Result<(), CliError> {
+    /// Logs an acknowledged write invoked at `start_us`.
+    fn ack(&mut self, key: &str, tag: &str, value: &[u8], start_us: u128) -> Result<(), CliError> {
         self.acked += 1;
         if let Some(log) = &mut self.log {
             // Flushed per write: a process killed mid-run leaves every acknowledgement.
-            let ms = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis());
-            writeln!(log, "{key}\t{tag}\t{:016x}\t{ms}", fnv1a_64(value))
+            let end_us = unix_us();
+            writeln!(
+                log,
+                "{key}\t{tag}\t{:016x}\t{}\t{start_us}\t{end_us}",
+                fnv1a_64(value),
+                end_us / 1000
+            )
+            .and_then(|()| log.flush())
+            .map_err(|e| CliError::runtime(format!("cannot write the ack log: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// Logs a read of `key` invoked at `start_us` that returned `value`.
+    fn read(&mut self, key: &str, value: Option<&[u8]>, start_us: u128) -> Result<(), CliError> {
+        if let Some(log) = &mut self.reads {
+            let end_us = unix_us();
+            let (tag, hash) = match value {
+                Some(v) => (
+                    v.split(|b| *b == b'|')
+                        .next()
+                        .and_then(|t| std::str::from_utf8(t).ok())
+                        .filter(|t| t.len() < v.len())
+                        .unwrap_or("?")
+                        .to_string(),
+                    format!("{:016x}", fnv1a_64(v)),
+                ),
+                None => ("-".to_string(), "-".to_string()),
+            };
+            writeln!(log, "{key}\t{tag}\t{hash}\t{start_us}\t{end_us}")
                 .and_then(|()| log.flush())
-                .map_err(|e| CliError::runtime(format!("cannot write the ack log: {e}")))?;
+                .map_err(|e| CliError::runtime(format!("cannot write the read log: {e}")))?;
         }
         Ok(())
     }
 
     fn finish(&mut self) -> Result<(), CliError> {
-        if let Some(log) = &mut self.log {
+        for log in [&mut self.log, &mut self.reads].into_iter().flatten() {
             log.flush()
-                .map_err(|e| CliError::runtime(format!("cannot write the ack log: {e}")))?;
+                .map_err(|e| CliError::runtime(format!("cannot write a log: {e}")))?;
         }
         Ok(())
     }
@@ -239,16 +283,20 @@ pub fn run(args: YcsbArgs) -> Result<(), CliError> {
     spec.zipfian_constant = 0.99;
     let seed = args.seed.unwrap_or(0x5EED_0000 ^ args.client_id);
     let mut workload = Workload::new(spec, seed).map_err(|e| CliError::usage(e.to_string()))?;
-    let log = match &args.ack_log {
-        Some(p) => Some(std::io::BufWriter::new(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(p)
-                .map_err(|e| CliError::usage(format!("cannot open {}: {e}", p.display())))?,
-        )),
-        None => None,
+    let open_log = |path: &Option<PathBuf>| -> Result<_, CliError> {
+        path.as_ref()
+            .map(|p| {
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(p)
+                    .map(std::io::BufWriter::new)
+                    .map_err(|e| CliError::usage(format!("cannot open {}: {e}", p.display())))
+            })
+            .transpose()
     };
+    let log = open_log(&args.ack_log)?;
+    let reads = open_log(&args.read_log)?;
     // Fails at once (non-blocking) when another process acts as this client id.
     let _lock = crate::kv::lock_id(args.client_id, false)?;
     let c = crate::kv::client(&file, args.client_id)?;
@@ -276,6 +324,7 @@ pub fn run(args: YcsbArgs) -> Result<(), CliError> {
         id: args.client_id,
         counter: started_ms.saturating_mul(1_000_000),
         log,
+        reads,
         acked: 0,
     };
     let r = run_phases(&args, &c, &mut workload, part.as_ref(), &mut writes);
@@ -312,8 +361,9 @@ fn run_phases(
             let (tag, value) = shared.borrow_mut().value(&[], args.value_bytes);
             let (shared, loaded, done, keys) = (&shared, &loaded, &done, &keys);
             async move {
+                let t0 = unix_us();
                 put(c, key.as_bytes(), &value).await?;
-                shared.borrow_mut().ack(key, &tag, &value)?;
+                shared.borrow_mut().ack(key, &tag, &value, t0)?;
                 loaded.borrow_mut()[i] = fnv1a_64(&value);
                 done.set(done.get() + 1);
                 if done.get() % every == 0 {
@@ -400,21 +450,26 @@ fn run_phases(
                     let key = writes_key.clone().expect("a write has its key");
                     let (tag, value) = shared.borrow_mut().value(&filler, args.value_bytes);
                     async move {
+                        let t0 = unix_us();
                         let r = c.upsert_async(key.as_bytes(), &value).await.map_err(fail);
                         busy.borrow_mut().remove(&key);
                         r?;
-                        shared.borrow_mut().ack(&key, &tag, &value)
+                        shared.borrow_mut().ack(&key, &tag, &value, t0)
                     }
                 };
                 match op {
                     Operation::Read { key } => {
-                        c.search_async(key.as_bytes()).await.map_err(fail)?;
+                        let t0 = unix_us();
+                        let v = c.search_async(key.as_bytes()).await.map_err(fail)?;
+                        shared.borrow_mut().read(&key, v.as_deref(), t0)?;
                     }
                     Operation::Update { value, .. } | Operation::Insert { value, .. } => {
                         write(value).await?;
                     }
                     Operation::ReadModifyWrite { key, value } => {
+                        let t0 = unix_us();
                         let r = c.search_async(key.as_bytes()).await.map_err(fail);
+                        let r = r.and_then(|v| shared.borrow_mut().read(&key, v.as_deref(), t0));
                         if let Err(e) = r {
                             busy.borrow_mut()
                                 .remove(writes_key.as_deref().unwrap_or_default());
