@@ -103,6 +103,13 @@ impl Run {
         )
     }
 
+    /// Whether another member's record no longer counts memory node `i` (it was failed over).
+    fn is_failed_over(&self, i: usize) -> bool {
+        self.cluster.memnodes.iter().enumerate().any(|(j, m)| {
+            j != i && record_at(&m.addr, j as u16).is_some_and(|r| !r.is_member(NodeId(i as u16)))
+        })
+    }
+
     /// Waits until the other members have failed memory node `i` over (bounded).
     fn wait_failed_over(&self, i: usize) {
         let t = Instant::now();
@@ -216,12 +223,18 @@ fn a_nemesis_over_processes_loses_no_acknowledged_write() {
                 let pid = run.cluster.memnodes[i].pid();
                 signal(pid, "-STOP");
                 std::thread::sleep(Duration::from_millis(ms));
+                let out = if run.is_failed_over(i) {
+                    " (failed over meanwhile, readmitted)"
+                } else {
+                    ""
+                };
                 signal(pid, "-CONT");
-                // Long enough to lose its lease: failed over and fenced; back by a restart.
+                // Long enough to lose its lease: failed over and fenced; back by a restart
+                // unless the master readmitted it (it refills a member that comes back).
                 std::thread::sleep(Duration::from_millis(1500));
                 let addr = run.cluster.memnodes[i].addr.clone();
                 if is_member(&addr, i as u16) {
-                    format!("memnode {i} paused {ms} ms")
+                    format!("memnode {i} paused {ms} ms{out}")
                 } else {
                     run.restart_memnode(i);
                     format!("memnode {i} paused {ms} ms, fenced, restarted, refilled")
@@ -264,12 +277,18 @@ fn a_nemesis_over_processes_loses_no_acknowledged_write() {
                 let ms = rng.random_range(100..6000);
                 run.cluster.relays[i].cut();
                 std::thread::sleep(Duration::from_millis(ms));
+                let out = if run.is_failed_over(i) {
+                    " (failed over meanwhile, readmitted)"
+                } else {
+                    ""
+                };
                 run.cluster.relays[i].heal();
-                // As a pause: past its lease, failed over and fenced; back by a restart.
+                // As a pause: past its lease, failed over and fenced; back by a restart
+                // unless the master readmitted it.
                 std::thread::sleep(Duration::from_millis(1500));
                 let addr = run.cluster.memnodes[i].addr.clone();
                 if is_member(&addr, i as u16) {
-                    format!("memnode {i} partitioned {ms} ms")
+                    format!("memnode {i} partitioned {ms} ms{out}")
                 } else {
                     run.restart_memnode(i);
                     format!("memnode {i} partitioned {ms} ms, fenced, restarted, refilled")
