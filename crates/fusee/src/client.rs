@@ -225,6 +225,9 @@ pub(crate) struct Attempt {
     lost: bool,
     /// The epoch the attempt ran in.
     epoch: u64,
+    /// (DELETE) who claims the attempt's round ([`Client::claim_delete`]): unique per
+    /// attempt, not per client — two DELETEs of one value can be in flight in one client.
+    token: u64,
 }
 
 impl Attempt {
@@ -243,6 +246,10 @@ impl Attempt {
             primary_may_have_run: false,
             lost: false,
             epoch: view.epoch,
+            token: inner.id.rotate_left(32)
+                ^ inner
+                    .attempts
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }
     }
 }
@@ -290,6 +297,8 @@ pub(crate) struct Inner {
     reconnect: Mutex<Option<crate::failover::Reconnect>>,
     /// Sequence numbers of this client's large values.
     pub(crate) large_seq: std::sync::atomic::AtomicU64,
+    /// Write attempts made (their claim tokens).
+    attempts: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Inner {
@@ -482,6 +491,7 @@ impl Client {
             block_lock: tokio::sync::Mutex::new(0),
             reconnect: Mutex::new(reconnect),
             large_seq: std::sync::atomic::AtomicU64::new(0),
+            attempts: std::sync::atomic::AtomicU64::new(0),
         });
         Ok((Client { inner }, rx))
     }
@@ -1048,7 +1058,9 @@ impl Client {
         let took = match at.round {
             // Another DELETE of the same value, cut short in the same epoch, can pass the
             // same tests: only one of the two did it (see `claim_delete`).
-            Some((off, old)) if at.delete && took => self.claim_delete((at.epoch, off, old))?,
+            Some((off, old)) if at.delete && took => {
+                self.claim_delete((at.epoch, off, old), at.token)?
+            }
             _ => took,
         };
         if took {
@@ -1058,11 +1070,14 @@ impl Client {
         Ok(None)
     }
 
-    /// Claims a completed DELETE round `(epoch, slot offset, value replaced)` for this
-    /// client, on the lowest-numbered member: true if the claim is this client's. Two DELETEs
-    /// of one value, both cut short, both learn that a DELETE completed; only one did it —
-    /// the first to claim reports Deleted, the other NotFound (it ran after, on no key).
-    fn claim_delete(&self, round: (u64, u64, u64)) -> Result<bool> {
+    /// Claims a completed DELETE round `(epoch, slot offset, value replaced)` for the
+    /// attempt `token`, on the lowest-numbered member: true if the claim is this attempt's.
+    /// Two DELETEs of one value, both cut short, both learn that a DELETE completed; only one
+    /// did it — the first to claim reports Deleted, the other NotFound (it ran after, on no
+    /// key). The claimant is the attempt, not the client: two DELETEs of one value in flight
+    /// in one client both claimed "this client" and both reported Deleted (in-flight seed
+    /// 1200334).
+    fn claim_delete(&self, round: (u64, u64, u64), token: u64) -> Result<bool> {
         let inner = &self.inner;
         let view = inner.view();
         let node = view
@@ -1076,7 +1091,7 @@ impl Client {
             .u64(round.0)
             .u64(round.1)
             .u64(round.2)
-            .u64(inner.id)
+            .u64(token)
             .finish();
         let reply = inner.ep.rpc(cluster::TAG, node, &req)?;
         let mut r = dmkit_verbs::wire::Reader::new(&reply);
@@ -1088,7 +1103,7 @@ impl Client {
             return Err(bad("refused".into()));
         }
         let owner = r.u64().map_err(|e| bad(e.to_string()))?;
-        Ok(owner == inner.id)
+        Ok(owner == token)
     }
 
     /// Sets how this client reconnects to memory nodes that restart (their old connections
