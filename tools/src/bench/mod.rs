@@ -85,7 +85,6 @@ impl Sample {
 }
 
 /// The median of `v` (NaN when empty).
-#[cfg_attr(not(feature = "rdma"), allow(dead_code))]
 pub fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return f64::NAN;

@@ -14,9 +14,13 @@
 //! persists per pair the ceiling is about 0.5, so the allocator's own work is at most a fifth
 //! of the pair); `object_alloc_vs_malloc` is `alloc_free_64` over `malloc_free_64`.
 //!
-//! The measurements run interleaved in rounds (each its share of `--seconds` per round), so
-//! that a shared machine's drift falls on every side alike. Every persist writes back a
-//! freshly dirtied page: msync of a clean page would cost nothing and say nothing.
+//! The operations that wait for the medium take turns one at a time (persist64, then an
+//! allocation of each size, then persist64 again ...), each timed on its own, and each rate is
+//! its operations over their own time: a persist that waits behind another process's disk
+//! traffic then weighs on every side alike (measured in slices instead, the ratio swung
+//! between 0.36 and 0.53 on a shared machine; this way it held at 0.50 to 0.52). malloc runs
+//! in slices between the rounds. Every persist writes back a freshly dirtied page: msync of a
+//! clean page would cost nothing and say nothing.
 
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
@@ -73,7 +77,8 @@ impl std::fmt::Display for PoolMedium {
 const SIZES: [usize; 4] = [64, 256, 1024, 4096];
 /// Bytes of the persisted write.
 const PERSIST_BYTES: usize = 64;
-const ROUNDS: u32 = 3;
+/// Rounds: the rotation of medium-bound operations, then malloc's slices.
+const ROUNDS: u32 = 10;
 const POOL_BYTES: usize = 32 << 20;
 const BLOCK_BYTES: usize = 1 << 20;
 
@@ -148,9 +153,6 @@ pub fn run(args: PoolArgs) -> Result<(), CliError> {
     let mem =
         RegionMemory::new(Arc::new(dmkit_pmem_pool::verbs::verbs_backing(&pool))).map_err(rt)?;
 
-    let mut persist = Acc::new();
-    let mut allocs: Vec<Acc> = SIZES.iter().map(|_| Acc::new()).collect();
-    let mut mallocs: Vec<Acc> = SIZES.iter().map(|_| Acc::new()).collect();
     // Warm-up, untimed: each size class takes its block, the pages are mapped.
     for &size in &SIZES {
         for _ in 0..8 {
@@ -159,18 +161,39 @@ pub fn run(args: PoolArgs) -> Result<(), CliError> {
     }
     persist_once(&mem, &pool, persist_at, 0)?;
 
-    let slice = seconds / f64::from(ROUNDS);
+    // The operations that wait for the medium take turns one at a time: persist64, then an
+    // allocation of each size, then persist64 again... A persist that waits behind another
+    // process's disk traffic then costs every side alike. Each side's rate is its operations
+    // over the time they took (their own time, not the rotation's).
+    let mut persist = Acc::new();
+    let mut allocs: Vec<Acc> = SIZES.iter().map(|_| Acc::new()).collect();
+    let mut mallocs: Vec<Acc> = SIZES.iter().map(|_| Acc::new()).collect();
     let clock = quanta::Clock::new();
+    let turn = |acc: &mut Acc, op: &mut dyn FnMut() -> Result<(), CliError>| {
+        let t0 = clock.raw();
+        op()?;
+        acc.record(clock.delta_as_nanos(t0, clock.raw()));
+        Ok::<_, CliError>(())
+    };
+    let rotation = 1 + SIZES.len() as u32;
+    let slice = seconds / f64::from(ROUNDS);
     let pb = progress(u64::from(ROUNDS), "bench pool");
     for round in 0..ROUNDS {
         pb.set_message(format!("round {}/{ROUNDS}", round + 1));
-        persist.run(&clock, slice, |i| persist_once(&mem, &pool, persist_at, i))?;
-        for (k, &size) in SIZES.iter().enumerate() {
-            allocs[k].run(&clock, slice, |_| alloc_free(&pool, size))?;
-            mallocs[k].run(&clock, slice, |_| {
-                malloc_free(size);
-                Ok(())
+        let start = clock.raw();
+        let budget = (slice * f64::from(rotation) * 1e9) as u64;
+        let mut i = 0u64;
+        while i == 0 || clock.delta_as_nanos(start, clock.raw()) < budget {
+            turn(&mut persist, &mut || {
+                persist_once(&mem, &pool, persist_at, i)
             })?;
+            for (k, &size) in SIZES.iter().enumerate() {
+                turn(&mut allocs[k], &mut || alloc_free(&pool, size))?;
+            }
+            i += 1;
+        }
+        for (k, &size) in SIZES.iter().enumerate() {
+            mallocs[k].run_malloc(&clock, slice, size);
         }
         pb.inc(1);
     }
@@ -183,15 +206,13 @@ pub fn run(args: PoolArgs) -> Result<(), CliError> {
         1,
     ));
     for (k, &size) in SIZES.iter().enumerate() {
-        let a = std::mem::replace(&mut allocs[k], Acc::new());
-        report.push(a.sample(
+        report.push(allocs[k].sample(
             &format!("alloc_free_{size}"),
             "Pool::alloc_object + Pool::free_object (two durable header stores)",
             size,
             2,
         ));
-        let m = std::mem::replace(&mut mallocs[k], Acc::new());
-        report.push(m.sample(
+        report.push(mallocs[k].sample(
             &format!("malloc_free_{size}"),
             "Vec::with_capacity + drop (the global allocator)",
             size,
@@ -240,7 +261,7 @@ fn malloc_free(size: usize) {
     drop(black_box(v));
 }
 
-/// Latencies, operations and time of one measurement over its rounds.
+/// Latencies, operations and the time they took, of one measurement over its rounds.
 struct Acc {
     hist: Histogram<u64>,
     ops: u64,
@@ -256,31 +277,41 @@ impl Acc {
         }
     }
 
-    /// Runs `op` (given its sequence number) for about `seconds`, timing each call with the
-    /// TSC-backed clock (cheap enough beside an operation of some nanoseconds).
-    fn run(
-        &mut self,
-        clock: &quanta::Clock,
-        seconds: f64,
-        mut op: impl FnMut(u64) -> Result<(), CliError>,
-    ) -> Result<(), CliError> {
-        let budget = (seconds * 1e9) as u64;
-        let start = clock.raw();
-        let mut end = start;
-        let mut i = 0u64;
-        while clock.delta_as_nanos(start, end) < budget || i == 0 {
-            let t0 = clock.raw();
-            op(self.ops + i)?;
-            end = clock.raw();
-            let _ = self.hist.record(clock.delta_as_nanos(t0, end).max(1));
-            i += 1;
-        }
-        self.ops += i;
-        self.ns += clock.delta_as_nanos(start, end);
-        Ok(())
+    /// One operation that took `ns`.
+    fn record(&mut self, ns: u64) {
+        let _ = self.hist.record(ns.max(1));
+        self.ops += 1;
+        self.ns += ns;
     }
 
-    fn sample(self, name: &str, what: &str, bytes: usize, persists: u64) -> Sample {
+    /// About `seconds` of allocations and frees of `size` bytes: the rate from chunks of
+    /// operations timed whole (a clock read costs about as much as one), then the latencies
+    /// of a few thousand timed one by one.
+    fn run_malloc(&mut self, clock: &quanta::Clock, seconds: f64, size: usize) {
+        const CHUNK: u64 = 1024;
+        let budget = (seconds * 1e9) as u64;
+        let start = clock.raw();
+        let mut ops = 0u64;
+        let mut ns = 0;
+        while ops == 0 || ns < budget {
+            for _ in 0..CHUNK {
+                malloc_free(size);
+            }
+            ops += CHUNK;
+            ns = clock.delta_as_nanos(start, clock.raw());
+        }
+        self.ops += ops;
+        self.ns += ns;
+        for _ in 0..4096 {
+            let t0 = clock.raw();
+            malloc_free(size);
+            let _ = self
+                .hist
+                .record(clock.delta_as_nanos(t0, clock.raw()).max(1));
+        }
+    }
+
+    fn sample(&self, name: &str, what: &str, bytes: usize, persists: u64) -> Sample {
         let mut m = Measurement {
             name: name.to_string(),
             ops_per_sec: self.ops as f64 / (self.ns.max(1) as f64 / 1e9),
@@ -297,7 +328,7 @@ impl Acc {
         m.extra.insert("what".into(), Value::from(what));
         Sample {
             measurement: m,
-            hist: self.hist,
+            hist: self.hist.clone(),
         }
     }
 }
