@@ -148,6 +148,7 @@ pub fn run(args: IndexArgs) -> Result<(), CliError> {
     let mut report = Report::new("index");
     report.config("backend", args.backend.to_string());
     report.config("quick", args.quick);
+    report.config("machine", super::all::machine());
     report.config("memory_nodes", nodes as u64);
     report.config("index_replicas", nodes as u64);
     report.config("keys_loaded", keys);

@@ -122,6 +122,7 @@ pub fn run(args: PoolArgs) -> Result<(), CliError> {
 
     let mut report = Report::new("pool");
     report.config("quick", args.quick);
+    report.config("machine", super::all::machine());
     report.config("medium", args.medium.to_string());
     report.config("medium_kind", pool.medium_kind().to_string());
     report.config("persistent", pool.is_persistent());
