@@ -60,6 +60,10 @@ enum Cmd {
 enum BenchCmd {
     /// One-sided verbs: READ/WRITE/CAS latency and batched throughput vs. a baseline.
     Verbs(bench::verbs::VerbsArgs),
+    /// pmem-pool's object allocator: allocations/s beside single 64-byte persists and malloc.
+    Pool(bench::pool::PoolArgs),
+    /// The RACE index alone: SEARCH/UPDATE/INSERT with 1-8 tasks in flight vs. a DashMap.
+    Index(bench::index::IndexArgs),
     /// FUSEE under YCSB-A: throughput against the number of clients (1, 2, 4).
     Fusee(bench::fusee::FuseeArgs),
     /// The RESP gateway against a real redis-server, both under redis-benchmark.
@@ -244,6 +248,8 @@ fn main() -> ExitCode {
         Cmd::Resp(a) => resp_cmd::run(a),
         Cmd::Ycsb(a) => ycsb_cmd::run(a),
         Cmd::Bench(BenchCmd::Verbs(a)) => bench::verbs::run(a),
+        Cmd::Bench(BenchCmd::Pool(a)) => bench::pool::run(a),
+        Cmd::Bench(BenchCmd::Index(a)) => bench::index::run(a),
         Cmd::Bench(BenchCmd::Fusee(a)) => bench::fusee::run(a),
         Cmd::Bench(BenchCmd::Resp(a)) => bench::resp::run(a),
         Cmd::Bench(BenchCmd::Gengar(a)) => bench::gengar::run(a),

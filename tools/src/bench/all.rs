@@ -1,5 +1,6 @@
 //! `dmkit bench all --docs DIR`: runs every quick bench that needs no special hardware
-//! (verbs on sim and tcp, FUSEE throughput against clients, the RESP gateway against Redis),
+//! (verbs on sim and tcp, the pool's object allocator, the RACE index on sim and tcp, FUSEE
+//! throughput against clients, the RESP gateway against Redis),
 //! writes their JSON reports and SVG plots under `DIR/results/` and renders
 //! `DIR/BENCHMARKS.md` from them, with the RDMA figures recorded in `DIR/results/` (by the
 //! SoftRoCE tier, see docs/RDMA.md) when present.
@@ -34,7 +35,9 @@ pub fn run(args: AllArgs) -> Result<(), CliError> {
         .map_err(|e| CliError::usage(format!("cannot create {}: {e}", results.display())))?;
     let out = |name: &str| results.join(name);
     if args.render_only {
-        return write_page(&args.docs);
+        // The reports were measured where the page says, not necessarily here.
+        let measured_on = recorded_machine(&args.docs).unwrap_or_else(machine);
+        return write_page(&args.docs, &measured_on);
     }
     for backend in [Backend::Sim, Backend::Tcp] {
         eprintln!("dmkit bench all: verbs on {backend}");
@@ -46,6 +49,26 @@ pub fn run(args: AllArgs) -> Result<(), CliError> {
             addr: None,
             node_id: 0,
             device: None,
+        })?;
+    }
+    eprintln!("dmkit bench all: pool (a pool file in the temporary directory)");
+    super::pool::run(super::pool::PoolArgs {
+        medium: super::pool::PoolMedium::File,
+        dir: None,
+        quick: true,
+        json: Some(out("pool-quick.json")),
+        seconds: None,
+    })?;
+    for backend in [Backend::Sim, Backend::Tcp] {
+        eprintln!("dmkit bench all: index on {backend}");
+        super::index::run(super::index::IndexArgs {
+            backend,
+            quick: true,
+            json: Some(out(&format!("index-{backend}-quick.json"))),
+            tasks: vec![1, 2, 4, 8],
+            keys: None,
+            ops: None,
+            replicas: 3,
         })?;
     }
     eprintln!("dmkit bench all: fusee on sim");
@@ -115,11 +138,11 @@ pub fn run(args: AllArgs) -> Result<(), CliError> {
             connections: 50,
         })?;
     }
-    write_page(&args.docs)
+    write_page(&args.docs, &machine())
 }
 
-fn write_page(docs: &Path) -> Result<(), CliError> {
-    let page = render(docs)?;
+fn write_page(docs: &Path, measured_on: &str) -> Result<(), CliError> {
+    let page = render(docs, measured_on)?;
     let md = docs.join("BENCHMARKS.md");
     std::fs::write(&md, page)
         .map_err(|e| CliError::runtime(format!("cannot write {}: {e}", md.display())))?;
@@ -137,6 +160,20 @@ fn num(v: Option<&Value>, digits: usize) -> String {
         Some(x) if x.is_finite() => format!("{x:.digits$}"),
         _ => "–".to_string(),
     }
+}
+
+/// A ratio as the report rounded it: three decimals, more for a small one (trailing zeros
+/// beyond the third dropped, so a ratio stored as 0.02 does not claim to be 0.0200).
+fn ratio_cell(v: &Value) -> String {
+    let Some(x) = v.as_f64().filter(|x| x.is_finite()) else {
+        return "–".to_string();
+    };
+    let digits = super::ratio_decimals(x);
+    let mut s = format!("{x:.digits$}");
+    while digits > 3 && s.ends_with('0') && s.len() > s.find('.').map_or(0, |d| d + 4) {
+        s.pop();
+    }
+    s
 }
 
 /// A Markdown table of a report's results and its ratios.
@@ -169,7 +206,7 @@ fn table(report: &Value) -> String {
                 .and_then(|t| t.get(k))
                 .and_then(Value::as_str)
                 .unwrap_or("");
-            let _ = writeln!(s, "| `{k}` | {} | {t} |", num(Some(v), 3));
+            let _ = writeln!(s, "| `{k}` | {} | {t} |", ratio_cell(v));
         }
     }
     s
@@ -190,7 +227,16 @@ fn config_line(report: &Value, keys: &[&str]) -> String {
         .join(", ")
 }
 
-fn machine() -> String {
+/// The "Measured on" of the page already in `docs`, if there is one.
+fn recorded_machine(docs: &Path) -> Option<String> {
+    let page = std::fs::read_to_string(docs.join("BENCHMARKS.md")).ok()?;
+    let line = page.lines().find_map(|l| l.strip_prefix("Measured on: "))?;
+    let (m, _) = line.split_once(". These are quick runs")?;
+    Some(m.to_string())
+}
+
+/// This machine and today, for a report or the page: date, CPU, hardware threads, version.
+pub fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {
@@ -249,14 +295,14 @@ fn section(
 }
 
 /// BENCHMARKS.md from the reports under `docs/results/`.
-pub fn render(docs: &Path) -> Result<String, CliError> {
+pub fn render(docs: &Path, measured_on: &str) -> Result<String, CliError> {
     let mut md = String::new();
     let _ = write!(
         md,
         "# Benchmarks\n\n\
          Current figures of the `dmkit bench` suite. **Generated** by `{REGENERATE}` (which runs \
          `dmkit bench all --docs docs`): do not edit by hand, run it again.\n\n\
-         ```sh\n{REGENERATE}            # about 2 minutes on 2 cores; needs redis-server and redis-tools for the RESP part\n```\n\n\
+         ```sh\n{REGENERATE}            # about 2.5 minutes on 2 cores; needs redis-server and redis-tools for the RESP part\n```\n\n\
          Measured on: {}. These are quick runs (`--quick`) on a small shared machine: read the \
          **ratios**, which compare ours with a baseline measured in the same run, rather than \
          the absolute numbers. Every bench writes its JSON report with `--json PATH` (format in \
@@ -265,7 +311,7 @@ pub fn render(docs: &Path) -> Result<String, CliError> {
          the only modeled figures are in \"FUSEE: modeled one-client latency\" (the `sim` backend's \
          latency model, virtual time), each labelled modeled; everywhere else `sim` runs without \
          its latency model.\n\n",
-        machine()
+        measured_on
     );
 
     md.push_str("## Verbs\n\n");
@@ -303,6 +349,85 @@ pub fn render(docs: &Path) -> Result<String, CliError> {
             md.push('\n');
         }
         None => md.push_str("_No recorded RDMA report._\n\n"),
+    }
+
+    md.push_str("## pmem-pool: the object allocator against a persist and malloc\n\n");
+    section(
+        &mut md,
+        docs,
+        "pool-quick.json",
+        "`dmkit bench pool --quick`: one thread on a pool file (`--medium file`, what `dmkit \
+         memnode --pool` serves: mapped, persisted with `msync`) in the temporary directory. \
+         `alloc_free_<n>` is `Pool::alloc_object` of n payload bytes and `Pool::free_object` of \
+         it, one operation per pair; each half stores the slot's header word and persists it \
+         before returning, so a pair costs **two** persists. `persist64` is one 64-byte write \
+         to the pool's data area and `Pool::persist` of it (the pool's own persist path; every \
+         one writes back a freshly dirtied page). `malloc_free_<n>` is `Vec::with_capacity(n)` \
+         and its drop through `dmkit`'s global allocator (mimalloc). `persist64` and the \
+         allocations take turns one operation at a time, each timed on its own, so that a \
+         persist waiting behind other disk traffic weighs on both sides alike; each rate is \
+         operations over their own time. `object_alloc_vs_persist` is `alloc_free_64` over \
+         `persist64` (ceiling about 0.5: two persists against one), `object_alloc_vs_malloc` \
+         the same over `malloc_free_64`. On a file system without a write-back cost (tmpfs, \
+         `--medium dram`) persist costs next to nothing and the first ratio says little; \
+         `--dir DIR` puts the pool file on the file system to measure.\n",
+        &[],
+        &[
+            "medium",
+            "medium_kind",
+            "file_system",
+            "seconds_per_measurement",
+            "rounds",
+            "machine",
+        ],
+    );
+
+    md.push_str("## kv-index: the RACE index on its own, against a DashMap\n\n");
+    for (file, label) in [
+        ("index-sim-quick.json", "sim"),
+        ("index-tcp-quick.json", "tcp"),
+    ] {
+        let text = format!(
+            "### {label}\n\n`dmkit bench index --backend {label} --quick`: the RACE index with 3 \
+             replicas (SNAPSHOT), each on its own in-process memory node ({}), and one client: \
+             one endpoint, one `RaceIndex` handle, n = 1, 2, 4, 8 async operation loops on one \
+             thread (FUSEE's coroutines, sharing doorbells). Each key is a 64-byte object in \
+             remote memory that the verifier reads when a fingerprint matches. `search_*` reads \
+             loaded keys at random, `update_*` swaps each of a task's own keys between two \
+             objects that hold it, `insert_*` files new keys (the index grows by splits). \
+             `RTTs/op` counts every round trip: the JSON splits it into the index's own \
+             (`index_rtts_per_op`: 1 per SEARCH, 3 per UPDATE and INSERT at r = 3, the crate's \
+             contract), the key reads (`verifier_rtts_per_op`) and splits. `dashmap_get` is \
+             `DashMap<Vec<u8>, u64>::get` of the first SEARCH row's key sequence on one thread; \
+             `index_search_vs_dashmap` is one SEARCH loop's ops/s over it, \
+             `index_<op>_8_vs_1_tasks` the gain from operations in flight{}.\n",
+            if label == "sim" {
+                "the `sim` backend without its latency model: the code path's wall-clock time"
+            } else {
+                "serving over loopback TCP"
+            },
+            if label == "sim" {
+                " (none on sim, whose verbs complete as they are posted: more loops only add \
+                 polling)"
+            } else {
+                ""
+            }
+        );
+        section(
+            &mut md,
+            docs,
+            file,
+            &text,
+            &[],
+            &[
+                "backend",
+                "index_replicas",
+                "keys_loaded",
+                "ops_per_point",
+                "subtables_at_end",
+                "machine",
+            ],
+        );
     }
 
     md.push_str("## FUSEE: YCSB against clients, and against a DashMap\n\n");
@@ -485,4 +610,33 @@ pub fn render(docs: &Path) -> Result<String, CliError> {
         ],
     );
     Ok(md)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ratios_show_what_the_report_kept_and_no_more() {
+        let cell = |x: f64| ratio_cell(&Value::from(x));
+        assert_eq!(cell(0.502), "0.502");
+        assert_eq!(cell(1.12), "1.120");
+        assert_eq!(cell(0.02), "0.020");
+        assert_eq!(cell(0.001), "0.001");
+        assert_eq!(cell(0.0445), "0.0445");
+        assert_eq!(cell(0.0000358), "0.0000358");
+        assert_eq!(ratio_cell(&Value::Null), "–");
+    }
+
+    #[test]
+    fn render_only_keeps_the_machine_the_reports_were_measured_on() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(recorded_machine(dir.path()), None);
+        let page = render(dir.path(), "2026-12-01, Some CPU, 2 hardware threads").unwrap();
+        std::fs::write(dir.path().join("BENCHMARKS.md"), page).unwrap();
+        assert_eq!(
+            recorded_machine(dir.path()).as_deref(),
+            Some("2026-12-01, Some CPU, 2 hardware threads")
+        );
+    }
 }

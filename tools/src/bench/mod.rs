@@ -7,7 +7,9 @@ pub mod all;
 pub mod fusee;
 pub mod fusee_micro;
 pub mod gengar;
+pub mod index;
 pub mod perftest;
+pub mod pool;
 pub mod resp;
 pub mod verbs;
 
@@ -83,7 +85,6 @@ impl Sample {
 }
 
 /// The median of `v` (NaN when empty).
-#[cfg_attr(not(feature = "rdma"), allow(dead_code))]
 pub fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return f64::NAN;
@@ -151,8 +152,8 @@ impl Report {
 
     /// Adds a ratio; `target` is printed beside it (e.g. "<= 1.5").
     pub fn ratio(&mut self, name: &str, value: f64, target: Option<&str>) {
-        let v = (value * 1000.0).round() / 1000.0;
-        self.ratios.insert(name.to_string(), Value::from(v));
+        self.ratios
+            .insert(name.to_string(), Value::from(round_ratio(value)));
         if let Some(t) = target {
             self.config
                 .entry("targets")
@@ -199,6 +200,44 @@ impl Report {
         let s = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
         std::fs::write(path, s + "\n").map_err(|e| format!("cannot write {}: {e}", path.display()))
     }
+}
+
+/// Decimals that show a ratio: three, or three significant digits below 0.1 (so that a
+/// ratio of 0.000158, an allocator against malloc, is not printed as 0).
+pub fn ratio_decimals(v: f64) -> usize {
+    if !v.is_finite() || v == 0.0 || v.abs() >= 0.1 {
+        return 3;
+    }
+    (2 - v.abs().log10().floor() as i32).clamp(3, 15) as usize
+}
+
+/// A ratio rounded to [`ratio_decimals`].
+pub fn round_ratio(v: f64) -> f64 {
+    let f = 10f64.powi(ratio_decimals(v) as i32);
+    (v * f).round() / f
+}
+
+/// Fails before a run when `--json PATH` could not be written after it: a missing directory,
+/// a directory named as the file, no permission. A file this check creates is removed again.
+pub fn check_json_path(path: Option<&std::path::Path>) -> Result<(), crate::CliError> {
+    let Some(p) = path else {
+        return Ok(());
+    };
+    let bad =
+        |why: String| crate::CliError::usage(format!("cannot write --json {}: {why}", p.display()));
+    if p.is_dir() {
+        return Err(bad("it is a directory".into()));
+    }
+    let existed = p.exists();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(p)
+        .map_err(|e| bad(e.to_string()))?;
+    if !existed {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(())
 }
 
 /// Latency samples of one measurement.
@@ -307,6 +346,16 @@ pub fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn small_ratios_keep_three_significant_digits() {
+        assert_eq!(round_ratio(0.53149), 0.531);
+        assert_eq!(round_ratio(12.34567), 12.346);
+        assert_eq!(round_ratio(0.0303449), 0.0303);
+        assert_eq!(round_ratio(0.000158449), 0.000158);
+        assert_eq!(round_ratio(0.0), 0.0);
+        assert!(round_ratio(f64::NAN).is_nan());
+    }
 
     #[test]
     fn median_of_odd_even_and_empty() {
