@@ -442,7 +442,13 @@ fn leases_expire_and_free_waits_for_them() {
     assert!(!a.has_lease(o), "the lease outlived its longest duration");
     let r1 = rtts();
     assert_eq!(&a.read(o).unwrap()[..6], b"leased");
-    assert_eq!(rtts() - r1, 2, "a read after the lease expired");
+    // The lease RPC and the read; one more lease RPC when the server answers Busy (it is
+    // promoting or evicting the object in its 20 ms window: seen once on a loaded machine).
+    let took = rtts() - r1;
+    assert!(
+        (2..=3).contains(&took),
+        "a read after the lease expired took {took} round trips"
+    );
     // A frees the object while B holds a lease: the free waits it out; then B's cached
     // address is refused, never read.
     b.read(o).unwrap();
