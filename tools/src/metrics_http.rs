@@ -643,10 +643,7 @@ mod tests {
                 "gauge"
             }
         };
-        let lines: Vec<String> = names
-            .iter()
-            .map(|n| format!("{n} {}", kind(n)))
-            .collect();
+        let lines: Vec<String> = names.iter().map(|n| format!("{n} {}", kind(n))).collect();
         insta::assert_snapshot!(lines.join("\n"));
     }
 

@@ -356,7 +356,8 @@ mod tests {
             offset: 0x3_ff00,
         }
         .pack();
-        let mut o = encode_as(b"user:42", b"hello, fusee", next, prev, 7, Op::Update, true).unwrap();
+        let mut o =
+            encode_as(b"user:42", b"hello, fusee", next, prev, 7, Op::Update, true).unwrap();
         let fresh = hex_dump(&o);
         let lo = log_offset(7, 12);
         let commit = Commit {
@@ -367,8 +368,12 @@ mod tests {
             .pack(),
             old_gen: 5,
         };
-        o[lo + COMMIT_OFF..lo + COMMIT_OFF + COMMIT_LEN]
-            .copy_from_slice(&encode_commit(&commit, 7, Op::Update, AT));
+        o[lo + COMMIT_OFF..lo + COMMIT_OFF + COMMIT_LEN].copy_from_slice(&encode_commit(
+            &commit,
+            7,
+            Op::Update,
+            AT,
+        ));
         o[lo + FINISHED_OFF] = 1;
         o[FLAGS_OFF] |= FLAG_OUTDATED;
         let d = decode_checked(&o, AT).unwrap();

@@ -547,11 +547,7 @@ impl GengarClient {
         let mut down = None;
         for (node, _) in order {
             let (st, rest) = match self
-                .call(
-                    tags::ALLOC,
-                    node,
-                    proto::alloc_request(size32),
-                )
+                .call(tags::ALLOC, node, proto::alloc_request(size32))
                 .await
             {
                 Ok(r) => r,

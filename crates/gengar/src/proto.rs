@@ -22,7 +22,10 @@ pub(crate) fn alloc_request(size: u32) -> Vec<u8> {
 
 /// FREE: the object at `offset`, if it is still at `generation`.
 pub(crate) fn free_request(offset: u64, generation: u32) -> Vec<u8> {
-    Writer::tagged(tag::FREE).u64(offset).u32(generation).finish()
+    Writer::tagged(tag::FREE)
+        .u64(offset)
+        .u32(generation)
+        .finish()
 }
 
 /// LEASE: a read lease for client `holder` on the object at `offset`, `generation`.
@@ -248,7 +251,11 @@ mod tests {
         ];
         let mut s = String::new();
         for (what, bytes) in &messages {
-            s.push_str(&format!("{what} ({} bytes)\n{}", bytes.len(), hex_dump(bytes)));
+            s.push_str(&format!(
+                "{what} ({} bytes)\n{}",
+                bytes.len(),
+                hex_dump(bytes)
+            ));
         }
         insta::assert_snapshot!(s);
         // The decoders read back what the encoders wrote.
