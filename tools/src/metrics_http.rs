@@ -626,6 +626,27 @@ mod tests {
         assert!(!body.contains("\n\n"), "{body}");
     }
 
+    /// The documented metric families (the names an operator's dashboards and alerts use),
+    /// sorted, with their kind by the naming convention. Renaming, adding or removing one
+    /// shows up as a reviewed snapshot diff (`tools/src/snapshots/`); the metric names the
+    /// code actually records are pinned by `tests/tests/metric_names.rs`.
+    #[test]
+    fn family_names_are_pinned() {
+        let mut names: Vec<&str> = FAMILIES.iter().map(|(n, _)| *n).collect();
+        names.sort_unstable();
+        let kind = |n: &str| {
+            if n.ends_with("_total") {
+                "counter"
+            } else if n.ends_with("_seconds") {
+                "histogram"
+            } else {
+                "gauge"
+            }
+        };
+        let lines: Vec<String> = names.iter().map(|n| format!("{n} {}", kind(n))).collect();
+        insta::assert_snapshot!(lines.join("\n"));
+    }
+
     #[test]
     fn families_are_unique_and_named_by_the_convention() {
         let mut seen = std::collections::HashSet::new();

@@ -314,6 +314,23 @@ pub fn decode(b: &[u8], at: Addr) -> Option<KvObject> {
     })
 }
 
+/// `b` as a hex dump, 16 bytes a line with offsets and ASCII: the form the format snapshots
+/// (insta) pin on-media and wire bytes in.
+#[cfg(test)]
+pub(crate) fn hex_dump(b: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    for (i, line) in b.chunks(16).enumerate() {
+        let hex: Vec<String> = line.iter().map(|x| format!("{x:02x}")).collect();
+        let ascii: String = line
+            .iter()
+            .map(|&c| if c.is_ascii_graphic() { c as char } else { '.' })
+            .collect();
+        let _ = writeln!(s, "{:08x}  {:<47}  |{ascii}|", i * 16, hex.join(" "));
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -322,6 +339,52 @@ mod tests {
         node: NodeId(2),
         offset: 0x4_0000,
     };
+
+    /// A whole object as a writer lays it out — header, key, value, padding, the embedded log
+    /// entry — then the same object with its commit record, `finished` and the outdated flag
+    /// written, as the operation's later rounds leave it. A change here is an on-media format
+    /// change: old objects in existing pools would be misread.
+    #[test]
+    fn object_and_log_entry_bytes_are_pinned() {
+        let next = Addr {
+            node: NodeId(2),
+            offset: 0x4_0100,
+        }
+        .pack();
+        let prev = Addr {
+            node: NodeId(2),
+            offset: 0x3_ff00,
+        }
+        .pack();
+        let mut o =
+            encode_as(b"user:42", b"hello, fusee", next, prev, 7, Op::Update, true).unwrap();
+        let fresh = hex_dump(&o);
+        let lo = log_offset(7, 12);
+        let commit = Commit {
+            old: Addr {
+                node: NodeId(1),
+                offset: 0x2_0040,
+            }
+            .pack(),
+            old_gen: 5,
+        };
+        o[lo + COMMIT_OFF..lo + COMMIT_OFF + COMMIT_LEN].copy_from_slice(&encode_commit(
+            &commit,
+            7,
+            Op::Update,
+            AT,
+        ));
+        o[lo + FINISHED_OFF] = 1;
+        o[FLAGS_OFF] |= FLAG_OUTDATED;
+        let d = decode_checked(&o, AT).unwrap();
+        assert_eq!(d.log.commit, Some(commit));
+        assert!(d.log.finished && d.conditional);
+        insta::assert_snapshot!(format!(
+            "new object ({} bytes, log entry at {lo}):\n{fresh}\ncommitted, finished, outdated (at {AT:?}):\n{}",
+            o.len(),
+            hex_dump(&o)
+        ));
+    }
 
     #[test]
     fn object_round_trips_and_used_is_the_last_byte() {

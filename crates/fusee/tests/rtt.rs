@@ -124,8 +124,33 @@ fn expected(r: usize) -> Rounds {
     }
 }
 
+/// The measured rounds as the table the snapshot pins (`snapshots/rtt__<backend>_r<r>.snap`):
+/// a change to any operation's round trips shows up as a reviewed diff of it.
+fn table(got: &Rounds, r: usize, backend: &str) -> String {
+    let rows = [
+        ("INSERT", got.insert),
+        ("SEARCH, address cached", got.search_cached),
+        ("UPDATE, address cached", got.update_cached),
+        ("DELETE, address cached", got.delete_cached),
+        ("SEARCH, not cached", got.search_uncached),
+        ("UPDATE, not cached", got.update_uncached),
+        ("DELETE, not cached", got.delete_uncached),
+    ];
+    let mut s = format!(
+        "{:<24} {:>2}  {:<7}  {:>8}  {:>10}\n",
+        "operation", "r", "backend", "critical", "background"
+    );
+    for (op, (crit, bg)) in rows {
+        s.push_str(&format!(
+            "{op:<24} {r:>2}  {backend:<7}  {crit:>8}  {bg:>10}\n"
+        ));
+    }
+    s
+}
+
 fn check(cluster: LocalCluster, r: usize, backend: &str) {
     let got = measure(&cluster);
+    insta::assert_snapshot!(format!("{backend}_r{r}"), table(&got, r, backend));
     assert_eq!(got, expected(r), "{backend}, r = {r}");
 }
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use dmkit_cache::{AccessCounter, CounterConfig};
 use dmkit_lease::{Clock, HeldLease, Timestamp};
 use dmkit_pmem_pool::ObjectHeader;
-use dmkit_verbs::wire::{Reader, Writer};
+use dmkit_verbs::wire::Reader;
 use dmkit_verbs::{Connection, Endpoint, NodeId, RegionDesc, Tag, WriteConfirm};
 use parking_lot::{Mutex, RwLock};
 
@@ -393,7 +393,7 @@ impl GengarClient {
             lease_rtt_ns: AtomicU64::new(0),
         };
         for node in c.servers.keys().copied().collect::<Vec<_>>() {
-            dmkit_verbs::block_on(c.call(tags::ALLOC, node, Writer::tagged(tag::STAT).finish()))?;
+            dmkit_verbs::block_on(c.call(tags::ALLOC, node, proto::stat_request()))?;
         }
         Ok(c)
     }
@@ -547,11 +547,7 @@ impl GengarClient {
         let mut down = None;
         for (node, _) in order {
             let (st, rest) = match self
-                .call(
-                    tags::ALLOC,
-                    node,
-                    Writer::tagged(tag::ALLOC).u32(size32).finish(),
-                )
+                .call(tags::ALLOC, node, proto::alloc_request(size32))
                 .await
             {
                 Ok(r) => r,
@@ -606,10 +602,7 @@ impl GengarClient {
             .call(
                 tags::FREE,
                 addr.server,
-                Writer::tagged(tag::FREE)
-                    .u64(addr.offset)
-                    .u32(addr.generation)
-                    .finish(),
+                proto::free_request(addr.offset, addr.generation),
             )
             .await?;
         self.table.lock().remove(&addr);
@@ -696,11 +689,7 @@ impl GengarClient {
     }
 
     fn lease_request(&self, addr: GlobalAddr) -> Vec<u8> {
-        Writer::tagged(tag::LEASE)
-            .u64(self.id)
-            .u64(addr.offset)
-            .u32(addr.generation)
-            .finish()
+        proto::lease_request(self.id, addr.offset, addr.generation)
     }
 
     /// The entry a lease grant (the reply's rest) makes, counted from `requested_at`.
@@ -817,15 +806,10 @@ impl GengarClient {
             if rep.entries.is_empty() {
                 continue;
             }
-            let mut w = Writer::tagged(tag::REPORT)
-                .u64(rep.client)
-                .u64(rep.window)
-                .u64(rep.total_accesses)
-                .u32(rep.entries.len() as u32);
-            for e in &rep.entries {
-                w = w.u64(e.obj).u64(e.count);
-            }
-            match self.call(tags::REPORT, *node, w.finish()).await {
+            match self
+                .call(tags::REPORT, *node, proto::report_request(&rep))
+                .await
+            {
                 Ok(_) => {}
                 // A lost server's window is lost with it; the others still get theirs.
                 Err(Error::ServerDown { node, reason }) => {
@@ -1134,10 +1118,7 @@ impl GengarClient {
                 .call(
                     tags::LOCK,
                     addr.server,
-                    Writer::tagged(tag::LOCK)
-                        .u64(self.id)
-                        .u64(addr.offset)
-                        .finish(),
+                    proto::lock_request(tag::LOCK, self.id, addr.offset),
                 )
                 .await?;
             match st {
@@ -1182,10 +1163,7 @@ impl GengarClient {
             .call(
                 tags::LOCK,
                 addr.server,
-                Writer::tagged(tag::UNLOCK)
-                    .u64(self.id)
-                    .u64(addr.offset)
-                    .finish(),
+                proto::lock_request(tag::UNLOCK, self.id, addr.offset),
             )
             .await?;
         match st {

@@ -323,7 +323,7 @@ impl GengarServer {
                     let _ = self.nvm.free_object(o.offset);
                     return self.head(Status::Failed).bytes(e.as_bytes());
                 }
-                self.head(Status::Ok).u64(o.offset as u64).u32(o.generation)
+                proto::alloc_ok(self.head(Status::Ok), o.offset as u64, o.generation)
             }
             Err(dmkit_pmem_pool::Error::OutOfBlocks { .. }) => self.head(Status::OutOfSpace),
             Err(e @ dmkit_pmem_pool::Error::ObjectTooLarge { .. }) => self

@@ -257,9 +257,44 @@ impl Superblock {
     }
 }
 
+/// `b` as a hex dump, 16 bytes a line with offsets and ASCII: the form the format snapshots
+/// (insta) pin on-media and wire bytes in.
+#[cfg(test)]
+pub(crate) fn hex_dump(b: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    for (i, line) in b.chunks(16).enumerate() {
+        let hex: Vec<String> = line.iter().map(|x| format!("{x:02x}")).collect();
+        let ascii: String = line
+            .iter()
+            .map(|&c| if c.is_ascii_graphic() { c as char } else { '.' })
+            .collect();
+        let _ = writeln!(s, "{:08x}  {:<47}  |{ascii}|", i * 16, hex.join(" "));
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The superblock's 128 bytes for a 1 MiB pool of 4 KiB blocks with a fixed uuid. A
+    /// change here is a layout change: bump [`VERSION`] (old pools must still open or be
+    /// refused clearly).
+    #[test]
+    fn superblock_bytes_are_pinned() {
+        let mut uuid = [0u8; 16];
+        for (i, b) in uuid.iter_mut().enumerate() {
+            *b = 0xa0 + i as u8;
+        }
+        let sb = Superblock {
+            uuid,
+            geometry: Geometry::compute(1 << 20, 4096).unwrap(),
+        };
+        let bytes = sb.encode();
+        assert_eq!(Superblock::decode(&bytes, "p", 1 << 20).unwrap(), sb);
+        insta::assert_snapshot!(format!("{:?}\n{}", sb.geometry, hex_dump(&bytes)));
+    }
 
     fn sample() -> Superblock {
         Superblock {

@@ -138,6 +138,31 @@ impl Objects {
 mod tests {
     use super::*;
 
+    /// The 8-byte header word before each object's payload (as stored, little-endian): a
+    /// live object, the same slot freed, and the largest size and generation.
+    #[test]
+    fn object_header_bytes_are_pinned() {
+        let live = ObjectHeader {
+            allocated: true,
+            size: 100,
+            generation: 3,
+        };
+        let max = ObjectHeader {
+            allocated: true,
+            size: u32::MAX,
+            generation: GENERATION_MASK,
+        };
+        let mut s = String::new();
+        for h in [live, live.freed(), max, max.freed()] {
+            assert_eq!(ObjectHeader::decode(h.encode()), h);
+            s.push_str(&format!(
+                "{h}\n{}",
+                crate::layout::hex_dump(&h.encode().to_le_bytes())
+            ));
+        }
+        insta::assert_snapshot!(s);
+    }
+
     #[test]
     fn classes_double_from_64_to_the_block_size() {
         let c = SizeClass::all(4096);

@@ -125,6 +125,29 @@ mod tests {
         (DramMedium::new(g.pool_len).unwrap(), g)
     }
 
+    /// The redo log at its commit point: the commit word (count << 32 | crc32c), then from
+    /// byte 64 the (target, value) entries. The entries are what `transact` left in the log.
+    #[test]
+    fn redo_log_bytes_are_pinned() {
+        let (m, g) = setup();
+        let entries = [
+            (g.table_offset, 0x0102_0304_0506_0708),
+            (g.table_offset + 64, 6),
+            (g.class_offset, 7),
+        ];
+        transact(&m, &g, &entries).unwrap();
+        let mut log = vec![0u8; LOG_ENTRIES_AT + entries.len() * LOG_ENTRY_LEN];
+        m.read(g.log_offset, &mut log);
+        let word = commit_word(&log[LOG_ENTRIES_AT..], entries.len() as u32);
+        log[..8].copy_from_slice(&word.to_le_bytes());
+        insta::assert_snapshot!(format!(
+            "table at {:#x}, classes at {:#x}\n{}",
+            g.table_offset,
+            g.class_offset,
+            crate::layout::hex_dump(&log)
+        ));
+    }
+
     #[test]
     fn a_transaction_applies_every_entry_and_clears_the_commit_word() {
         let (m, g) = setup();

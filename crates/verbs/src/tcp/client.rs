@@ -788,3 +788,27 @@ impl Connection for TcpConnection {
         self.shared.waiters.lock().len()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{RKey, RemoteAddr};
+
+    /// A batch frame with one work request of each opcode, as `post` sends it.
+    #[test]
+    fn batch_frame_bytes_are_pinned() {
+        let at = RemoteAddr::new(NodeId(1), RKey(0xaabb_ccdd), 0x10_0000);
+        let mut b = Batch::new(NodeId(1));
+        b.write(at, b"hello");
+        b.write_durable(at.add(8), b"dur");
+        b.read(at, 5);
+        b.cas(at.add(16), 1, 2);
+        b.faa(at.add(24), 3);
+        let (_, ops, bufs) = b.into_parts();
+        let mut out = Vec::new();
+        let h = frame::encode_header(&mut out, Kind::Batch, 77);
+        encode_batch(&mut out, &ops, &bufs);
+        frame::finish(&mut out, h).unwrap();
+        insta::assert_snapshot!(frame::hex_dump(&out));
+    }
+}

@@ -266,9 +266,76 @@ pub fn decode_regions(c: &mut Cursor<'_>, node: NodeId) -> Result<Vec<RegionDesc
     Ok(v)
 }
 
+/// `b` as a hex dump, 16 bytes a line with offsets and ASCII: the form the format snapshots
+/// (insta) pin wire bytes in.
+#[cfg(test)]
+pub(crate) fn hex_dump(b: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    for (i, line) in b.chunks(16).enumerate() {
+        let hex: Vec<String> = line.iter().map(|x| format!("{x:02x}")).collect();
+        let ascii: String = line
+            .iter()
+            .map(|&c| if c.is_ascii_graphic() { c as char } else { '.' })
+            .collect();
+        let _ = writeln!(s, "{:08x}  {:<47}  |{ascii}|", i * 16, hex.join(" "));
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The 16-byte header of every frame kind (req id 0x0102030405060708, a 3-byte payload),
+    /// and a region table. A change here is a protocol change: bump [`VERSION`].
+    #[test]
+    fn frame_header_bytes_are_pinned() {
+        let kinds = [
+            Kind::Hello,
+            Kind::Auth,
+            Kind::Welcome,
+            Kind::Batch,
+            Kind::BatchResp,
+            Kind::Rpc,
+            Kind::RpcResp,
+            Kind::Regions,
+            Kind::RegionsResp,
+            Kind::Error,
+        ];
+        let mut s = String::new();
+        for k in kinds {
+            let f = encode_frame(k, 0x0102_0304_0506_0708, b"abc");
+            s.push_str(&format!("{k:?}\n{}", hex_dump(&f)));
+        }
+        insta::assert_snapshot!(s);
+    }
+
+    #[test]
+    fn region_table_bytes_are_pinned() {
+        let regions = [
+            RegionDesc {
+                node: NodeId(3),
+                rkey: RKey(0x1122_3344),
+                base: 1 << 40,
+                len: 64 << 20,
+                access: Access::ALL,
+                media: Media::Nvm,
+            },
+            RegionDesc {
+                node: NodeId(3),
+                rkey: RKey(7),
+                base: 0x1000,
+                len: 4096,
+                access: Access::REMOTE_READ,
+                media: Media::Dram,
+            },
+        ];
+        let mut p = Vec::new();
+        encode_regions(&mut p, &regions);
+        let f = encode_frame(Kind::RegionsResp, 9, &p);
+        insta::assert_snapshot!(hex_dump(&f));
+    }
 
     #[test]
     fn header_round_trips_and_rejects_garbage() {
