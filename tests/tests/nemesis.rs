@@ -211,6 +211,10 @@ fn a_nemesis_over_processes_loses_no_acknowledged_write() {
     while Instant::now() < run.end {
         std::thread::sleep(Duration::from_millis(rng.random_range(300..1500)));
         let t = Instant::now();
+        // (On the logs' clock, so that an anomaly's times can be matched with the faults.)
+        let at_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros());
         let fault = match rng.random_range(0..7) {
             0 => {
                 let i = rng.random_range(0..3);
@@ -296,8 +300,10 @@ fn a_nemesis_over_processes_loses_no_acknowledged_write() {
             }
             _ => "quiet".to_string(),
         };
-        run.faults
-            .push(format!("{fault} ({} ms)", t.elapsed().as_millis()));
+        run.faults.push(format!(
+            "{fault} (from {at_us} us, {} ms)",
+            t.elapsed().as_millis()
+        ));
     }
     eprintln!("nemesis: {} faults: {:#?}", run.faults.len(), run.faults);
     for (i, c) in std::mem::take(&mut run.clients).into_iter().enumerate() {
