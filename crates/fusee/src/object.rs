@@ -314,22 +314,8 @@ pub fn decode(b: &[u8], at: Addr) -> Option<KvObject> {
     })
 }
 
-/// `b` as a hex dump, 16 bytes a line with offsets and ASCII: the form the format snapshots
-/// (insta) pin on-media and wire bytes in.
 #[cfg(test)]
-pub(crate) fn hex_dump(b: &[u8]) -> String {
-    use std::fmt::Write as _;
-    let mut s = String::new();
-    for (i, line) in b.chunks(16).enumerate() {
-        let hex: Vec<String> = line.iter().map(|x| format!("{x:02x}")).collect();
-        let ascii: String = line
-            .iter()
-            .map(|&c| if c.is_ascii_graphic() { c as char } else { '.' })
-            .collect();
-        let _ = writeln!(s, "{:08x}  {:<47}  |{ascii}|", i * 16, hex.join(" "));
-    }
-    s
-}
+pub(crate) use dmkit_verbs::wire::hex_dump;
 
 #[cfg(test)]
 mod tests {

@@ -164,20 +164,7 @@ mod tests {
     use super::*;
     use dmkit_cache::HotEntry;
 
-    /// 16 bytes a line with offsets and ASCII.
-    fn hex_dump(b: &[u8]) -> String {
-        use std::fmt::Write as _;
-        let mut s = String::new();
-        for (i, line) in b.chunks(16).enumerate() {
-            let hex: Vec<String> = line.iter().map(|x| format!("{x:02x}")).collect();
-            let ascii: String = line
-                .iter()
-                .map(|&c| if c.is_ascii_graphic() { c as char } else { '.' })
-                .collect();
-            let _ = writeln!(s, "{:08x}  {:<47}  |{ascii}|", i * 16, hex.join(" "));
-        }
-        s
-    }
+    use dmkit_verbs::wire::hex_dump;
 
     /// Every request and reply shape, as the client and server encode them. A change here is
     /// a protocol change between Gengar clients and servers.
