@@ -109,6 +109,27 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// `b` as a hex dump, 16 bytes a line with offsets and ASCII: the form the format snapshots
+/// (insta) of every crate pin on-media and wire bytes in.
+///
+/// ```
+/// let d = dmkit_verbs::wire::hex_dump(b"dmkit\x00");
+/// assert_eq!(d, format!("00000000  {:<47}  |dmkit.|\n", "64 6d 6b 69 74 00"));
+/// ```
+pub fn hex_dump(b: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    for (i, line) in b.chunks(16).enumerate() {
+        let hex: Vec<String> = line.iter().map(|x| format!("{x:02x}")).collect();
+        let ascii: String = line
+            .iter()
+            .map(|&c| if c.is_ascii_graphic() { c as char } else { '.' })
+            .collect();
+        let _ = writeln!(s, "{:08x}  {:<47}  |{ascii}|", i * 16, hex.join(" "));
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,25 +158,4 @@ mod tests {
         let lying = Writer::new().u32(u32::MAX).finish();
         assert!(Reader::new(&lying).bytes().is_err());
     }
-}
-
-/// `b` as a hex dump, 16 bytes a line with offsets and ASCII: the form the format snapshots
-/// (insta) of every crate pin on-media and wire bytes in.
-///
-/// ```
-/// let d = dmkit_verbs::wire::hex_dump(b"dmkit\x00");
-/// assert_eq!(d, format!("00000000  {:<47}  |dmkit.|\n", "64 6d 6b 69 74 00"));
-/// ```
-pub fn hex_dump(b: &[u8]) -> String {
-    use std::fmt::Write as _;
-    let mut s = String::new();
-    for (i, line) in b.chunks(16).enumerate() {
-        let hex: Vec<String> = line.iter().map(|x| format!("{x:02x}")).collect();
-        let ascii: String = line
-            .iter()
-            .map(|&c| if c.is_ascii_graphic() { c as char } else { '.' })
-            .collect();
-        let _ = writeln!(s, "{:08x}  {:<47}  |{ascii}|", i * 16, hex.join(" "));
-    }
-    s
 }
