@@ -17,7 +17,8 @@
 //!
 //! CI runs it for `DMKIT_NEMESIS_SECS` (default 40); the long run is
 //! `DMKIT_NEMESIS_SECS=1800 cargo test --release -p dmkit-tests --test nemesis -- --nocapture`
-//! (`DMKIT_NEMESIS_SEED` replays a schedule of faults; the processes' own timing is the OS's).
+//! (`DMKIT_NEMESIS_SEED` replays a schedule of faults; the processes' own timing is the OS's;
+//! `DMKIT_NEMESIS_FAULTS=client-pause,memnode-kill` draws from those faults only).
 //! One-way partitions between particular hosts are the netns tier's (`fusee_partition.rs`).
 
 use std::collections::HashMap;
@@ -39,6 +40,34 @@ const CLIENTS: u64 = 3;
 
 fn env(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+/// The faults to draw from, by number: `DMKIT_NEMESIS_FAULTS` (names, comma-separated) or
+/// all of them, each equally likely.
+fn fault_kinds() -> Vec<u32> {
+    const NAMES: [&str; 7] = [
+        "memnode-kill",
+        "memnode-pause",
+        "client-kill",
+        "client-pause",
+        "master-kill",
+        "partition",
+        "quiet",
+    ];
+    let Ok(list) = std::env::var("DMKIT_NEMESIS_FAULTS") else {
+        return (0..NAMES.len() as u32).collect();
+    };
+    let kinds: Vec<u32> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(|n| match NAMES.iter().position(|k| *k == n) {
+            Some(i) => i as u32,
+            None => panic!("DMKIT_NEMESIS_FAULTS: unknown fault {n:?}; the faults are {NAMES:?}"),
+        })
+        .collect();
+    assert!(!kinds.is_empty(), "DMKIT_NEMESIS_FAULTS names no fault");
+    kinds
 }
 
 fn signal(pid: u32, sig: &str) {
@@ -189,6 +218,7 @@ fn a_nemesis_over_processes_loses_no_acknowledged_write() {
     });
     eprintln!("nemesis: {secs} s, seed {seed} (DMKIT_NEMESIS_SEED={seed} replays the faults)");
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let kinds = fault_kinds();
     let cluster = ProcCluster::start_relayed(3, 3, "64MiB");
     let dir = cluster.dir.path().to_path_buf();
     let load_log = dir.join("ack-load.log");
@@ -215,7 +245,7 @@ fn a_nemesis_over_processes_loses_no_acknowledged_write() {
         let at_us = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_micros());
-        let fault = match rng.random_range(0..7) {
+        let fault = match kinds[rng.random_range(0..kinds.len())] {
             0 => {
                 let i = rng.random_range(0..3);
                 run.restart_memnode(i);

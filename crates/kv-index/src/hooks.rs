@@ -97,9 +97,15 @@ impl RaceIndex {
             let cands = view.candidates(&kh)?;
             let slots: Vec<Slot> = cands.iter().map(|c| c.2).collect();
             if !slots.is_empty() {
-                match verifier.find_async(&self.ep, key, &slots).await {
-                    Ok(Some(i)) if i < slots.len() => return Ok(Some((slots[i], cands[i].0))),
-                    Ok(_) => {}
+                // "Absent" is confirmed (the candidates' words re-read): an object read after
+                // its slot moved on may have been freed and reused by another key, which says
+                // nothing about this one (a reader paused between its two reads meets it).
+                match self
+                    .find_confirmed_async(crate::tags::SEARCH, verifier, key, &cands, &slots)
+                    .await
+                {
+                    Ok(Some(i)) => return Ok(Some((slots[i], cands[i].0))),
+                    Ok(None) => {}
                     Err(crate::Error::StaleCandidate) => {
                         self.stale(&mut backoff, start).await?;
                         continue;
@@ -165,13 +171,16 @@ impl RaceIndex {
         if slots.is_empty() {
             return Ok(Some(None));
         }
-        Ok(Some(match verifier.find(&self.ep, key, &slots) {
-            Ok(Some(i)) if i < slots.len() => Some((slots[i], cands[i].0)),
-            Ok(_) => None,
+        match verifier.find(&self.ep, key, &slots) {
+            Ok(Some(i)) if i < slots.len() => Ok(Some(Some((slots[i], cands[i].0)))),
+            // Candidates, none of them the key's: their objects may have been freed and
+            // reused by other keys after the buckets were read (their slots moved on), which
+            // says nothing about this key. Ask again after the repair.
+            Ok(_) => Ok(None),
             // The key's round moved on meanwhile: ask again after the repair.
-            Err(crate::Error::StaleCandidate) => return Ok(None),
-            Err(e) => return Err(e),
-        }))
+            Err(crate::Error::StaleCandidate) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// The primary copy of the slot at `pos`: read it (8 bytes) to check a cached address.

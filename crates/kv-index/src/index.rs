@@ -770,7 +770,7 @@ impl RaceIndex {
 
     /// The verifier's pick among `slots` (the slots of `cands`), where "absent" also needs
     /// [`Self::confirm_absent_async`].
-    async fn find_confirmed_async<V: KeyVerifier + ?Sized>(
+    pub(crate) async fn find_confirmed_async<V: KeyVerifier + ?Sized>(
         &self,
         tag: Tag,
         verifier: &V,

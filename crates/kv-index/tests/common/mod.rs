@@ -12,6 +12,8 @@ pub struct TestCluster {
     pub cluster: SimCluster,
     pub spaces: Vec<IndexReplicaSpace>,
     pub keys: KeyStore,
+    /// The key store's object regions, one per node.
+    pub objects: Vec<dmkit_verbs::RegionDesc>,
     next_client: std::sync::atomic::AtomicU64,
 }
 
@@ -39,7 +41,8 @@ impl TestCluster {
         Self {
             cluster,
             spaces,
-            keys: KeyStore::new(objects),
+            keys: KeyStore::new(objects.clone()),
+            objects,
             next_client: std::sync::atomic::AtomicU64::new(1),
         }
     }
