@@ -351,6 +351,17 @@ impl WriteHooks for Hooks<'_> {
         }
     }
 
+    /// A DELETE's tombstone carries its log object's address: unique per attempt, so two
+    /// DELETEs of one value do not share a proposal (and recovery, finishing a crashed
+    /// DELETE from its log object, proposes the same word again).
+    fn delete_mark(&self) -> u64 {
+        if self.op == Op::Delete {
+            dmkit_kv_index::delete_mark(self.ours.addr.node, self.ours.addr.offset)
+        } else {
+            0
+        }
+    }
+
     fn round(&self, pos: SlotPos, expected: u64) {
         *self.round.lock() = Some((pos, expected));
         self.swapping
@@ -1047,7 +1058,17 @@ impl Client {
             primary_lost_since: view.primary_lost.iter().any(|e| *e > at.epoch),
             swapping: at.swapping,
             primary_may_have_run: at.primary_may_have_run,
-            listed: crate::rules::delete_listed(at.round, at.epoch, &view.deletes),
+            listed: crate::rules::delete_listed(
+                at.round,
+                at.round.map_or(0, |(_, old)| {
+                    dmkit_kv_index::tombstone_by(
+                        old,
+                        dmkit_kv_index::delete_mark(at.addr.node, at.addr.offset),
+                    )
+                }),
+                at.epoch,
+                &view.deletes,
+            ),
             found: at.found,
         };
         let took = crate::rules::settle(

@@ -72,22 +72,39 @@ pub fn repair_choice<E>(
 /// Whether the repair's choice `chosen` for a conflicting slot completed a DELETE: the slot
 /// ends empty where a replica held a key. Returns the value replaced (the old primary's, 0
 /// when it was lost), which the membership lists for the DELETE's writer to find
-/// ([`delete_listed`]).
+/// ([`delete_listed`]). Without the old primary and with every survivor empty — DELETEs of
+/// one value cut short, each with its own tombstone on a backup — it returns the chosen
+/// tombstone itself: it names the one DELETE whose round the repair completed (tombstones
+/// carry their writer's mark, [`dmkit_kv_index::tombstone_by`]), and only that DELETE may
+/// count the deletion as its own. (With one tombstone shared by every DELETE of the value,
+/// such a repair listed nothing and neither DELETE reported the deletion — the protocol
+/// model's counterexample, `two_deletes_of_one_value_around_a_lost_primary`.)
 pub fn repair_completed_delete(primary: Option<u64>, backups: &[u64], chosen: u64) -> Option<u64> {
+    if !is_empty_word(chosen) {
+        return None;
+    }
     let replaced = primary.unwrap_or(0);
-    (is_empty_word(chosen)
-        && (!is_empty_word(replaced) || backups.iter().any(|b| !is_empty_word(*b))))
-    .then_some(replaced)
+    if !is_empty_word(replaced) || backups.iter().any(|b| !is_empty_word(*b)) {
+        return Some(replaced);
+    }
+    (primary.is_none() && chosen != 0).then_some(chosen)
 }
 
 /// Whether the membership lists a DELETE round the master completed after `epoch` that is
-/// the attempt's `round` (slot offset, value replaced): `deletes` holds (epoch, slot offset,
-/// value replaced), a value of 0 standing for "unknown" (the old primary was lost).
-pub fn delete_listed(round: Option<(u64, u64)>, epoch: u64, deletes: &[(u64, u64, u64)]) -> bool {
+/// the attempt's `round` (slot offset, value replaced) whose proposal was the tombstone
+/// `own`: `deletes` holds (epoch, slot offset, value replaced), a value of 0 standing for
+/// "unknown" (the old primary was lost), or (epoch, slot offset, the tombstone the repair
+/// chose) when the old primary was lost and the survivors held tombstones only.
+pub fn delete_listed(
+    round: Option<(u64, u64)>,
+    own: u64,
+    epoch: u64,
+    deletes: &[(u64, u64, u64)],
+) -> bool {
     round.is_some_and(|(off, old)| {
-        deletes
-            .iter()
-            .any(|&(e, o, v)| e > epoch && o == off && (v == old || v == 0))
+        deletes.iter().any(|&(e, o, v)| {
+            e > epoch && o == off && (v == old || v == 0 || (own != 0 && v == own))
+        })
     })
 }
 
@@ -253,9 +270,21 @@ mod tests {
         const KEY: u64 = (1 << 47) | 1; // length class 1: a key
         assert_eq!(repair_completed_delete(Some(KEY), &[0], 0), Some(KEY));
         assert_eq!(repair_completed_delete(Some(0), &[0, 0], 0), None);
-        assert!(delete_listed(Some((8, 5)), 3, &[(4, 8, 5)]));
-        assert!(delete_listed(Some((8, 5)), 3, &[(4, 8, 0)]));
-        assert!(!delete_listed(Some((8, 5)), 4, &[(4, 8, 5)]));
-        assert!(!delete_listed(None, 0, &[(4, 8, 5)]));
+        assert!(delete_listed(Some((8, 5)), 0, 3, &[(4, 8, 5)]));
+        assert!(delete_listed(Some((8, 5)), 0, 3, &[(4, 8, 0)]));
+        assert!(!delete_listed(Some((8, 5)), 0, 4, &[(4, 8, 5)]));
+        assert!(!delete_listed(None, 0, 0, &[(4, 8, 5)]));
+        // The old primary lost, the survivors held two DELETEs' tombstones: the one chosen
+        // is listed, and only its DELETE counts it.
+        let (t1, t2) = (
+            dmkit_kv_index::tombstone_by(KEY, 7),
+            dmkit_kv_index::tombstone_by(KEY, 9),
+        );
+        let chosen = t1.min(t2);
+        assert_eq!(repair_completed_delete(None, &[t1, t2], chosen), Some(chosen));
+        assert_eq!(repair_completed_delete(None, &[0, 0], 0), None);
+        let deletes = [(4, 8, chosen)];
+        assert!(delete_listed(Some((8, KEY)), chosen, 3, &deletes));
+        assert!(!delete_listed(Some((8, KEY)), t1.max(t2), 3, &deletes));
     }
 }

@@ -32,7 +32,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use dmkit_fusee::rules;
-use dmkit_kv_index::{ObjPtr, Rule, Slot, decide, is_empty_word, tombstone};
+use dmkit_kv_index::{ObjPtr, Rule, Slot, decide, delete_mark, is_empty_word, tombstone_by};
 use dmkit_verbs::NodeId;
 use stateright::semantics::{ConsistencyTester, LinearizabilityTester, SequentialSpec};
 use stateright::{Checker, Model, Property};
@@ -104,6 +104,11 @@ fn word(id: u8) -> u64 {
     )
     .expect("a valid slot")
     .raw()
+}
+
+/// The mark of attempt `id`'s DELETE: its log object's address, as FUSEE's hooks give it.
+fn mark(id: u8) -> u64 {
+    delete_mark(NodeId(0), u64::from(id) * 64)
 }
 
 fn id_of(w: u64) -> Option<u8> {
@@ -394,6 +399,10 @@ struct ProtocolModel {
     /// Recovery resumes a round as `resume` did before the fix (no rule-3 re-check of the
     /// primary, no withdrawal, repairs not forced, a failed primary CAS looks again).
     legacy_resume: bool,
+    /// DELETEs propose tombstones marked with their log object ([`tombstone_by`], as the
+    /// code's hooks do); unmarked (the code before the fix), two DELETEs of one value propose
+    /// the same word.
+    marked: bool,
 }
 
 fn repair_impl(p: Option<u64>, b: &[u64], valid: &mut dyn FnMut(u64) -> Result<bool, ()>) -> u64 {
@@ -414,7 +423,13 @@ impl ProtocolModel {
             settle: settle_impl,
             legacy_resume: false,
             reversed_ids: false,
+            marked: true,
         }
+    }
+
+    /// The tombstone attempt `id`'s DELETE proposes for the word `replaced`.
+    fn tombstone(&self, replaced: u64, id: u8) -> u64 {
+        tombstone_by(replaced, if self.marked { mark(id) } else { 0 })
     }
 
     fn base(&self, c: usize) -> u8 {
@@ -557,7 +572,7 @@ impl ProtocolModel {
                 self.take_back(s, c);
                 return self.ret(s, c, KvRet::NotFound);
             }
-            KvOp::Delete => tombstone(e),
+            KvOp::Delete => self.tombstone(e, id),
             _ => word(id),
         };
         let at = s.clients[c].at.as_mut().expect("an attempt");
@@ -728,7 +743,12 @@ impl ProtocolModel {
             primary_lost_since: s.primary_lost.iter().any(|e| *e > at.epoch),
             swapping: at.swapping,
             primary_may_have_run: at.may_have_run,
-            listed: rules::delete_listed(at.round.map(|o| (SLOT_OFF, o)), at.epoch, &s.deletes),
+            listed: rules::delete_listed(
+                at.round.map(|o| (SLOT_OFF, o)),
+                at.round.map_or(0, |o| self.tombstone(o, at.id)),
+                at.epoch,
+                &s.deletes,
+            ),
             found: at.found,
         };
         let took = (self.settle)(&facts, id_of(p) == Some(at.id), is_empty_word(p));
@@ -807,7 +827,9 @@ impl ProtocolModel {
                 if old == e {
                     s.slot[p] = new;
                 }
-                if old == e || (old == new && !is_empty_word(new)) {
+                // (`old == new` with a unique proposal — an object's word, or a DELETE's
+                // tombstone marked with its log object: recovery finished our round.)
+                if old == e || (old == new && (!is_empty_word(new) || self.marked)) {
                     self.won(s, c);
                 } else if old == new {
                     self.lost(s, c, e, old);
@@ -1063,7 +1085,11 @@ impl ProtocolModel {
                     Self::finish(s, id, true);
                     s.clients[c].ph = Ph::Rec(Rec::Next);
                 } else {
-                    let new = if o.delete { tombstone(w) } else { new_raw };
+                    let new = if o.delete {
+                        self.tombstone(w, id)
+                    } else {
+                        new_raw
+                    };
                     s.clients[c].ph = Ph::Rec(Rec::Backups { id, exp: w, new });
                 }
             }
@@ -1504,14 +1530,19 @@ fn check(
     (run, checker)
 }
 
-/// A slot word, readable: `o5` names object 5, `t5` its tombstone, `0` the empty word.
+/// A slot word, readable: `o5` names object 5, `t5/7` its tombstone by attempt 7's DELETE, `0`
+/// the empty word.
 fn sym(w: u64) -> String {
     if w == 0 {
         "0".into()
     } else if let Some(id) = id_of(w) {
         format!("o{id}")
     } else {
-        id_of(w | (1 << 47)).map_or_else(|| format!("{w:#x}"), |id| format!("t{id}"))
+        // A tombstone: of object `id`, marked by attempt `by`.
+        (0..64u8)
+            .flat_map(|id| (0..64u8).map(move |by| (id, by)))
+            .find(|(id, by)| tombstone_by(word(*id), mark(*by)) == w)
+            .map_or_else(|| format!("{w:#x}"), |(id, by)| format!("t{id}/{by}"))
     }
 }
 
@@ -1659,12 +1690,6 @@ fn repair_keeps_primary(
     p.unwrap_or_else(|| repair_impl(None, b, valid))
 }
 
-/// Recovery resumes every entry, committed DELETEs included (the bug fixed for seeds 3333
-/// and 3448: a DELETE applied twice, to a later incarnation of the key).
-fn redo_always_resume(_: bool, _: Option<(bool, bool)>) -> rules::RedoStart {
-    rules::RedoStart::Resume
-}
-
 #[test]
 fn seeded_bugs_are_caught() {
     let two = || vec![vec![u(1), Get], vec![Del, ins(2)]];
@@ -1691,20 +1716,11 @@ fn seeded_bugs_are_caught() {
         !found.is_empty(),
         "a repair that drops a committed round went unnoticed"
     );
-    // (Needs a third client: a DELETE of the key's next incarnation in flight, whose
-    // tombstone on the backup the crashed DELETE's recovery takes for its own round.)
-    let found = violated(
-        ProtocolModel {
-            redo: redo_always_resume,
-            failure: false,
-            ..ProtocolModel::new(2, vec![vec![Del], vec![ins(2)], vec![Del]])
-        },
-        "mutant recovery (committed DELETEs resumed), r=2, 3 clients",
-    );
-    assert!(
-        !found.is_empty(),
-        "recovery redoing a completed DELETE went unnoticed"
-    );
+    // (A recovery that resumes committed DELETEs, `redo_always_resume`, was caught here
+    // until DELETE tombstones carried their writer's mark: resuming one on a later
+    // incarnation of the key now proposes a word no backup holds and changes nothing. Which
+    // old object recovery frees still depends on `redo_start`; the model does not check
+    // leaks.)
 }
 
 /// The settle rule before the fix: a committed DELETE that had found the key counted the key
@@ -1742,28 +1758,42 @@ fn the_bugs_the_model_found_stay_found() {
         "settle before the fix, r=2, 3 clients, no crash",
     );
     assert!(!found.is_empty(), "the double DELETE went unnoticed");
+    let found = violated(
+        ProtocolModel {
+            marked: false,
+            crash: false,
+            ..ProtocolModel::new(3, vec![vec![Del, Get], vec![Del]])
+        },
+        "unmarked tombstones, r=3, 2 clients (DELETE, SEARCH | DELETE), no crash",
+    );
+    assert!(
+        found.contains(&"linearizable"),
+        "two DELETEs of one value sharing a tombstone went unnoticed"
+    );
 }
 
-/// **Open** (docs/RELIABILITY.md, "Open: two DELETEs of one value around a lost primary"):
-/// r = 3, two DELETEs of one value each win one backup (the same tombstone), the primary's
-/// node fails before either judges its round; the repair finds the surviving backups agreeing
-/// on the tombstone (no conflict, so no DELETE listed) and keeps it — the key is deleted —
-/// while neither DELETE wrote a commit record nor reached its primary swap: both settle as
-/// not done, retry and answer NotFound. This test pins the counterexample; when a fix makes
-/// it pass, move the model into the runs that hold.
+/// Fixed (docs/RELIABILITY.md, "Fixed (session 12): two DELETEs of one value around a lost
+/// primary"): r = 3, two DELETEs of one value each win one backup, the primary's node fails
+/// before either judges its round. With one tombstone for both (unmarked), the repair found
+/// the survivors agreeing on it, listed nothing, and neither DELETE reported the deletion;
+/// marked, the survivors disagree, the repair picks one DELETE's tombstone and lists it, and
+/// that DELETE alone reports it (`the_bugs_the_model_found_stay_found` keeps the unmarked
+/// counterexample found).
 #[test]
-fn open_two_deletes_of_one_value_around_a_lost_primary() {
-    let found = violated(
+fn two_deletes_of_one_value_around_a_lost_primary_hold() {
+    let two = assert_holds(
         ProtocolModel {
             crash: false,
             ..ProtocolModel::new(3, vec![vec![Del, Get], vec![Del]])
         },
-        "open: r=3, 2 clients (DELETE, SEARCH | DELETE), failure",
+        "r=3, 2 clients (DELETE, SEARCH | DELETE), failure",
     );
-    assert!(
-        found.contains(&"linearizable"),
-        "the open anomaly is no longer found: fixed? then move this model to the runs that hold"
+    assert!(two.unique > 1_000, "the model explored too little");
+    let crash = assert_holds(
+        ProtocolModel::new(3, vec![vec![Del, Get], vec![Del]]),
+        "r=3, 2 clients (DELETE, SEARCH | DELETE), crash + failure",
     );
+    assert!(crash.unique > 1_000, "the model explored too little");
 }
 
 /// One model of the deep run: r, the programs, what they are, the id orders to check.
@@ -1780,11 +1810,23 @@ fn deep_protocol_model_holds() {
     let three_r3 = vec![vec![u(1)], vec![Del, ins(2)], vec![u(3)]];
     let three_r2 = vec![vec![u(1), Get], vec![Del, ins(2)], vec![u(3)]];
     let deletes = vec![vec![Del, Get], vec![ins(2)], vec![Del]];
+    let two_deletes = vec![vec![Del, Get], vec![Del, ins(2)]];
     let two = vec![vec![u(1), Get], vec![Del, ins(2)]];
-    // (r = 3 with two DELETEs of one value is the open anomaly, see
-    // `open_two_deletes_of_one_value_around_a_lost_primary`. Clients 0 and 2 of `three_r3`
-    // run one UPDATE each: reversing its ids is an isomorphism.)
-    let plan: [DeepModel<'_>; 5] = [
+    // (Clients 0 and 2 of `three_r3` run one UPDATE each: reversing its ids is an
+    // isomorphism.)
+    let plan: [DeepModel<'_>; 7] = [
+        (
+            3,
+            &two_deletes,
+            "2 clients (DELETE, SEARCH | DELETE, INSERT)",
+            &[false, true],
+        ),
+        (
+            3,
+            &deletes,
+            "3 clients (DELETE, SEARCH | INSERT | DELETE)",
+            &[false],
+        ),
         (
             3,
             &three_r3,

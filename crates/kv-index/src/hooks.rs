@@ -9,7 +9,7 @@ use dmkit_verbs::{Batch, BatchResult, RemoteAddr};
 use crate::error::Result;
 use crate::index::{Backoff, RaceIndex};
 use crate::layout::SlotPos;
-use crate::slot::{Slot, is_frozen, thaw, tombstone};
+use crate::slot::{Slot, is_frozen, thaw, tombstone_by};
 use crate::snapshot::RawOutcome;
 use crate::verifier::KeyVerifier;
 
@@ -46,6 +46,15 @@ pub trait WriteHooks: Sync {
     /// round cut short by a failure was completed by the master.
     fn round(&self, pos: SlotPos, expected: u64) {
         let _ = (pos, expected);
+    }
+
+    /// A DELETE writer's mark ([`crate::delete_mark`]): its round proposes
+    /// [`crate::tombstone_by`]`(replaced, mark)`, a word no other DELETE in flight proposes,
+    /// so SNAPSHOT decides between two DELETEs of one value as between any two writers. It
+    /// must be the same when [`RaceIndex::resume`] finishes a crashed writer's round. 0 (the
+    /// default): the plain [`crate::tombstone`], shared by every DELETE of that value.
+    fn delete_mark(&self) -> u64 {
+        0
     }
 }
 
@@ -244,9 +253,9 @@ impl RaceIndex {
             if self.spaces.len() == 1 {
                 return Ok(ResumeOutcome::NotStarted);
             }
-            // A DELETE proposed the tombstone of the word it found.
+            // A DELETE proposed the tombstone of the word it found, with its mark.
             let new = match target {
-                Some((_, raw)) if new == 0 => tombstone(raw),
+                Some((_, raw)) if new == 0 => tombstone_by(raw, hooks.delete_mark()),
                 _ => new,
             };
             // The backups' words at every candidate position (one round trip).

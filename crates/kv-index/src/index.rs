@@ -12,7 +12,7 @@ use crate::layout::{
     HEADER_WORD, IndexReplicaSpace, KeyHash, Layout, MAGIC, SLOTS_PER_BUCKET, SlotPos, VERSION,
     check_spaces, combined_first_bucket,
 };
-use crate::slot::{Header, Slot, is_empty_word, is_frozen, thaw, tombstone};
+use crate::slot::{Header, Slot, is_empty_word, is_frozen, thaw, tombstone, tombstone_by};
 use crate::snapshot::{RawOutcome, Rule};
 use crate::verifier::KeyVerifier;
 
@@ -1098,8 +1098,12 @@ impl RaceIndex {
                 continue;
             }
             hooks.round(pos, raw);
-            // A DELETE (`new` 0) leaves the tombstone of the word it replaces.
-            let new = if new == 0 { tombstone(raw) } else { new };
+            // A DELETE (`new` 0) leaves the tombstone of the word it replaces, with its mark.
+            let new = if new == 0 {
+                tombstone_by(raw, hooks.delete_mark())
+            } else {
+                new
+            };
             match self.snapshot_async(tag, pos, raw, new, &[], hooks).await?.0 {
                 RawOutcome::Won(rule) => {
                     return Ok(Some(Modified {

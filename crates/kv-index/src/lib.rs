@@ -27,7 +27,8 @@
 //! | 0-38  | pointer      | offset in the node's object area, in 64-byte units (32 TiB) |
 //!
 //! An empty slot is a word of length class 0: 0 (never used) or the *tombstone* a DELETE
-//! leaves ([`tombstone`]: the deleted word with its length class cleared), so that a slot
+//! leaves ([`tombstone`]: the deleted word with its length class cleared, and with the
+//! deleting writer's mark folded in when it gives one, [`tombstone_by`]), so that a slot
 //! does not come back to a word it held before and a delayed CAS cannot mistake a later
 //! incarnation of the slot for the one it saw (A-B-A). The bucket header is the *last* word
 //! of its bucket (tag `0xA5`, a splitting flag, 32-bit prefix, 8-bit local depth). See
@@ -132,6 +133,6 @@ pub use error::{Error, Result};
 pub use hooks::{NoHooks, ResumeOutcome, WriteHooks};
 pub use index::{IndexConfig, InsertOutcome, Modified, RaceIndex, SnapshotOutcome, tags};
 pub use layout::{IndexReplicaSpace, SlotPos};
-pub use slot::{OBJECT_ALIGN, ObjPtr, Slot, is_empty_word, tombstone};
+pub use slot::{OBJECT_ALIGN, ObjPtr, Slot, delete_mark, is_empty_word, tombstone, tombstone_by};
 pub use snapshot::{Rule, decide};
 pub use verifier::{BoxFuture, KeyVerifier};

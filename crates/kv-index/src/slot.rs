@@ -156,6 +156,31 @@ pub fn tombstone(replaced: u64) -> u64 {
     replaced & !FROZEN & !(0xFF << LEN_SHIFT)
 }
 
+/// The word a DELETE of `replaced` leaves when its writer names itself with `mark`
+/// ([`delete_mark`]): [`tombstone`]`(replaced)` with the mark folded into its fingerprint and
+/// pointer bits (the length class stays 0: empty; the node bits stay the deleted object's, so
+/// it is never a split marker). Distinct marks give distinct words for one `replaced`, so two
+/// DELETEs of one value propose different words and SNAPSHOT picks one of them, as for any
+/// two writers — with the plain tombstone both proposed the same word, counted each other's
+/// backups as their own, and a failover between them could leave the key deleted with
+/// neither reporting it. Mark 0 is the plain tombstone.
+/// (A marked tombstone's pointer bits are also complemented: folding alone would give the
+/// never-used word 0 for a deleter at the deleted object's offset on another node whose id
+/// equals the key's fingerprint; complemented, only offsets beyond 16 TiB could.)
+pub fn tombstone_by(replaced: u64, mark: u64) -> u64 {
+    let mark = mark & ((0xFF << PTR_BITS) | PTR_MASK);
+    if mark == 0 {
+        return tombstone(replaced);
+    }
+    tombstone(replaced) ^ ((mark >> PTR_BITS) << FP_SHIFT) ^ (mark & PTR_MASK) ^ PTR_MASK
+}
+
+/// A DELETE writer's mark for [`tombstone_by`]: its own object's node and offset (FUSEE's
+/// DELETE writes a log object per attempt, so the mark is unique among DELETEs in flight).
+pub fn delete_mark(node: NodeId, offset: u64) -> u64 {
+    (u64::from(node.0 & 0xFF) << PTR_BITS) | ((offset / OBJECT_ALIGN) & PTR_MASK)
+}
+
 /// The empty word a split leaves in slot word `word` of the subtable it splits (the split that
 /// allocated subtable `n`): empty (length class 0) and unlike every word the slot held before
 /// the split — 0, a real slot, a DELETE's tombstone (no key has fingerprint and node 0xFF
@@ -295,6 +320,36 @@ mod tests {
         assert_eq!(Slot::from_raw(t).unwrap(), None);
         assert_eq!(Slot::from_raw(t | FROZEN).unwrap(), None);
         assert!(is_empty_word(t | FROZEN));
+        // Marked: still empty, the plain one for mark 0, one word per mark, never a split
+        // marker (the node bits are the deleted object's).
+        assert_eq!(tombstone_by(s.raw(), 0), t);
+        let mark_at_same_offset_elsewhere = delete_mark(NodeId(0xAB), 64 * 77);
+        let zero_fp = Slot::new(
+            0,
+            ObjPtr {
+                node: NodeId(0),
+                offset: 64 * 77,
+                len_class: 2,
+            },
+        )
+        .unwrap();
+        assert_ne!(tombstone_by(zero_fp.raw(), delete_mark(NodeId(0), 64 * 77)), 0);
+        assert_ne!(tombstone_by(s.raw(), mark_at_same_offset_elsewhere), 0);
+        let marks = [
+            delete_mark(NodeId(0), 0),
+            delete_mark(NodeId(0), 64),
+            delete_mark(NodeId(1), 0),
+            delete_mark(NodeId(255), 64 * PTR_MASK),
+        ];
+        let words: std::collections::HashSet<u64> =
+            marks.iter().map(|m| tombstone_by(s.raw(), *m)).collect();
+        assert_eq!(words.len(), marks.len());
+        for m in marks {
+            let w = tombstone_by(s.raw(), m);
+            assert!(is_empty_word(w) && w & FROZEN == 0);
+            assert_eq!((w >> NODE_SHIFT) & 0xFF, 3);
+            assert_eq!(tombstone_by(s.raw() | FROZEN, m), w);
+        }
     }
 
     #[test]

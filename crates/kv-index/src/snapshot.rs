@@ -326,8 +326,9 @@ impl RaceIndex {
         let (ok, now, bytes) = self
             .cas_primary_async(tag, pos, expected, new, post)
             .await?;
-        if ok || (now == new && !is_empty_word(new)) {
-            // (`now == new` with a unique value: recovery already finished our round.)
+        if ok || (now == new && (!is_empty_word(new) || hooks.delete_mark() != 0)) {
+            // (`now == new` with a unique value — an object's word, a marked tombstone:
+            // recovery already finished our round.)
             return Ok((RawOutcome::Won(rule), bytes));
         }
         if now == new {
