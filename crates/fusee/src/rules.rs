@@ -281,7 +281,10 @@ mod tests {
             dmkit_kv_index::tombstone_by(KEY, 9),
         );
         let chosen = t1.min(t2);
-        assert_eq!(repair_completed_delete(None, &[t1, t2], chosen), Some(chosen));
+        assert_eq!(
+            repair_completed_delete(None, &[t1, t2], chosen),
+            Some(chosen)
+        );
         assert_eq!(repair_completed_delete(None, &[0, 0], 0), None);
         let deletes = [(4, 8, chosen)];
         assert!(delete_listed(Some((8, KEY)), chosen, 3, &deletes));

@@ -333,7 +333,10 @@ mod tests {
             },
         )
         .unwrap();
-        assert_ne!(tombstone_by(zero_fp.raw(), delete_mark(NodeId(0), 64 * 77)), 0);
+        assert_ne!(
+            tombstone_by(zero_fp.raw(), delete_mark(NodeId(0), 64 * 77)),
+            0
+        );
         assert_ne!(tombstone_by(s.raw(), mark_at_same_offset_elsewhere), 0);
         let marks = [
             delete_mark(NodeId(0), 0),
