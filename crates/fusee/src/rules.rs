@@ -70,31 +70,27 @@ pub fn repair_choice<E>(
 }
 
 /// Whether the repair's choice `chosen` for a conflicting slot completed a DELETE: the slot
-/// ends empty where a replica held a key. Returns the value replaced (the old primary's, 0
-/// when it was lost), which the membership lists for the DELETE's writer to find
-/// ([`delete_listed`]). Without the old primary and with every survivor empty — DELETEs of
-/// one value cut short, each with its own tombstone on a backup — it returns the chosen
-/// tombstone itself: it names the one DELETE whose round the repair completed (tombstones
-/// carry their writer's mark, [`dmkit_kv_index::tombstone_by`]), and only that DELETE may
-/// count the deletion as its own. (With one tombstone shared by every DELETE of the value,
-/// such a repair listed nothing and neither DELETE reported the deletion — the protocol
-/// model's counterexample, `two_deletes_of_one_value_around_a_lost_primary`.)
+/// ends on a DELETE's tombstone where a replica held a key, or the old primary was lost.
+/// Returns the word the membership lists for the DELETE's writer to find
+/// ([`delete_listed`]): the chosen tombstone itself. A DELETE's tombstone carries its
+/// writer's mark ([`dmkit_kv_index::tombstone_by`]), so it names the one DELETE whose round
+/// the repair completed, and only that DELETE may count the deletion as its own.
+///
+/// (Until session 12 the list named the value replaced — 0, "any", when the old primary was
+/// lost — and every DELETE of that value cut short counted it, the first to claim reporting
+/// Deleted. The protocol model found two ways that goes wrong at r = 3: DELETEs of one value
+/// sharing one tombstone, and a DELETE that completed normally beside one cut short that
+/// then claimed "any" deletion — both reported Deleted.)
 pub fn repair_completed_delete(primary: Option<u64>, backups: &[u64], chosen: u64) -> Option<u64> {
-    if !is_empty_word(chosen) {
-        return None;
-    }
-    let replaced = primary.unwrap_or(0);
-    if !is_empty_word(replaced) || backups.iter().any(|b| !is_empty_word(*b)) {
-        return Some(replaced);
-    }
-    (primary.is_none() && chosen != 0).then_some(chosen)
+    let held_key =
+        primary.is_none_or(|p| !is_empty_word(p)) || backups.iter().any(|b| !is_empty_word(*b));
+    (is_empty_word(chosen) && chosen != 0 && held_key).then_some(chosen)
 }
 
 /// Whether the membership lists a DELETE round the master completed after `epoch` that is
 /// the attempt's `round` (slot offset, value replaced) whose proposal was the tombstone
-/// `own`: `deletes` holds (epoch, slot offset, value replaced), a value of 0 standing for
-/// "unknown" (the old primary was lost), or (epoch, slot offset, the tombstone the repair
-/// chose) when the old primary was lost and the survivors held tombstones only.
+/// `own`: `deletes` holds (epoch, slot offset, the tombstone the repair chose). (Records
+/// written before session 12 list the value replaced, 0 for "unknown": still honoured.)
 pub fn delete_listed(
     round: Option<(u64, u64)>,
     own: u64,
@@ -268,8 +264,13 @@ mod tests {
     #[test]
     fn completed_deletes_and_listing() {
         const KEY: u64 = (1 << 47) | 1; // length class 1: a key
-        assert_eq!(repair_completed_delete(Some(KEY), &[0], 0), Some(KEY));
+        let t = dmkit_kv_index::tombstone_by(KEY, 7);
+        assert_eq!(repair_completed_delete(Some(KEY), &[t], t), Some(t));
+        assert_eq!(repair_completed_delete(Some(KEY), &[t, KEY], KEY), None);
         assert_eq!(repair_completed_delete(Some(0), &[0, 0], 0), None);
+        // An INSERT rolled back to the slot's old tombstone: listed, but only its long-done
+        // DELETE could count it.
+        assert_eq!(repair_completed_delete(Some(t), &[KEY], t), Some(t));
         assert!(delete_listed(Some((8, 5)), 0, 3, &[(4, 8, 5)]));
         assert!(delete_listed(Some((8, 5)), 0, 3, &[(4, 8, 0)]));
         assert!(!delete_listed(Some((8, 5)), 0, 4, &[(4, 8, 5)]));
