@@ -164,6 +164,7 @@ pub fn tombstone(replaced: u64) -> u64 {
 /// two writers — with the plain tombstone both proposed the same word, counted each other's
 /// backups as their own, and a failover between them could leave the key deleted with
 /// neither reporting it. Mark 0 is the plain tombstone.
+///
 /// (A marked tombstone's pointer bits are also complemented: folding alone would give the
 /// never-used word 0 for a deleter at the deleted object's offset on another node whose id
 /// equals the key's fingerprint; complemented, only offsets beyond 16 TiB could.)
