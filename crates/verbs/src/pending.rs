@@ -127,10 +127,35 @@ pub(crate) type TimeoutHook = Arc<dyn Fn() + Send + Sync>;
 /// instead of sleeping until another thread wakes it: one thread handoff less per verb.
 pub(crate) type Progress = Arc<dyn Fn() -> bool + Send + Sync>;
 
-/// How long a waiter with a progress hook polls before it also sleeps between polls.
-const SPIN: Duration = Duration::from_micros(200);
+/// How long a waiter with a progress hook polls before it also sleeps between polls:
+/// `DMKIT_VERBS_SPIN_US` (default 200 µs — many round trips on hardware; an emulated NIC's
+/// round trip is longer), read once.
+fn spin() -> Duration {
+    static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *SPIN.get_or_init(|| env_us("DMKIT_VERBS_SPIN_US", 200))
+}
 
-/// While spinning, a waiter reads the clock (for its timeout and for [`SPIN`]) once per this
+/// How long a waiter sleeps between polls once it has spun for [`spin`]:
+/// `DMKIT_VERBS_NAP_US` (default 500 µs), read once.
+fn nap() -> Duration {
+    static NAP: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *NAP.get_or_init(|| env_us("DMKIT_VERBS_NAP_US", 500))
+}
+
+/// Microseconds from the environment variable `name` (a bad value is reported once and the
+/// default kept).
+fn env_us(name: &str, default: u64) -> Duration {
+    let us = match std::env::var(name) {
+        Ok(v) => v.trim().parse::<u64>().unwrap_or_else(|_| {
+            tracing::warn!("{name}={v:?} is not a number of microseconds; using {default}");
+            default
+        }),
+        Err(_) => default,
+    };
+    Duration::from_micros(us)
+}
+
+/// While spinning, a waiter reads the clock (for its timeout and for [`spin`]) once per this
 /// many polls.
 const CLOCK_EVERY: u32 = 64;
 
@@ -263,9 +288,9 @@ impl<T: Send + 'static> Pending<T> {
                             if now >= deadline {
                                 break slot.take();
                             }
-                            napping = !busy && now - start > SPIN;
+                            napping = !busy && now - start > spin();
                             if napping {
-                                let nap = (now + Duration::from_micros(500)).min(deadline);
+                                let nap = (now + nap()).min(deadline);
                                 if let Some(r) = slot.wait_until(nap) {
                                     break Some(r);
                                 }
@@ -400,7 +425,7 @@ fn block_on_here<F: Future>(f: F) -> F::Output {
                 }
             }
             _ => {
-                // Poll every connection waited on for `SPIN`, reading the clock every
+                // Poll every connection waited on for [`spin`], reading the clock every
                 // `CLOCK_EVERY` polls; then nap between polls.
                 let (mut polls, mut start) = (0u32, None);
                 loop {
@@ -417,8 +442,8 @@ fn block_on_here<F: Future>(f: F) -> F::Output {
                         continue;
                     }
                     let now = Instant::now();
-                    if now - *start.get_or_insert(now) > SPIN {
-                        std::thread::park_timeout(Duration::from_micros(500));
+                    if now - *start.get_or_insert(now) > spin() {
+                        std::thread::park_timeout(nap());
                     }
                 }
             }
