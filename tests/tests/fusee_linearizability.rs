@@ -271,10 +271,10 @@ fn os_scheduled_seeds_that_once_failed_stay_linearizable() {
 /// Conditional-write seeds that failed once (docs/RELIABILITY.md, session 9: a DELETE that
 /// took effect reported "not found" while a crashed client's DELETE of the same word was
 /// recovered — two DELETEs sharing one tombstone, which marked tombstones ended in session
-/// 12), and of session 11's sweep: 1309831 (the same shape: a client crashed in a delete-if
-/// beside a DELETE) and 1319968 (a round stalled with r = 2). They failed about one run in
-/// 10 000 and did not replay at will; five runs each.
-const CAS_REGRESSION_SEEDS: [u64; 5] = [854731, 874856, 882635, 1309831, 1319968];
+/// 12), 910187 and 918995 of session 10, and of session 11's sweep: 1309831 (the same shape:
+/// a client crashed in a delete-if beside a DELETE) and 1319968 (a round stalled with r = 2).
+/// They failed about one run in 10 000 and did not replay at will; five runs each.
+const CAS_REGRESSION_SEEDS: [u64; 7] = [854731, 874856, 882635, 910187, 918995, 1309831, 1319968];
 
 #[test]
 fn conditional_seeds_that_once_failed_stay_linearizable() {
