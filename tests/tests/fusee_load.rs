@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use dmkit_fusee::failover::MasterConfig;
 use dmkit_fusee::{LocalCluster, LocalConfig};
-use dmkit_tools::ycsb::ScrambledZipfian;
 use dmkit_verbs::NodeId;
+use dmkit_workloads::ycsb::ScrambledZipfian;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 

@@ -89,7 +89,7 @@ pub fn run(args: GengarServerArgs) -> Result<(), CliError> {
     let server = GengarServer::new(
         NodeId(args.id),
         pool,
-        dmkit_tools::gengar_apps::scaled_leases(
+        dmkit_workloads::gengar_apps::scaled_leases(
             ServerConfig {
                 dram_bytes: dram,
                 ..ServerConfig::default()

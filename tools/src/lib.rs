@@ -1,7 +1,7 @@
 //! The library side of the `dmkit` tools: workload generators and result plotting that the
 //! benchmarks, the demo and the examples share.
 
-pub mod gengar_apps;
+// (The workloads moved to `dmkit-workloads`; re-exported under their old paths.)
+pub use dmkit_workloads::{gengar_apps, ycsb};
 pub mod plot;
 pub mod resp;
-pub mod ycsb;

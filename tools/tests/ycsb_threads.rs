@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::thread;
 
-use dmkit_tools::ycsb::{Operation, Workload, WorkloadSpec};
+use dmkit_workloads::ycsb::{Operation, Workload, WorkloadSpec};
 
 #[test]
 fn split_generators_insert_distinct_keys_and_share_progress() {

@@ -3,7 +3,7 @@
 //! DRAM cache, and the writer's wait per proxied against synchronous write.
 //!
 //! `dmkit bench gengar --app kv|wordcount|pagerank`: each app (from
-//! `dmkit_tools::gengar_apps`) in four configurations in one run — the plain pool (no DRAM
+//! `dmkit_workloads::gengar_apps`) in four configurations in one run — the plain pool (no DRAM
 //! cache, synchronous writes), + DRAM cache (GengarD), + proxied writes (GengarR) and both
 //! (Gengar) — with each configuration's time and its ratio to the plain pool. On `sim` the time
 //! is modeled (the latency model's virtual time: network and media, no CPU); on `tcp` it is
@@ -21,7 +21,7 @@
 use std::time::Duration;
 
 use dmkit_gengar::ServerConfig;
-use dmkit_tools::gengar_apps::{
+use dmkit_workloads::gengar_apps::{
     Deployment, DeploymentConfig, Outcome, WriteMode, kv, pagerank, scaled_leases, wordcount,
 };
 use serde_json::{Map, Value};
@@ -518,7 +518,7 @@ const MICRO_CLIENTS_RDMA: usize = 2;
 /// write side measured on tcp; on rdma both are measured (wall time) on the device, with
 /// perftest's READ round trip beside them.
 fn run_micro(args: &GengarArgs) -> Result<(), CliError> {
-    use dmkit_tools::gengar_apps::micro::{self, MicroConfig};
+    use dmkit_workloads::gengar_apps::micro::{self, MicroConfig};
     check_backend(args.backend)?;
     if args.workers == 0 {
         return Err(CliError::usage("--workers must be at least 1"));

@@ -3,7 +3,7 @@
 //! an acknowledged insert counter shared between client threads.
 //!
 //! ```
-//! use dmkit_tools::ycsb::{Operation, Workload, WorkloadSpec};
+//! use dmkit_workloads::ycsb::{Operation, Workload, WorkloadSpec};
 //!
 //! let spec = WorkloadSpec::standard('a').unwrap();
 //! let mut workload = Workload::new(spec, 42).unwrap();

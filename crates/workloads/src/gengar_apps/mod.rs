@@ -16,7 +16,7 @@
 //! Modeled time covers the network and the memory media only, not the CPU work of the app.
 //!
 //! ```
-//! use dmkit_tools::gengar_apps::{Deployment, DeploymentConfig, WriteMode, pagerank};
+//! use dmkit_workloads::gengar_apps::{Deployment, DeploymentConfig, WriteMode, pagerank};
 //!
 //! let d = Deployment::sim(&DeploymentConfig::default(), false).unwrap();
 //! let cfg = pagerank::PageRankConfig { scale: 8, iterations: 3, ..Default::default() };

@@ -1,11 +1,11 @@
 //! MapReduce on the Gengar pool: TeraGen-style records generated into pool objects, then
 //! WordCount with four worker clients — map outputs, directories and reduce results are pool
-//! objects too. The job's code is `dmkit_tools::gengar_apps::wordcount` (only `GengarClient`'s
+//! objects too. The job's code is `dmkit_workloads::gengar_apps::wordcount` (only `GengarClient`'s
 //! public API); the counts are checked against WordCount computed in one process.
 //!
-//! `cargo run --release -p dmkit-gengar --example wordcount`
+//! `cargo run --release -p dmkit-workloads --example wordcount`
 
-use dmkit_tools::gengar_apps::{Deployment, DeploymentConfig, WriteMode, wordcount};
+use dmkit_workloads::gengar_apps::{Deployment, DeploymentConfig, WriteMode, wordcount};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cfg = wordcount::WordCountConfig {

@@ -1,12 +1,12 @@
 //! A hash-table key-value store on the Gengar pool (buckets are objects holding chains of
 //! `GlobalAddr`s), loaded and driven by YCSB workload A from four worker clients, on two
 //! in-process servers with the sim latency model. The store's code is
-//! `dmkit_tools::gengar_apps::kv` and uses only `GengarClient`'s public API; the run checks
+//! `dmkit_workloads::gengar_apps::kv` and uses only `GengarClient`'s public API; the run checks
 //! every read and the final state against the operations' history.
 //!
-//! `cargo run --release -p dmkit-gengar --example kv_store [-- WORKLOAD]`
+//! `cargo run --release -p dmkit-workloads --example kv_store [-- WORKLOAD]`
 
-use dmkit_tools::gengar_apps::{Deployment, DeploymentConfig, WriteMode, kv};
+use dmkit_workloads::gengar_apps::{Deployment, DeploymentConfig, WriteMode, kv};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let workload = std::env::args()

@@ -1,13 +1,13 @@
 //! PageRank on the Gengar pool: an R-MAT graph of 2^16 vertices and about a million edges,
 //! its in-edge CSR arrays split into pool objects, ten iterations on four worker clients with
 //! the rank and contribution vectors in the pool. The code is
-//! `dmkit_tools::gengar_apps::pagerank` (only `GengarClient`'s public API); the ranks are
+//! `dmkit_workloads::gengar_apps::pagerank` (only `GengarClient`'s public API); the ranks are
 //! checked bit for bit against the same computation in one process.
 //!
-//! `cargo run --release -p dmkit-gengar --example pagerank`
+//! `cargo run --release -p dmkit-workloads --example pagerank`
 
 use dmkit_gengar::ServerConfig;
-use dmkit_tools::gengar_apps::{Deployment, DeploymentConfig, WriteMode, pagerank};
+use dmkit_workloads::gengar_apps::{Deployment, DeploymentConfig, WriteMode, pagerank};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cfg = pagerank::PageRankConfig::default();
