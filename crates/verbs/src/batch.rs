@@ -185,6 +185,43 @@ impl Batch {
     pub(crate) fn into_parts(self) -> (NodeId, Vec<Op>, Vec<MemBuf>) {
         (self.node, self.ops, self.bufs)
     }
+
+    /// The work requests in posting order: what a backend sends to the node, or executes on
+    /// it ([`crate::MemoryNode::execute_request`]). A backend outside this crate posts a batch
+    /// by reading its requests, then fills [`Batch::into_result`] from the node's answer.
+    pub fn requests(&self) -> impl ExactSizeIterator<Item = WorkRequest<'_>> + '_ {
+        self.ops.iter().map(|op| WorkRequest {
+            kind: op.kind,
+            rkey: op.rkey,
+            addr: op.addr,
+            len: op.len,
+            data: match (op.kind, op.buf) {
+                (OpKind::Write { .. }, Some(b)) => &self.bufs[b][..],
+                _ => &[],
+            },
+        })
+    }
+
+    /// The batch turned into its completion, for a backend to fill once the node executed it:
+    /// READ data with [`BatchResult::read_dest`], old values with [`BatchResult::set_old`].
+    pub fn into_result(self) -> BatchResult {
+        BatchResult::new(self.node, self.ops, self.bufs)
+    }
+}
+
+/// One work request of a [`Batch`], as a backend sees it ([`Batch::requests`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkRequest<'a> {
+    /// The verb.
+    pub kind: OpKind,
+    /// The region it targets.
+    pub rkey: RKey,
+    /// The remote address (in the region's address space).
+    pub addr: u64,
+    /// Bytes read or written (8 for atomics).
+    pub len: u32,
+    /// What a WRITE carries (`len` bytes); empty for the other verbs.
+    pub data: &'a [u8],
 }
 
 /// The completion of a batch: read data, atomics' old values, and the buffers handed back.
@@ -209,6 +246,30 @@ impl BatchResult {
 
     pub fn node(&self) -> NodeId {
         self.node
+    }
+
+    /// Where the data of READ number `i` goes (its buffer, exactly its length): a backend
+    /// copies the node's answer here. Empty for other verbs or an index out of range.
+    pub fn read_dest(&mut self, i: usize) -> &mut [u8] {
+        match self.ops.get(i) {
+            Some(Op {
+                kind: OpKind::Read,
+                buf: Some(b),
+                ..
+            }) => &mut self.bufs[*b][..],
+            _ => &mut [],
+        }
+    }
+
+    /// Records the old value atomic number `i` (a CAS or FAA) returned at the node.
+    pub fn set_old(&mut self, i: usize, old: u64) {
+        if i >= self.ops.len() {
+            return;
+        }
+        if self.olds.len() < self.ops.len() {
+            self.olds.resize(self.ops.len(), 0);
+        }
+        self.olds[i] = old;
     }
 
     /// The bytes a READ brought back (empty for other verbs).

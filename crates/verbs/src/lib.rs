@@ -75,7 +75,20 @@
 //! nodes served by [`tcp::TcpServer`] (what `dmkit memnode` runs). Both sides of every tcp
 //! connection are tasks on the process's I/O runtime ([`runtime`], tokio), which applications
 //! may share for their own tasks; a blocking wait from one of its workers moves off it. The conformance suite that
-//! every backend passes is in [`conformance`] (feature `test_utils`).
+//! every backend passes is in `conformance` (feature `test_utils`).
+//!
+//! # Writing a backend
+//!
+//! A backend is a [`Connector`] and its [`Connection`]s, and it can live outside this crate:
+//! [`Connection::post`] reads a [`Batch`]'s [`Batch::requests`], has the node execute them
+//! ([`MemoryNode::execute_request`] one by one on the far side of a wire, or
+//! [`MemoryNode::execute_batch`] in-process), and delivers the [`BatchResult`]
+//! ([`Batch::into_result`], filled with [`BatchResult::read_dest`] and
+//! [`BatchResult::set_old`]) either at once ([`Pending::ready`]) or later from any thread
+//! through the [`Completer`] of a [`Pending::channel`]; RPCs go to
+//! [`MemoryNode::serve_rpc`]. The example `thread_backend` (a thread per node, work over
+//! channels; `cargo run -p dmkit-verbs --example thread_backend`) is such a backend in 200
+//! lines, and passes the conformance suite (`tests/outside_backend.rs`).
 
 mod batch;
 mod buf;
@@ -100,19 +113,19 @@ pub mod wire;
 #[cfg(any(test, feature = "test_utils"))]
 pub mod conformance;
 
-pub use batch::{Batch, BatchResult, OpIdx};
+pub use batch::{Batch, BatchResult, OpIdx, WorkRequest};
 pub use buf::{BufAllocator, ChunkOwner, HeapAllocator, MemBuf};
 pub use conn::{Connection, Connector, PostCtx};
 pub use doorbell::{Batched, batched};
 pub use endpoint::{Endpoint, EndpointConfig, WriteConfirm};
 pub use error::{AccessFault, Error, Result};
 pub use memory::{Backing, DramBacking, FnBacking, RegionMemory};
-pub use node::{MemoryNode, Peer, RpcHandler};
+pub use node::{MemoryNode, OpKind, Peer, RpcHandler};
 /// Timeouts armed by awaited completions, process-wide (returns to zero once every awaited
 /// verb completed or its future was dropped).
 pub use pending::timer::armed as armed_timeouts;
 /// An async sleep that needs no runtime (the verbs timer thread wakes the task).
 pub use pending::timer::sleep;
-pub use pending::{Pending, block_on, join_all};
+pub use pending::{Completer, Pending, block_on, join_all};
 pub use stats::{Stats, Tag, TagStats};
 pub use types::{Access, Media, NodeId, RKey, RegionDesc, RemoteAddr};

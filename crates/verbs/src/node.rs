@@ -261,6 +261,60 @@ impl MemoryNode {
         *self.handler.write() = Some(handler);
     }
 
+    /// Runs `req` through the node's RPC handler, as a backend's server does for a request
+    /// that arrived from `peer` (an `Err` travels back as [`crate::Error::Rpc`]).
+    pub fn serve_rpc(&self, peer: &Peer, req: &[u8]) -> std::result::Result<Vec<u8>, String> {
+        self.rpc(peer, req)
+    }
+
+    /// Executes one work request as the node's NIC would — what a backend's server calls for
+    /// each request it receives. A READ fills `dst` (exactly `wr.len` bytes); an atomic
+    /// returns the old value (persisted first on NVM). Every check (fencing, rkey, access,
+    /// bounds, alignment) happens before memory is touched.
+    pub fn execute_request(
+        &self,
+        wr: &crate::batch::WorkRequest<'_>,
+        dst: &mut [u8],
+    ) -> Result<u64, AccessFault> {
+        if matches!(wr.kind, OpKind::Read) && dst.len() != wr.len as usize
+            || matches!(wr.kind, OpKind::Write { .. }) && wr.data.len() != wr.len as usize
+        {
+            return Err(AccessFault::OutOfBounds);
+        }
+        self.execute(wr.kind, wr.rkey, wr.addr, wr.len, wr.data, dst)
+    }
+
+    /// Executes a whole batch here, in order — what an in-process backend does with a posted
+    /// batch. Stops at the first refused work request with [`crate::Error::RemoteAccess`]
+    /// (the requests before it took effect, as on a NIC).
+    pub fn execute_batch(&self, batch: crate::Batch) -> crate::Result<crate::BatchResult> {
+        let (node, ops, mut bufs) = batch.into_parts();
+        let mut olds = vec![0u64; ops.len()];
+        for (i, op) in ops.iter().enumerate() {
+            let (data, dst): (&[u8], &mut [u8]) = match (op.kind, op.buf) {
+                (OpKind::Read, Some(b)) => (&[], &mut bufs[b][..]),
+                (OpKind::Write { .. }, Some(b)) => (&bufs[b][..], &mut []),
+                _ => (&[], &mut []),
+            };
+            match self.execute(op.kind, op.rkey, op.addr, op.len, data, dst) {
+                Ok(old) => olds[i] = old,
+                Err(fault) => {
+                    return Err(crate::Error::RemoteAccess {
+                        node,
+                        index: i,
+                        rkey: op.rkey,
+                        addr: op.addr,
+                        len: op.len,
+                        fault,
+                    });
+                }
+            }
+        }
+        let mut r = crate::BatchResult::new(node, ops, bufs);
+        r.olds = olds;
+        Ok(r)
+    }
+
     pub(crate) fn rpc(&self, peer: &Peer, req: &[u8]) -> std::result::Result<Vec<u8>, String> {
         let h = self.handler.read().clone();
         match h {

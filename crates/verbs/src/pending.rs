@@ -187,8 +187,47 @@ impl<T> std::fmt::Debug for Pending<T> {
     }
 }
 
+/// The delivering half of [`Pending::channel`]: a backend completes the posted work through it,
+/// from any thread, once. Dropped without completing (a backend that lost the work), it fails
+/// the work with [`Error::Disconnected`] rather than leaving its waiter to time out.
+pub struct Completer<T> {
+    slot: Option<Arc<Slot<T>>>,
+    node: NodeId,
+}
+
+impl<T> std::fmt::Debug for Completer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Completer")
+            .field("node", &self.node)
+            .finish()
+    }
+}
+
+impl<T> Completer<T> {
+    /// Delivers the completion: wakes the task or thread waiting on the [`Pending`]. (A
+    /// completion after the waiter timed out is ignored.)
+    pub fn complete(mut self, r: Result<T>) {
+        if let Some(s) = self.slot.take() {
+            s.complete(r);
+        }
+    }
+}
+
+impl<T> Drop for Completer<T> {
+    fn drop(&mut self) {
+        if let Some(s) = self.slot.take() {
+            s.complete(Err(Error::Disconnected {
+                node: self.node,
+                reason: "the backend dropped the work without completing it".into(),
+            }));
+        }
+    }
+}
+
 impl<T: Send + 'static> Pending<T> {
-    pub(crate) fn ready(node: NodeId, r: Result<T>) -> Self {
+    /// Work that completed as it was posted (or failed to post): a backend returns this when
+    /// it has the result at once.
+    pub fn ready(node: NodeId, r: Result<T>) -> Self {
         Self {
             state: State::Ready(r),
             node,
@@ -198,6 +237,21 @@ impl<T: Send + 'static> Pending<T> {
             modeled_done: None,
             armed: None,
         }
+    }
+
+    /// Work in flight, and the [`Completer`] through which a backend delivers its result:
+    /// waiting on the `Pending` (blocking or `.await`) fails with [`Error::Timeout`] after
+    /// `timeout`. What a backend outside this crate returns from
+    /// [`crate::Connection::post`] and [`crate::Connection::rpc`].
+    pub fn channel(node: NodeId, timeout: Duration) -> (Self, Completer<T>) {
+        let slot = Slot::new();
+        (
+            Self::waiting(node, slot.clone(), timeout, None),
+            Completer {
+                slot: Some(slot),
+                node,
+            },
+        )
     }
 
     pub(crate) fn waiting(
