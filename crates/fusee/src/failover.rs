@@ -477,7 +477,8 @@ impl Master {
                 dmkit_kv_index::Error::Verifier(format!("deciding slot {:#x}: {e}", c.offset))
             })?;
             on_behalf += u64::from(committed);
-            if let Some(replaced) = crate::rules::repair_completed_delete(c.primary, &c.backups, v)
+            if let Some(replaced) =
+                dmkit_kv_index::repair::repair_completed_delete(c.primary, &c.backups, v)
             {
                 // A DELETE completed here: its writer learns it from the membership.
                 deletes.push((c.offset, replaced));
@@ -522,7 +523,7 @@ impl Master {
             }
             Ok(self.object_of(view, v)?.is_some())
         };
-        let chosen = crate::rules::repair_choice(c.primary, &c.backups, valid)?;
+        let chosen = dmkit_kv_index::repair::repair_choice(c.primary, &c.backups, valid)?;
         let committed = if !is_empty_word(chosen) {
             self.commit_on_behalf(view, chosen, c.primary.unwrap_or(0))?
         } else {

@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 
+use dmkit_lease::{ExclusiveLeases, ServingLease, SystemClock};
 use dmkit_pmem_pool::{BlockId, Pool};
 use dmkit_verbs::wire::{Reader, WireError, Writer};
 use dmkit_verbs::{Access, FnBacking, MemoryNode, NodeId, Peer, RegionDesc};
@@ -90,20 +91,16 @@ pub struct Memnode {
     region: parking_lot::Mutex<RegionDesc>,
     /// The newest membership record the master gave this node.
     membership: parking_lot::Mutex<Option<Membership>>,
-    lease: parking_lot::Mutex<Lease>,
+    /// This node's lease on serving (renewed by the master's heartbeats or a majority of the
+    /// members; the node fences itself when it runs out).
+    lease: ServingLease<SystemClock>,
+    /// The members' addresses, from the master's heartbeat (whom to ask to vouch).
+    peers: parking_lot::Mutex<Vec<(NodeId, String)>>,
     /// Who claimed which completed DELETE round ((epoch, slot offset, value replaced) →
     /// client), oldest first, at most [`CLAIMS_KEPT`].
     claims: parking_lot::Mutex<std::collections::VecDeque<(DeleteRound, u64)>>,
     /// The master that claimed the cluster here, until when (see [`claim_master`]).
-    master: parking_lot::Mutex<Option<MasterClaim>>,
-}
-
-/// A master's claim on this node: its token, how it describes itself, until when it holds.
-#[derive(Debug, Clone)]
-struct MasterClaim {
-    token: u64,
-    who: String,
-    until: std::time::Instant,
+    master: ExclusiveLeases<(), String, SystemClock>,
 }
 
 /// A memory node's answer to [`claim_master`].
@@ -191,20 +188,6 @@ type DeleteRound = (u64, u64, u64);
 /// Claims of DELETE rounds a node remembers.
 const CLAIMS_KEPT: usize = 4096;
 
-/// This node's lease: renewed by the master's heartbeats or, while the master is silent, by
-/// a majority of the members vouching for it. A node whose lease ran out fences itself (a
-/// node partitioned away stops serving before the master repairs around it).
-#[derive(Debug, Default)]
-struct Lease {
-    /// None until a master gave a lease (a cluster without a master is never fenced).
-    renewed: Option<std::time::Instant>,
-    length: std::time::Duration,
-    /// The members' addresses, from the master's heartbeat.
-    peers: Vec<(NodeId, String)>,
-    /// The node fenced itself for want of a lease (lifted by the master's next heartbeat).
-    self_fenced: bool,
-}
-
 impl Memnode {
     /// Serves `pool` as memory node `id`: registers its data area at [`POOL_BASE`] and installs
     /// the block RPCs. Serve [`Memnode::node`] with any verbs backend.
@@ -219,9 +202,10 @@ impl Memnode {
             pool,
             region: parking_lot::Mutex::new(region),
             membership: parking_lot::Mutex::new(None),
-            lease: parking_lot::Mutex::new(Lease::default()),
+            lease: ServingLease::new(SystemClock::new()),
+            peers: parking_lot::Mutex::new(Vec::new()),
             claims: parking_lot::Mutex::new(std::collections::VecDeque::new()),
-            master: parking_lot::Mutex::new(None),
+            master: ExclusiveLeases::new(SystemClock::new()),
         });
         let weak = Arc::downgrade(&m);
         m.node
@@ -261,7 +245,7 @@ impl Memnode {
             *region = d;
         }
         *self.membership.lock() = None;
-        *self.lease.lock() = Lease::default();
+        self.lease.reset();
         self.node.set_fenced(false);
     }
 
@@ -281,44 +265,40 @@ impl Memnode {
     /// (`ask(peer, address, request) -> vouched?`) and renews on a majority of the members;
     /// when the lease runs out, fences the node. Returns whether the node serves.
     pub fn keep_lease(&self, ask: impl Fn(NodeId, &str, &[u8]) -> bool + Sync) -> bool {
-        let now = std::time::Instant::now();
-        let (renewed, length, peers) = {
-            let l = self.lease.lock();
-            let Some(r) = l.renewed else {
-                return !self.node.is_fenced();
+        let vouched = || {
+            let Some(m) = self.membership() else {
+                return false;
             };
-            (r, l.length, l.peers.clone())
-        };
-        if now.duration_since(renewed) >= length / 2 {
-            if let Some(m) = self.membership() {
-                let me = self.node.id();
-                if m.is_member(me) {
-                    let req = Writer::new().u8(tag::VOUCH).u16(me.0).u64(m.epoch).finish();
-                    let yes = std::sync::atomic::AtomicUsize::new(1);
-                    std::thread::scope(|s| {
-                        for (n, addr) in peers.iter().filter(|(n, _)| *n != me && m.is_member(*n)) {
-                            let (req, yes, ask) = (&req, &yes, &ask);
-                            s.spawn(move || {
-                                if ask(*n, addr, req) {
-                                    yes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                                }
-                            });
+            let me = self.node.id();
+            if !m.is_member(me) {
+                return false;
+            }
+            let peers = self.peers.lock().clone();
+            let req = Writer::new().u8(tag::VOUCH).u16(me.0).u64(m.epoch).finish();
+            let yes = std::sync::atomic::AtomicUsize::new(1);
+            std::thread::scope(|s| {
+                for (n, addr) in peers.iter().filter(|(n, _)| *n != me && m.is_member(*n)) {
+                    let (req, yes, ask) = (&req, &yes, &ask);
+                    s.spawn(move || {
+                        if ask(*n, addr, req) {
+                            yes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         }
                     });
-                    if yes.into_inner() * 2 > m.members.len() {
-                        self.lease.lock().renewed = Some(now);
-                        return !self.node.is_fenced();
-                    }
                 }
+            });
+            yes.into_inner() * 2 > m.members.len()
+        };
+        let fence = || {
+            if self.node.is_fenced() {
+                return false;
             }
-        }
-        if now.duration_since(renewed) > length && !self.node.is_fenced() {
             tracing::error!(
-                "fenced: no word from the master and no majority of the members within the lease ({length:?})"
+                "fenced: no word from the master and no majority of the members within the lease"
             );
             self.node.set_fenced(true);
-            self.lease.lock().self_fenced = true;
-        }
+            true
+        };
+        self.lease.keep(vouched, fence);
         !self.node.is_fenced()
     }
 
@@ -529,13 +509,12 @@ impl Memnode {
                     peers.push((id, addr));
                 }
                 r.finish()?;
-                let mut l = self.lease.lock();
-                l.renewed = Some(std::time::Instant::now());
-                l.length = std::time::Duration::from_millis(u64::from(lease_ms));
-                l.peers = peers;
-                if l.self_fenced {
+                *self.peers.lock() = peers;
+                if self
+                    .lease
+                    .renew(std::time::Duration::from_millis(u64::from(lease_ms)))
+                {
                     // The master is back; serve again if it still counts this node in.
-                    l.self_fenced = false;
                     let member = self
                         .membership
                         .lock()
@@ -546,7 +525,6 @@ impl Memnode {
                         self.node.set_fenced(false);
                     }
                 }
-                drop(l);
                 return self.dispatch(&[tag::MEMBERSHIP_GET]);
             }
             tag::VOUCH => {
@@ -588,14 +566,7 @@ impl Memnode {
                 if inner.first() == Some(&tag::AS_MASTER) {
                     return Err(WireError("nested master request"));
                 }
-                let now = std::time::Instant::now();
-                let holder = self
-                    .master
-                    .lock()
-                    .as_ref()
-                    .filter(|c| c.until > now && c.token != token)
-                    .map(|c| c.who.clone());
-                match holder {
+                match self.master.check(&(), token).err().map(|h| h.info) {
                     Some(who) => Writer::new()
                         .u8(status::REFUSED)
                         .bytes(
@@ -613,40 +584,22 @@ impl Memnode {
                 let lease_ms = r.u32()?;
                 let who = String::from_utf8_lossy(r.bytes()?).into_owned();
                 r.finish()?;
-                let now = std::time::Instant::now();
-                let mut cur = self.master.lock();
-                let live = cur.as_ref().filter(|c| c.until > now).cloned();
-                let (granted, holder) = match live {
-                    Some(c) if c.token != token => (false, c),
-                    _ if lease_ms == 0 => {
-                        *cur = None;
-                        (
-                            true,
-                            MasterClaim {
-                                token,
-                                who,
-                                until: now,
-                            },
-                        )
-                    }
-                    prev => {
-                        let c = MasterClaim {
-                            token,
-                            who,
-                            until: now + std::time::Duration::from_millis(u64::from(lease_ms)),
-                        };
-                        if prev.is_none() {
-                            tracing::info!(master = %c.who, "a master claimed the cluster");
+                let ttl = std::time::Duration::from_millis(u64::from(lease_ms));
+                let had = self.master.holder(&());
+                let (granted, holder) = match self.master.acquire((), token, who, ttl) {
+                    Ok(h) => {
+                        if had.is_none() && !ttl.is_zero() {
+                            tracing::info!(master = %h.info, "a master claimed the cluster");
                         }
-                        *cur = Some(c.clone());
-                        (true, c)
+                        (true, h)
                     }
+                    Err(h) => (false, h),
                 };
-                let left = holder.until.saturating_duration_since(now).as_millis();
+                let left = self.master.remaining(&holder).as_millis();
                 Writer::new()
                     .u8(status::OK)
                     .u8(u8::from(granted))
-                    .bytes(holder.who.as_bytes())
+                    .bytes(holder.info.as_bytes())
                     .u32(u32::try_from(left).unwrap_or(u32::MAX))
                     .finish()
             }

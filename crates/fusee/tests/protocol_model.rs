@@ -4,8 +4,8 @@
 //! repair, and clients settling writes the failover cut short.
 //!
 //! The model decides with the implementation's own functions: the round-decision rule
-//! [`dmkit_kv_index::decide`], the master's repair choice [`rules::repair_choice`] and its
-//! completed-DELETE rule [`rules::repair_completed_delete`], the client's settle rules
+//! [`dmkit_kv_index::decide`], the master's repair choice [`dmkit_kv_index::repair::repair_choice`] and its
+//! completed-DELETE rule [`dmkit_kv_index::repair::repair_completed_delete`], the client's settle rules
 //! [`rules::settle`] / [`rules::delete_listed`] and recovery's first decision
 //! [`rules::redo_start`]. Slot words are real slot words ([`Slot`], [`tombstone`]), so rule
 //! 3's "smallest value" orders them as the code does. The steps between the decisions (which
@@ -408,7 +408,7 @@ struct ProtocolModel {
 }
 
 fn repair_impl(p: Option<u64>, b: &[u64], valid: &mut dyn FnMut(u64) -> Result<bool, ()>) -> u64 {
-    rules::repair_choice(p, b, valid).expect("validity never fails in the model")
+    dmkit_kv_index::repair::repair_choice(p, b, valid).expect("validity never fails in the model")
 }
 
 impl ProtocolModel {
@@ -1218,7 +1218,9 @@ impl ProtocolModel {
             if !is_empty_word(chosen) {
                 Self::commit_on_behalf(s, chosen, primary.unwrap_or(0));
             }
-            if let Some(replaced) = rules::repair_completed_delete(primary, &backups, chosen) {
+            if let Some(replaced) =
+                dmkit_kv_index::repair::repair_completed_delete(primary, &backups, chosen)
+            {
                 s.deletes.push((next, SLOT_OFF, replaced));
             }
             for n in &spaces {

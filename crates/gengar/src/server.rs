@@ -19,7 +19,7 @@ use dmkit_cache::{
     AccessReport, AdmissionConfig, DramCachePolicy, GlobalSelector, HotEntry, HotObject,
 };
 use dmkit_lease::{
-    Clock, LeaseConfig, LeaseError, LeaseTable, LeaseTuner, Tier, Timestamp, TunerConfig,
+    Clock, ExclusiveLeases, LeaseConfig, LeaseError, LeaseTable, LeaseTuner, Tier, TunerConfig,
 };
 use dmkit_pmem_pool::verbs::verbs_backing;
 use dmkit_pmem_pool::{Pool, PoolOptions};
@@ -113,7 +113,8 @@ pub struct GengarServer {
     heat: Mutex<HashMap<u64, f64>>,
     policy: Mutex<DramCachePolicy>,
     cached: Mutex<HashMap<u64, Cached>>,
-    locks: Mutex<HashMap<u64, (u64, Timestamp)>>,
+    /// Object locks: exclusive leases, so a crashed holder's lock runs out.
+    locks: ExclusiveLeases<u64, (), Arc<dyn Clock>>,
     window: Mutex<()>,
     cfg: ServerConfig,
     stats: ServerStats,
@@ -170,14 +171,14 @@ impl GengarServer {
         .map_err(|e| setup(&e))?;
         let tuner = LeaseTuner::new(cfg.tuner).map_err(|e| setup(&e))?;
         let server = Arc::new(GengarServer {
-            leases: LeaseTable::new(clock, cfg.lease),
+            leases: LeaseTable::new(clock.clone(), cfg.lease),
             tuner,
             // Every reported access counts towards the heat; `min_hot_count` applies to it.
             selector: GlobalSelector::new(1),
             heat: Mutex::new(HashMap::new()),
             policy: Mutex::new(policy),
             cached: Mutex::new(HashMap::new()),
-            locks: Mutex::new(HashMap::new()),
+            locks: ExclusiveLeases::new(clock),
             window: Mutex::new(()),
             node: node.clone(),
             nvm,
@@ -380,7 +381,7 @@ impl GengarServer {
         self.policy.lock().remove(off);
         self.heat.lock().remove(&off);
         self.tuner.forget(off);
-        self.locks.lock().remove(&off);
+        self.locks.remove(&off);
         let r = self.nvm.free_object(off as usize);
         drop(fence);
         match r {
@@ -398,25 +399,17 @@ impl GengarServer {
     }
 
     fn lock(&self, holder: u64, off: u64) -> dmkit_verbs::wire::Writer {
-        let now = self.leases.clock().now();
-        let mut locks = self.locks.lock();
-        match locks.get(&off) {
-            Some((h, exp)) if *h != holder && now < *exp => self.head(Status::Busy).u64(*h),
-            _ => {
-                locks.insert(off, (holder, now.saturating_add(self.cfg.lock_ttl)));
-                self.head(Status::Ok)
-            }
+        match self.locks.acquire(off, holder, (), self.cfg.lock_ttl) {
+            Ok(_) => self.head(Status::Ok),
+            Err(h) => self.head(Status::Busy).u64(h.token),
         }
     }
 
     fn unlock(&self, holder: u64, off: u64) -> dmkit_verbs::wire::Writer {
-        let mut locks = self.locks.lock();
-        match locks.get(&off) {
-            Some((h, _)) if *h == holder => {
-                locks.remove(&off);
-                self.head(Status::Ok)
-            }
-            _ => self.head(Status::NotHolder),
+        if self.locks.release(&off, holder) {
+            self.head(Status::Ok)
+        } else {
+            self.head(Status::NotHolder)
         }
     }
 
@@ -436,6 +429,8 @@ impl GengarServer {
     /// leases expired). Returns (promoted, evicted).
     pub fn run_window(&self) -> (usize, usize) {
         let _w = self.window.lock();
+        // Locks of holders that crashed ran out: forget them.
+        self.locks.prune();
         // What an object would take of the DRAM buffer: its slot there, not its payload (the
         // pool gives objects power-of-two slots). Objects too large for a DRAM slot are no
         // candidates.

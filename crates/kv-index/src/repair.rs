@@ -34,6 +34,82 @@ pub struct SlotConflict {
     pub backups: Vec<u64>,
 }
 
+/// The master's choice for a slot whose serving index replicas disagree (a SNAPSHOT round
+/// the fence cut short), as the FUSEE paper's failure algorithm does
+/// (the caller is FUSEE's master, or any layer that repairs an index after a failure): the old primary's
+/// value when it survived (`primary`), unless every surviving backup already agrees on
+/// another value (the round's winner may have committed); without the old primary, the
+/// value a majority of the surviving backups holds, else the smallest one (SNAPSHOT's rule
+/// 3). `valid(v)` says whether a non-empty word names a whole object (the caller reads it);
+/// an empty word is always valid for the caller to answer. 0 when nothing is valid.
+///
+/// ```
+/// use dmkit_kv_index::repair::repair_choice;
+///
+/// let ok = |_| Ok::<_, ()>(true);
+/// // The old primary survived and the backups agree on a newer value: the round's winner
+/// // had every backup, keep its value.
+/// assert_eq!(repair_choice(Some(0x10), &[0x20, 0x20], ok), Ok(0x20));
+/// // The backups disagree: the primary's value stands.
+/// assert_eq!(repair_choice(Some(0x10), &[0x20, 0x30], ok), Ok(0x10));
+/// // The primary is lost: the majority of the backups, else the smallest.
+/// assert_eq!(repair_choice(None, &[0x30, 0x20, 0x30], ok), Ok(0x30));
+/// assert_eq!(repair_choice(None, &[0x30, 0x20], ok), Ok(0x20));
+/// ```
+pub fn repair_choice<E>(
+    primary: Option<u64>,
+    backups: &[u64],
+    mut valid: impl FnMut(u64) -> Result<bool, E>,
+) -> Result<u64, E> {
+    Ok(match primary {
+        Some(p) => match backups.first().copied() {
+            Some(b) if b != p && backups.iter().all(|x| *x == b) && valid(b)? => b,
+            _ => p,
+        },
+        None => {
+            // At most one value holds a strict majority.
+            let majority = backups.iter().copied().find(|v| {
+                backups.iter().filter(|w| *w == v).count() * 2 > backups.len()
+                    && valid(*v).unwrap_or(false)
+            });
+            match majority {
+                Some(v) => v,
+                None => {
+                    let mut cands: Vec<u64> = backups.to_vec();
+                    cands.sort_unstable();
+                    cands.dedup();
+                    let mut pick = None;
+                    for v in cands {
+                        if valid(v)? {
+                            pick = Some(v);
+                            break;
+                        }
+                    }
+                    pick.unwrap_or(0)
+                }
+            }
+        }
+    })
+}
+
+/// Whether the repair's choice `chosen` for a conflicting slot completed a DELETE: the slot
+/// ends on a DELETE's tombstone where a replica held a key, or the old primary was lost.
+/// Returns the word the membership lists for the DELETE's writer to find
+/// (FUSEE's `rules::delete_listed`): the chosen tombstone itself. A DELETE's tombstone carries
+/// its writer's mark ([`crate::tombstone_by`]), so it names the one DELETE whose round
+/// the repair completed, and only that DELETE may count the deletion as its own.
+///
+/// (Until session 12 the list named the value replaced — 0, "any", when the old primary was
+/// lost — and every DELETE of that value cut short counted it, the first to claim reporting
+/// Deleted. The protocol model found two ways that goes wrong at r = 3: DELETEs of one value
+/// sharing one tombstone, and a DELETE that completed normally beside one cut short that
+/// then claimed "any" deletion — both reported Deleted.)
+pub fn repair_completed_delete(primary: Option<u64>, backups: &[u64], chosen: u64) -> Option<u64> {
+    let held_key =
+        primary.is_none_or(|p| !is_empty_word(p)) || backups.iter().any(|b| !is_empty_word(*b));
+    (is_empty_word(chosen) && chosen != 0 && held_key).then_some(chosen)
+}
+
 /// What a repair did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RepairReport {

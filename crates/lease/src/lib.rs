@@ -11,6 +11,10 @@
 //!   object. [`HeldLease`] is the holder's side.
 //! - [`LeaseTuner`]: per-object durations found by hill climbing — short for hot objects still
 //!   in NVM (promotion waits less), long for objects in DRAM (fewer re-grants).
+//! - [`ExclusiveLeases`]: one holder per key until its lease runs out — locks a crashed
+//!   holder cannot keep (Gengar's object locks, FUSEE's one-master-per-cluster claim).
+//! - [`ServingLease`]: a server's own lease on serving, renewed by a coordinator's heartbeats
+//!   or a majority of its peers, and self-fencing when it runs out (FUSEE's memory nodes).
 //!
 //! ```
 //! use std::time::Duration;
@@ -43,10 +47,14 @@
 
 mod clock;
 mod error;
+mod exclusive;
+mod standing;
 mod table;
 mod tuner;
 
 pub use clock::{Clock, SystemClock, Timestamp, VirtualClock};
 pub use error::LeaseError;
+pub use exclusive::{ExclusiveHolder, ExclusiveLeases};
+pub use standing::{ServingLease, Standing};
 pub use table::{Fence, HeldLease, Lease, LeaseConfig, LeaseStats, LeaseTable};
 pub use tuner::{LeaseTuner, Tier, TunerConfig};
