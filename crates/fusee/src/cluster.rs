@@ -16,7 +16,8 @@ use dmkit_verbs::wire::{Reader, Writer};
 use dmkit_verbs::{Endpoint, NodeId, RKey, RegionDesc, RemoteAddr};
 
 use crate::error::{Error, Result};
-use crate::memnode::{POOL_BASE, status, tag};
+use crate::memnode::{POOL_BASE, status};
+use dmkit_pmem_pool::remote::BlockRequest;
 
 /// Owner id of block 0 (the superblock) in every node's block table.
 pub const SUPER_OWNER: u64 = MAX_OWNER;
@@ -275,7 +276,7 @@ pub fn format(ep: &Endpoint, cfg: &ClusterConfig) -> Result<ClusterView> {
     cfg.validate()?;
     let mut block_size = 0;
     for node in &cfg.nodes {
-        let st = rpc(ep, *node, Writer::new().u8(tag::STAT).finish())?;
+        let st = rpc(ep, *node, BlockRequest::Stat.encode())?;
         let mut r = Reader::new(&st);
         let bs = r.u64().map_err(|e| Error::Node {
             node: *node,
@@ -294,12 +295,12 @@ pub fn format(ep: &Endpoint, cfg: &ClusterConfig) -> Result<ClusterView> {
             rpc(
                 ep,
                 *node,
-                Writer::new()
-                    .u8(tag::RESERVE)
-                    .u64(owner)
-                    .u64(first)
-                    .u64(count)
-                    .finish(),
+                BlockRequest::Reserve {
+                    owner,
+                    first,
+                    count,
+                }
+                .encode(),
             )
         };
         reserve(SUPER_OWNER, 0, 1)?;

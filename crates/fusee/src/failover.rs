@@ -43,6 +43,7 @@ use crate::membership::{self, Membership};
 use crate::memnode::{NO_OWNER, status, tag};
 use crate::object::{self, Commit, Op};
 use crate::verifier::slot_addr;
+use dmkit_pmem_pool::remote::BlockRequest;
 
 /// Opens a fresh connection to a memory node (one that restarted, or was unreachable).
 pub type Reconnect =
@@ -772,11 +773,7 @@ impl Master {
     }
 
     fn block_count(&self, node: NodeId) -> Result<u64> {
-        let body = self.block_rpc(
-            node,
-            &Writer::new().u8(tag::STAT).finish(),
-            "report its size",
-        )?;
+        let body = self.block_rpc(node, &BlockRequest::Stat.encode(), "report its size")?;
         let mut r = Reader::new(&body);
         let bad = |e: dmkit_verbs::wire::WireError| Error::Node {
             node,
@@ -789,7 +786,7 @@ impl Master {
     fn block_table(&self, node: NodeId) -> Result<HashMap<u64, u64>> {
         let body = self.block_rpc(
             node,
-            &Writer::new().u8(tag::BLOCK_TABLE).finish(),
+            &BlockRequest::BlockTable.encode(),
             "list its block table",
         )?;
         let mut r = Reader::new(&body);
@@ -809,11 +806,11 @@ impl Master {
     fn set_block(&self, node: NodeId, block: u64, owner: Option<u64>) -> Result<()> {
         let reply = self.master_rpc(
             node,
-            Writer::new()
-                .u8(tag::SET_BLOCK)
-                .u64(block)
-                .u64(owner.unwrap_or(NO_OWNER))
-                .finish(),
+            BlockRequest::SetBlock {
+                block,
+                owner: owner.unwrap_or(NO_OWNER),
+            }
+            .encode(),
         )?;
         match reply.first() {
             Some(&status::OK) => Ok(()),

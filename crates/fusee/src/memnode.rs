@@ -10,7 +10,8 @@
 use std::sync::Arc;
 
 use dmkit_lease::{ExclusiveLeases, ServingLease, SystemClock};
-use dmkit_pmem_pool::{BlockId, Pool};
+use dmkit_pmem_pool::Pool;
+use dmkit_pmem_pool::remote::{self, BlockRequest, ServeOptions};
 use dmkit_verbs::wire::{Reader, WireError, Writer};
 use dmkit_verbs::{Access, FnBacking, MemoryNode, NodeId, Peer, RegionDesc};
 
@@ -21,17 +22,10 @@ use crate::membership::Membership;
 pub const POOL_BASE: u64 = 1 << 44;
 
 pub(crate) mod tag {
-    pub const ALLOC_STRIPE: u8 = 1;
-    pub const ALLOC_AT: u8 = 2;
-    pub const FREE_BLOCK: u8 = 3;
-    pub const BLOCKS_OF: u8 = 4;
-    pub const STAT: u8 = 5;
-    pub const RESERVE: u8 = 6;
+    // (1–6, 10 and 11 are the pool's block service: `dmkit_pmem_pool::remote::tag`.)
     pub const MEMBERSHIP_GET: u8 = 7;
     pub const MEMBERSHIP_SET: u8 = 8;
     pub const REKEY: u8 = 9;
-    pub const BLOCK_TABLE: u8 = 10;
-    pub const SET_BLOCK: u8 = 11;
     pub const SET_FENCED: u8 = 12;
     pub const HEARTBEAT: u8 = 13;
     pub const VOUCH: u8 = 14;
@@ -44,17 +38,17 @@ pub(crate) mod tag {
 /// The `kind` label of a FUSEE RPC's latency.
 fn rpc_kind(tag: Option<u8>) -> &'static str {
     match tag {
-        Some(tag::ALLOC_STRIPE) => "alloc_stripe",
-        Some(tag::ALLOC_AT) => "alloc_at",
-        Some(tag::FREE_BLOCK) => "free_block",
-        Some(tag::BLOCKS_OF) => "blocks_of",
-        Some(tag::STAT) => "stat",
-        Some(tag::RESERVE) => "reserve",
+        Some(remote::tag::ALLOC_STRIPE) => "alloc_stripe",
+        Some(remote::tag::ALLOC_AT) => "alloc_at",
+        Some(remote::tag::FREE_BLOCK) => "free_block",
+        Some(remote::tag::BLOCKS_OF) => "blocks_of",
+        Some(remote::tag::STAT) => "stat",
+        Some(remote::tag::RESERVE) => "reserve",
         Some(tag::MEMBERSHIP_GET) => "membership_get",
         Some(tag::MEMBERSHIP_SET) => "membership_set",
         Some(tag::REKEY) => "rekey",
-        Some(tag::BLOCK_TABLE) => "block_table",
-        Some(tag::SET_BLOCK) => "set_block",
+        Some(remote::tag::BLOCK_TABLE) => "block_table",
+        Some(remote::tag::SET_BLOCK) => "set_block",
         Some(tag::SET_FENCED) => "set_fenced",
         Some(tag::HEARTBEAT) => "heartbeat",
         Some(tag::VOUCH) => "vouch",
@@ -65,18 +59,11 @@ fn rpc_kind(tag: Option<u8>) -> &'static str {
     }
 }
 
-/// "No owner" in a SET_BLOCK request.
-pub(crate) const NO_OWNER: u64 = u64::MAX;
+pub(crate) use dmkit_pmem_pool::remote::NO_OWNER;
 
-pub(crate) mod status {
-    pub const OK: u8 = 0;
-    pub const TAKEN: u8 = 1;
-    pub const OUT_OF_BLOCKS: u8 = 2;
-    pub const FAILED: u8 = 3;
-    /// The node is not serving (fenced, not a member, or its membership is being repaired):
-    /// ask again in the next epoch.
-    pub const REFUSED: u8 = 4;
-}
+/// Reply statuses: the block service's (`REFUSED`: the node is not serving — fenced, not a
+/// member, or its membership is being repaired: ask again in the next epoch).
+pub(crate) use dmkit_pmem_pool::remote::status;
 
 /// The pool's data area as verbs-registrable memory.
 pub fn pool_backing(pool: &Arc<Pool>) -> FnBacking {
@@ -323,136 +310,23 @@ impl Memnode {
         }
     }
 
-    /// Blocks kept back for DELETEs (see [`Self::short_of_blocks`]): 1/64 of the pool, at
-    /// least 2 and at most 64.
-    fn reserved_blocks(&self) -> usize {
-        (self.pool.block_count() / 64).clamp(2, 64)
-    }
-
-    /// A block request's optional last byte: 1 = it may use the reserve (a DELETE's object).
-    fn reserve_flag(r: &mut Reader<'_>) -> std::result::Result<bool, WireError> {
-        let reserve = if r.remaining() > 0 {
-            r.u8()? != 0
-        } else {
-            false
-        };
-        r.finish()?;
-        Ok(reserve)
-    }
-
-    /// The refusal of a block request when only the reserve is left and the request may not
-    /// use it. A full cluster must still take DELETEs (each writes a small log object, and a
-    /// client new since the pool filled owns no block to take it from): without a reserve,
-    /// nothing could be deleted to make room.
-    fn short_of_blocks(&self, reserve: bool) -> Option<Vec<u8>> {
-        let free = self.pool.free_blocks();
-        let kept = self.reserved_blocks();
-        (!reserve && free <= kept).then(|| {
-            Writer::new()
-                .u8(status::OUT_OF_BLOCKS)
-                .bytes(
-                    format!(
-                        "out of space: {free} free block(s), kept for deletes (delete keys to make room)"
-                    )
-                    .as_bytes(),
-                )
-                .finish()
-        })
-    }
-
     fn dispatch(&self, req: &[u8]) -> std::result::Result<Vec<u8>, WireError> {
-        let mut r = Reader::new(req);
-        let fail = |e: dmkit_pmem_pool::Error| {
-            let code = match e {
-                dmkit_pmem_pool::Error::OutOfBlocks { .. } => status::OUT_OF_BLOCKS,
-                dmkit_pmem_pool::Error::BlockTaken { .. } => status::TAKEN,
-                _ => status::FAILED,
-            };
-            Writer::new()
-                .u8(code)
-                .bytes(e.to_string().as_bytes())
-                .finish()
-        };
-        let kind = r.u8()?;
-        if matches!(kind, tag::ALLOC_STRIPE | tag::ALLOC_AT | tag::FREE_BLOCK) && !self.serving() {
-            // Block tables change only in an active epoch: a refill copies them consistently.
-            return Ok(Writer::new()
-                .u8(status::REFUSED)
-                .bytes(b"not serving block requests while the membership changes")
-                .finish());
+        if let Some(block_req) = BlockRequest::decode(req)? {
+            if block_req.allocates() && !self.serving() {
+                // Block tables change only in an active epoch: a refill copies them consistently.
+                return Ok(remote::refused(
+                    "not serving block requests while the membership changes",
+                ));
+            }
+            return Ok(remote::serve(
+                &self.pool,
+                &block_req,
+                &ServeOptions::default(),
+            ));
         }
+        let mut r = Reader::new(req);
+        let kind = r.u8()?;
         Ok(match kind {
-            tag::ALLOC_STRIPE => {
-                let (owner, stride, rem, min) = (r.u64()?, r.u16()?, r.u16()?, r.u64()?);
-                let reserve = Self::reserve_flag(&mut r)?;
-                if let Some(full) = self.short_of_blocks(reserve) {
-                    return Ok(full);
-                }
-                let stride = u64::from(stride.max(1));
-                match self
-                    .pool
-                    .alloc_block_where(owner, |b| b.0 >= min && b.0 % stride == u64::from(rem))
-                {
-                    Ok(b) => Writer::new().u8(status::OK).u64(b.0).finish(),
-                    Err(e) => fail(e),
-                }
-            }
-            tag::ALLOC_AT => {
-                let (owner, block) = (r.u64()?, r.u64()?);
-                let reserve = Self::reserve_flag(&mut r)?;
-                if self.pool.block_owner(BlockId(block)) == Some(owner) {
-                    // Already mirrored for this owner (a refill copied the table first).
-                    return Ok(Writer::new().u8(status::OK).finish());
-                }
-                if let Some(full) = self.short_of_blocks(reserve) {
-                    return Ok(full);
-                }
-                match self.pool.alloc_block_at(BlockId(block), owner) {
-                    Ok(()) => Writer::new().u8(status::OK).finish(),
-                    Err(e) => fail(e),
-                }
-            }
-            tag::FREE_BLOCK => {
-                let (owner, block) = (r.u64()?, r.u64()?);
-                r.finish()?;
-                if self.pool.block_owner(BlockId(block)) != Some(owner) {
-                    Writer::new().u8(status::TAKEN).finish()
-                } else {
-                    match self.pool.free_block(BlockId(block)) {
-                        Ok(()) => Writer::new().u8(status::OK).finish(),
-                        Err(e) => fail(e),
-                    }
-                }
-            }
-            tag::BLOCKS_OF => {
-                let owner = r.u64()?;
-                r.finish()?;
-                let blocks = self.pool.blocks_owned_by(owner);
-                let mut w = Writer::new().u8(status::OK).u32(blocks.len() as u32);
-                for b in blocks {
-                    w = w.u64(b.0);
-                }
-                w.finish()
-            }
-            tag::STAT => {
-                r.finish()?;
-                Writer::new()
-                    .u8(status::OK)
-                    .u64(self.pool.block_size() as u64)
-                    .u64(self.pool.block_count() as u64)
-                    .u64(self.pool.free_blocks() as u64)
-                    .finish()
-            }
-            tag::RESERVE => {
-                let (owner, first, count) = (r.u64()?, r.u64()?, r.u64()?);
-                r.finish()?;
-                for b in first..first.saturating_add(count) {
-                    if let Err(e) = self.pool.alloc_block_at(BlockId(b), owner) {
-                        return Ok(fail(e));
-                    }
-                }
-                Writer::new().u8(status::OK).finish()
-            }
             tag::MEMBERSHIP_GET => {
                 r.finish()?;
                 let m = self.membership.lock().clone();
@@ -607,37 +481,6 @@ impl Memnode {
                 let fenced = r.u8()? != 0;
                 r.finish()?;
                 self.node.set_fenced(fenced);
-                Writer::new().u8(status::OK).finish()
-            }
-            tag::BLOCK_TABLE => {
-                r.finish()?;
-                let all: Vec<_> = (0..self.pool.block_count() as u64)
-                    .filter_map(|b| self.pool.block_owner(BlockId(b)).map(|o| (b, o)))
-                    .collect();
-                let mut w = Writer::new().u8(status::OK).u32(all.len() as u32);
-                for (b, o) in all {
-                    w = w.u64(b).u64(o);
-                }
-                w.finish()
-            }
-            tag::SET_BLOCK => {
-                let (block, owner) = (r.u64()?, r.u64()?);
-                r.finish()?;
-                let b = BlockId(block);
-                let cur = self.pool.block_owner(b);
-                if cur == (owner != NO_OWNER).then_some(owner) {
-                    return Ok(Writer::new().u8(status::OK).finish());
-                }
-                if cur.is_some() {
-                    if let Err(e) = self.pool.free_block(b) {
-                        return Ok(fail(e));
-                    }
-                }
-                if owner != NO_OWNER {
-                    if let Err(e) = self.pool.alloc_block_at(b, owner) {
-                        return Ok(fail(e));
-                    }
-                }
                 Writer::new().u8(status::OK).finish()
             }
             _ => return Err(WireError("request kind")),

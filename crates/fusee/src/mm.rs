@@ -4,16 +4,17 @@
 use std::collections::BTreeMap;
 
 use dmkit_kv_index::Slot;
-use dmkit_verbs::wire::{Reader, Writer};
+use dmkit_verbs::wire::Reader;
 use dmkit_verbs::{Batch, NodeId};
 
 use crate::alloc::{self, BlockGeometry, FreeObject, OwnedBlock};
 use crate::client::{Inner, tags};
 use crate::cluster::ClusterView;
 use crate::error::{Error, Result};
-use crate::memnode::{status, tag};
+use crate::memnode::status;
 use crate::object::{self, Addr, Op};
 use crate::verifier::slot_addr;
+use dmkit_pmem_pool::remote::BlockRequest;
 
 impl Inner {
     pub(crate) fn block_rpc(&self, node: NodeId, req: Vec<u8>) -> Result<(u8, Vec<u8>)> {
@@ -63,14 +64,14 @@ impl Inner {
                 // A failed node's stripe waits for it to rejoin.
                 continue;
             }
-            let req = Writer::new()
-                .u8(tag::ALLOC_STRIPE)
-                .u64(self.id)
-                .u16(n as u16)
-                .u16(pos as u16)
-                .u64(view.first_data_block())
-                .u8(u8::from(reserve))
-                .finish();
+            let req = BlockRequest::AllocStripe {
+                owner: self.id,
+                stride: n as u16,
+                rem: pos as u16,
+                min: view.first_data_block(),
+                reserve,
+            }
+            .encode();
             let (st, rest) = match self.block_rpc_async(node, req).await {
                 Ok(r) => r,
                 Err(e) => {
@@ -108,12 +109,12 @@ impl Inner {
         let view = self.view();
         let replicas = view.block_replicas(block);
         for (k, node) in replicas.iter().enumerate().skip(1) {
-            let req = Writer::new()
-                .u8(tag::ALLOC_AT)
-                .u64(self.id)
-                .u64(block)
-                .u8(u8::from(reserve))
-                .finish();
+            let req = BlockRequest::AllocAt {
+                owner: self.id,
+                block,
+                reserve,
+            }
+            .encode();
             let (st, _) = self.block_rpc_async(*node, req).await?;
             if st == status::TAKEN {
                 // The replica's table holds the block for another owner: a node that came
@@ -121,11 +122,11 @@ impl Inner {
                 // that is ending. Give the block back where this client took it, and let the
                 // operation retry in the next membership.
                 for n in &replicas[..k] {
-                    let req = Writer::new()
-                        .u8(tag::FREE_BLOCK)
-                        .u64(self.id)
-                        .u64(block)
-                        .finish();
+                    let req = BlockRequest::FreeBlock {
+                        owner: self.id,
+                        block,
+                    }
+                    .encode();
                     let _ = self.block_rpc_async(*n, req).await;
                 }
                 tracing::debug!(node = %node, block, "mirror taken on a replica; retrying in the next membership");

@@ -26,15 +26,16 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use dmkit_kv_index::{ResumeOutcome, Slot};
-use dmkit_verbs::wire::{Reader, Writer};
+use dmkit_verbs::wire::Reader;
 use dmkit_verbs::{Endpoint, NodeId};
 
 use crate::alloc::{self, BlockGeometry, FreeObject, OwnedBlock};
 use crate::client::{Client, ClientConfig, tags};
 use crate::error::{Error, Result};
-use crate::memnode::{status, tag};
+use crate::memnode::status;
 use crate::object::{self, Addr, KvObject, Op};
 use crate::verifier::{Verifier, slot_addr};
+use dmkit_pmem_pool::remote::BlockRequest;
 
 /// How long each step of a recovery took (the paper's breakdown) and what it did.
 #[derive(Debug, Clone, Default)]
@@ -112,10 +113,8 @@ impl Client {
         let view = inner.view().clone();
         let mut owned = Vec::new();
         for node in &view.members {
-            let (st, rest) = inner.block_rpc(
-                *node,
-                Writer::new().u8(tag::BLOCKS_OF).u64(inner.id).finish(),
-            )?;
+            let (st, rest) =
+                inner.block_rpc(*node, BlockRequest::BlocksOf { owner: inner.id }.encode())?;
             if st != status::OK {
                 return Err(Error::Node {
                     node: *node,
@@ -532,12 +531,11 @@ impl crate::client::Inner {
     fn release_block(&self, block: u64, primary: NodeId) -> Result<()> {
         let _ = primary;
         for node in self.view().block_replicas(block) {
-            let req = Writer::new()
-                .u8(tag::FREE_BLOCK)
-                .u64(self.id)
-                .u64(block)
-                .finish();
-            let _ = self.block_rpc(node, req)?;
+            let req = BlockRequest::FreeBlock {
+                owner: self.id,
+                block,
+            };
+            let _ = self.block_rpc(node, req.encode())?;
         }
         Ok(())
     }

@@ -44,6 +44,8 @@ mod pool;
 mod redo;
 mod stats;
 
+#[cfg(feature = "verbs")]
+pub mod remote;
 #[cfg(any(test, feature = "test_utils"))]
 pub mod test_utils;
 #[cfg(feature = "verbs")]
