@@ -553,7 +553,7 @@ impl Client {
 
     /// Blocks this client owns (data blocks, across the cluster).
     pub fn owned_blocks(&self) -> usize {
-        self.inner.free.lock().blocks.len()
+        self.inner.free.lock().slabs.blocks.len()
     }
 
     /// The size class of each data block this client owns.
@@ -561,6 +561,7 @@ impl Client {
         self.inner
             .free
             .lock()
+            .slabs
             .blocks
             .iter()
             .map(|b| b.class)

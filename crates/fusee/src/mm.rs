@@ -141,9 +141,8 @@ impl Inner {
         }
         let bs = view.block_size;
         let mut image = vec![0u8; bs as usize];
-        image[0..4].copy_from_slice(&alloc::BLOCK_MAGIC.to_le_bytes());
-        image[4] = class as u8;
-        image[8..16].copy_from_slice(&self.id.to_le_bytes());
+        image[..alloc::BLOCK_HEADER as usize]
+            .copy_from_slice(&dmkit_pmem_pool::slabs::block_header(class, self.id));
         let batches = replicas
             .iter()
             .filter_map(|node| {
@@ -158,7 +157,7 @@ impl Inner {
         }
         let g = BlockGeometry::new(bs, class);
         let mut f = self.free.lock();
-        f.blocks.push(OwnedBlock { id: block, class });
+        f.slabs.blocks.push(OwnedBlock { id: block, class });
         for i in 0..g.objects {
             f.push(
                 class,
@@ -179,7 +178,7 @@ impl Inner {
     /// marks each reclaimed (so a crash cannot resurrect it), learns its generation, clears its
     /// bit. Two round trips for all blocks. Returns how many objects came back.
     pub(crate) async fn reclaim(&self) -> Result<usize> {
-        let blocks = self.free.lock().blocks.clone();
+        let blocks = self.free.lock().slabs.blocks.clone();
         if blocks.is_empty() {
             return Ok(0);
         }

@@ -308,7 +308,7 @@ impl Client {
             let mut fl = inner.free.lock();
             for (blk, _, _) in &blocks {
                 if blk.class != usize::MAX {
-                    fl.blocks.push(*blk);
+                    fl.slabs.blocks.push(*blk);
                 }
             }
             for (class, o) in free_now {

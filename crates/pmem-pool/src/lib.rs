@@ -46,6 +46,7 @@ mod stats;
 
 #[cfg(feature = "verbs")]
 pub mod remote;
+pub mod slabs;
 #[cfg(any(test, feature = "test_utils"))]
 pub mod test_utils;
 #[cfg(feature = "verbs")]
