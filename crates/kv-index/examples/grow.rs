@@ -3,13 +3,13 @@
 //! Prints the round trips per operation from the verbs layer's accounting.
 //!
 //! ```text
-//! cargo run -p dmkit-kv-index --features test_utils --example grow
+//! cargo run -p dmkit-kv-index --example grow
 //! ```
 
 use std::sync::Arc;
 
-use dmkit_kv_index::test_utils::KeyStore;
-use dmkit_kv_index::{IndexConfig, IndexReplicaSpace, InsertOutcome, RaceIndex, tags};
+use dmkit_kv_index::objects::{ObjectVerifier, encode_record};
+use dmkit_kv_index::{IndexConfig, IndexReplicaSpace, InsertOutcome, ObjPtr, RaceIndex, tags};
 use dmkit_verbs::sim::{SimCluster, SimConfig};
 use dmkit_verbs::{Access, DramBacking, MemoryNode, NodeId};
 
@@ -33,18 +33,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..IndexConfig::default()
     };
     RaceIndex::format(&cluster.endpoint(0)?, &config, &spaces)?;
-    let keys = KeyStore::new(objects);
+    // The keys live in records (the index's general object format) in the object regions.
+    let keys = ObjectVerifier::records(objects.clone());
 
     const PER_CLIENT: u64 = 20_000;
     std::thread::scope(|s| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         let handles: Vec<_> = (0..3u64)
             .map(|c| {
-                let (cluster, spaces, keys) = (&cluster, &spaces, &keys);
+                let (cluster, spaces, keys, objects) = (&cluster, &spaces, &keys, &objects);
                 s.spawn(move || -> Result<(), dmkit_kv_index::Error> {
                     let idx = RaceIndex::open(&cluster.endpoint(c + 1)?, spaces)?;
                     for i in 0..PER_CLIENT {
                         let key = format!("user:{c}:{i}");
-                        let slot = idx.slot_for(key.as_bytes(), keys.put(idx.endpoint(), key.as_bytes())?)?;
+                        // Each key's record in its own 64-byte unit, spread over the nodes.
+                        let (n, unit) = ((c + i) % 3, c * PER_CLIENT + i);
+                        let rec = encode_record(key.as_bytes(), b"");
+                        idx.endpoint().write("put", objects[n as usize].at(unit * 64), &rec)?;
+                        let ptr = ObjPtr { node: NodeId(n as u16), offset: unit * 64, len_class: 1 };
+                        let slot = idx.slot_for(key.as_bytes(), ptr)?;
                         let out = idx.insert(keys, key.as_bytes(), slot)?;
                         assert!(matches!(out, InsertOutcome::Inserted { .. }));
                     }

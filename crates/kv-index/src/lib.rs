@@ -120,6 +120,7 @@ mod error;
 mod hooks;
 mod index;
 mod layout;
+pub mod objects;
 pub mod repair;
 mod slot;
 mod snapshot;

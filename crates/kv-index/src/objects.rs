@@ -1,0 +1,207 @@
+//! A general object verifier, for KV layers that keep their keys inside their objects: the
+//! index's slots point to objects ([`crate::ObjPtr`]: a node, an offset in that node's object
+//! region, a length); [`ObjectVerifier`] reads the candidates (one batch per node, every node
+//! in one round trip) and asks the layer's `key_of` where each object's key is.
+//!
+//! For layers with no object format of their own there is one here: a [`record`] is
+//! `key length u32 | value length u32 | key | value`, little-endian ([`encode_record`],
+//! [`decode_record`]); [`ObjectVerifier::records`] verifies it.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use dmkit_kv_index::objects::{ObjectVerifier, decode_record, encode_record};
+//! use dmkit_kv_index::{IndexConfig, IndexReplicaSpace, InsertOutcome, ObjPtr, RaceIndex};
+//! use dmkit_verbs::sim::{SimCluster, SimConfig};
+//! use dmkit_verbs::{Access, DramBacking, MemoryNode, NodeId};
+//!
+//! let cluster = SimCluster::new(SimConfig::default());
+//! let node = Arc::new(MemoryNode::new(NodeId(0)));
+//! let index = node.register(Arc::new(DramBacking::new(4 << 20)), Access::ALL, None)?;
+//! let objects = node.register(Arc::new(DramBacking::new(1 << 20)), Access::ALL, None)?;
+//! cluster.add_node(node);
+//! let space = [IndexReplicaSpace { region: index, offset: 0, len: index.len }];
+//! let ep = cluster.endpoint(1)?;
+//! RaceIndex::format(&ep, &IndexConfig::default(), &space)?;
+//! let idx = RaceIndex::open(&ep, &space)?;
+//! let verifier = ObjectVerifier::records(vec![objects]);
+//!
+//! // The KV layer writes the object, then puts its pointer in the index.
+//! let rec = encode_record(b"fruit", b"apple");
+//! ep.write("put", objects.at(0), &rec)?;
+//! let ptr = ObjPtr { node: NodeId(0), offset: 0, len_class: ObjPtr::len_class_of(rec.len()).unwrap() };
+//! let out = idx.insert(&verifier, b"fruit", idx.slot_for(b"fruit", ptr)?)?;
+//! assert!(matches!(out, InsertOutcome::Inserted { .. }));
+//! assert_eq!(idx.search(&verifier, b"fruit")?.map(|s| s.ptr()), Some(ptr));
+//! // Reading it back (objects are read whole: 64-byte units).
+//! let found = idx.search(&verifier, b"fruit")?.unwrap();
+//! let bytes = verifier.read(&ep, &found)?;
+//! assert_eq!(decode_record(&bytes), Some((&b"fruit"[..], &b"apple"[..])));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use dmkit_verbs::{Endpoint, NodeId, RegionDesc};
+
+use crate::error::{Error, Result};
+use crate::slot::Slot;
+use crate::verifier::{BoxFuture, KeyVerifier};
+
+/// Tag of the verifier's reads.
+pub const TAG: &str = "kv_index.objects";
+
+/// A record: `key length u32 | value length u32 | key | value`.
+pub fn encode_record(key: &[u8], value: &[u8]) -> Vec<u8> {
+    let mut r = Vec::with_capacity(8 + key.len() + value.len());
+    r.extend_from_slice(&(key.len() as u32).to_le_bytes());
+    r.extend_from_slice(&(value.len() as u32).to_le_bytes());
+    r.extend_from_slice(key);
+    r.extend_from_slice(value);
+    r
+}
+
+/// The key and value of a record (`bytes` may run past its end: objects are padded).
+pub fn decode_record(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
+    let klen = u32::from_le_bytes(bytes.get(..4)?.try_into().ok()?) as usize;
+    let vlen = u32::from_le_bytes(bytes.get(4..8)?.try_into().ok()?) as usize;
+    let key = bytes.get(8..8usize.checked_add(klen)?)?;
+    let value = bytes.get(8 + klen..(8 + klen).checked_add(vlen)?)?;
+    Some((key, value))
+}
+
+fn record_key(bytes: &[u8]) -> Option<&[u8]> {
+    decode_record(bytes).map(|(k, _)| k)
+}
+
+/// Reads the objects slots point to, and finds keys in them with `key_of`.
+pub struct ObjectVerifier<F = fn(&[u8]) -> Option<&[u8]>> {
+    regions: Vec<RegionDesc>,
+    key_of: F,
+}
+
+impl<F> std::fmt::Debug for ObjectVerifier<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObjectVerifier")
+            .field("regions", &self.regions)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ObjectVerifier {
+    /// A verifier of [`encode_record`] objects in `regions` (one object region per node).
+    pub fn records(regions: Vec<RegionDesc>) -> Self {
+        Self::new(regions, record_key)
+    }
+}
+
+impl<F: Fn(&[u8]) -> Option<&[u8]> + Send + Sync> ObjectVerifier<F> {
+    /// A verifier of objects in `regions` (one per node; a slot's offset is in its node's
+    /// region) whose key `key_of` finds (`None`: the object does not decode).
+    pub fn new(regions: Vec<RegionDesc>, key_of: F) -> Self {
+        Self { regions, key_of }
+    }
+
+    /// The object region on `node`.
+    pub fn region(&self, node: NodeId) -> Result<RegionDesc> {
+        self.regions
+            .iter()
+            .find(|r| r.node == node)
+            .copied()
+            .ok_or_else(|| Error::Verifier(format!("no object region on node {node}")))
+    }
+
+    /// The bytes of the objects `slots` point to, in order: one batch per node, all in one
+    /// round trip.
+    pub async fn read_many_async(&self, ep: &Endpoint, slots: &[Slot]) -> Result<Vec<Vec<u8>>> {
+        let mut batches: Vec<(NodeId, dmkit_verbs::Batch)> = Vec::new();
+        let mut at = Vec::with_capacity(slots.len());
+        for s in slots {
+            let r = self.region(s.node())?;
+            if s.offset() + s.object_len() as u64 > r.len {
+                return Err(Error::Verifier(format!(
+                    "slot {:#x} points outside its region",
+                    s.raw()
+                )));
+            }
+            let i = match batches.iter().position(|(n, _)| *n == s.node()) {
+                Some(i) => i,
+                None => {
+                    batches.push((s.node(), ep.batch(s.node())));
+                    batches.len() - 1
+                }
+            };
+            at.push((i, batches[i].1.read(r.at(s.offset()), s.object_len())));
+        }
+        let done = ep
+            .execute_many_async(TAG, batches.into_iter().map(|b| b.1).collect())
+            .await
+            .into_iter()
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        Ok(at
+            .into_iter()
+            .map(|(i, op)| done[i].read(op).to_vec())
+            .collect())
+    }
+
+    /// The bytes of the object `slot` points to (one round trip).
+    pub fn read(&self, ep: &Endpoint, slot: &Slot) -> Result<Vec<u8>> {
+        let mut v = dmkit_verbs::block_on(self.read_many_async(ep, std::slice::from_ref(slot)))?;
+        Ok(v.pop().unwrap_or_default())
+    }
+
+    fn keys_of(&self, objects: Vec<Vec<u8>>) -> Vec<Option<Vec<u8>>> {
+        objects
+            .iter()
+            .map(|o| (self.key_of)(o).map(<[u8]>::to_vec))
+            .collect()
+    }
+}
+
+impl<F: Fn(&[u8]) -> Option<&[u8]> + Send + Sync> KeyVerifier for ObjectVerifier<F> {
+    fn keys(&self, ep: &Endpoint, slots: &[Slot]) -> Result<Vec<Vec<u8>>> {
+        let objects = dmkit_verbs::block_on(self.read_many_async(ep, slots))?;
+        self.keys_of(objects)
+            .into_iter()
+            .map(|k| k.ok_or_else(|| Error::Verifier("an object does not decode".into())))
+            .collect()
+    }
+
+    fn find(&self, ep: &Endpoint, key: &[u8], candidates: &[Slot]) -> Result<Option<usize>> {
+        dmkit_verbs::block_on(self.find_async(ep, key, candidates))
+    }
+
+    fn find_async<'a>(
+        &'a self,
+        ep: &'a Endpoint,
+        key: &'a [u8],
+        candidates: &'a [Slot],
+    ) -> BoxFuture<'a, Result<Option<usize>>> {
+        Box::pin(async move {
+            if candidates.is_empty() {
+                return Ok(None);
+            }
+            let objects = self.read_many_async(ep, candidates).await?;
+            // (An object that does not decode — freed and reused — holds no key.)
+            Ok(self
+                .keys_of(objects)
+                .iter()
+                .position(|k| k.as_deref() == Some(key)))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_decode_and_refuse_lying_lengths() {
+        let r = encode_record(b"k", b"value");
+        assert_eq!(decode_record(&r), Some((&b"k"[..], &b"value"[..])));
+        let mut padded = r.clone();
+        padded.resize(64, 0);
+        assert_eq!(decode_record(&padded), Some((&b"k"[..], &b"value"[..])));
+        assert_eq!(decode_record(&r[..7]), None);
+        let mut lying = r;
+        lying[0..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(decode_record(&lying), None);
+    }
+}
