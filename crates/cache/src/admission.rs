@@ -21,6 +21,16 @@ pub struct AdmissionConfig {
     pub min_residency_windows: u64,
 }
 
+impl AdmissionConfig {
+    /// The default settings for a buffer of `capacity_bytes`.
+    pub fn with_capacity(capacity_bytes: u64) -> Self {
+        Self {
+            capacity_bytes,
+            ..Self::default()
+        }
+    }
+}
+
 impl Default for AdmissionConfig {
     fn default() -> Self {
         Self {

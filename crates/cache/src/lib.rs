@@ -11,6 +11,8 @@
 //!   hysteresis and a minimum residency so that objects do not flap; the caller copies.
 //! - [`AddressCache`] is a bounded CLOCK cache with hit/miss statistics that reports
 //!   [`should_bypass`](AddressCache::should_bypass) while its miss ratio is high.
+//! - [`HotTier`] puts counting, selection, admission and the resident copies together, for a
+//!   process that keeps hot objects' bytes in its own DRAM.
 //!
 //! ```
 //! use dmkit_cache::{AccessCounter, AdmissionConfig, CounterConfig, DramCachePolicy, GlobalSelector};
@@ -46,6 +48,7 @@ mod counter;
 mod error;
 mod selector;
 mod sketch;
+mod tier;
 
 pub use address::{AddressCache, AddressCacheConfig, AddressCacheStats};
 pub use admission::{AdmissionConfig, DramCachePolicy, Plan};
@@ -53,3 +56,4 @@ pub use counter::{AccessCounter, AccessReport, CounterConfig, HotEntry};
 pub use error::CacheError;
 pub use selector::{GlobalSelector, HotObject, Selection};
 pub use sketch::CountMinSketch;
+pub use tier::HotTier;

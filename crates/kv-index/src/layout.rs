@@ -53,6 +53,15 @@ pub struct IndexReplicaSpace {
 }
 
 impl IndexReplicaSpace {
+    /// The `len` bytes at `offset` of `region`.
+    pub const fn new(region: RegionDesc, offset: u64, len: u64) -> Self {
+        Self {
+            region,
+            offset,
+            len,
+        }
+    }
+
     pub(crate) fn at(&self, off: u64) -> RemoteAddr {
         self.region.at(self.offset + off)
     }

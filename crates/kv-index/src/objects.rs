@@ -92,6 +92,14 @@ impl ObjectVerifier {
     }
 }
 
+impl ObjectVerifier {
+    /// The value of the record `slot` points to (one round trip); `None` if the object does
+    /// not decode as a record.
+    pub fn read_value(&self, ep: &Endpoint, slot: &Slot) -> Result<Option<Vec<u8>>> {
+        Ok(decode_record(&self.read(ep, slot)?).map(|(_, v)| v.to_vec()))
+    }
+}
+
 impl<F: Fn(&[u8]) -> Option<&[u8]> + Send + Sync> ObjectVerifier<F> {
     /// A verifier of objects in `regions` (one per node; a slot's offset is in its node's
     /// region) whose key `key_of` finds (`None`: the object does not decode).

@@ -218,6 +218,17 @@ impl Pool {
         }
     }
 
+    /// Opens the pool file at `path` (recovering it after a crash) if it exists, else creates
+    /// it with `size` and `opts` (a restarted server finds its pool, a new one makes it).
+    pub fn open_or_create(path: impl AsRef<Path>, size: usize, opts: PoolOptions) -> Result<Pool> {
+        let path = path.as_ref();
+        if path.exists() {
+            Pool::open(path)
+        } else {
+            Pool::create(path, size, opts)
+        }
+    }
+
     /// Opens the pool file at `path` with the default backend, recovering it after a crash.
     pub fn open(path: impl AsRef<Path>) -> Result<Pool> {
         Pool::open_with(path, FileBackend::Auto)

@@ -366,6 +366,111 @@ pub fn serve(pool: &Pool, req: &BlockRequest, opts: &ServeOptions) -> Vec<u8> {
     }
 }
 
+/// A memory node serving `pool`: its data area is the node's one region (NVM when the pool is
+/// persistent), and its RPCs are the block service ([`serve`], default options). Serve it with
+/// any verbs backend.
+pub fn memory_node(
+    id: dmkit_verbs::NodeId,
+    pool: std::sync::Arc<Pool>,
+) -> Result<std::sync::Arc<dmkit_verbs::MemoryNode>, dmkit_verbs::Error> {
+    let node = std::sync::Arc::new(dmkit_verbs::MemoryNode::new(id));
+    let backing = crate::verbs::verbs_backing(&pool);
+    node.register(std::sync::Arc::new(backing), dmkit_verbs::Access::ALL, None)?;
+    node.set_rpc_handler(std::sync::Arc::new(
+        move |_: &dmkit_verbs::Peer, req: &[u8]| match BlockRequest::decode(req) {
+            Ok(Some(r)) => Ok(serve(&pool, &r, &ServeOptions::default())),
+            Ok(None) => Err("not a block request".to_string()),
+            Err(e) => Err(format!("malformed block request: {e}")),
+        },
+    ));
+    Ok(node)
+}
+
+/// Why a remote allocation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AllocError {
+    #[error("an object of {0} bytes is larger than the largest size class")]
+    TooLarge(usize),
+    #[error("block request: {0}")]
+    Verbs(#[from] dmkit_verbs::Error),
+    #[error(transparent)]
+    Reply(#[from] ReplyError),
+}
+
+/// A client's objects in remote pools: blocks fetched from the nodes' block services (one RPC
+/// per block, the nodes in turn), carved into objects by size class locally
+/// ([`crate::slabs`]). An object is `(node, offset in the node's pool region)`.
+#[derive(Debug)]
+pub struct RemoteSlabs {
+    owner: u64,
+    block_size: u64,
+    min_block: u64,
+    nodes: Vec<dmkit_verbs::NodeId>,
+    lists: parking_lot::Mutex<crate::slabs::SlabLists<(dmkit_verbs::NodeId, u64)>>,
+}
+
+impl RemoteSlabs {
+    /// Slabs of client `owner` over the pools of `nodes` (blocks of `block_size` bytes; blocks
+    /// below `min_block` are never handed out — e.g. reserved for an index).
+    pub fn new(
+        owner: u64,
+        block_size: u64,
+        min_block: u64,
+        nodes: Vec<dmkit_verbs::NodeId>,
+    ) -> Self {
+        Self {
+            owner,
+            block_size,
+            min_block,
+            nodes,
+            lists: parking_lot::Mutex::new(crate::slabs::SlabLists::new()),
+        }
+    }
+
+    /// A free object for `len` bytes, fetching a block through `ep` when its class ran dry.
+    pub fn alloc(
+        &self,
+        ep: &dmkit_verbs::Endpoint,
+        len: usize,
+    ) -> Result<(dmkit_verbs::NodeId, u64), AllocError> {
+        let class = crate::slabs::class_of(len).ok_or(AllocError::TooLarge(len))?;
+        loop {
+            let mut lists = self.lists.lock();
+            if let Some((o, _)) = lists.pop(class) {
+                return Ok(o.addr);
+            }
+            let node = self.nodes[lists.blocks.len() % self.nodes.len()];
+            drop(lists);
+            let req = BlockRequest::AllocStripe {
+                owner: self.owner,
+                stride: 1,
+                rem: 0,
+                min: self.min_block,
+                reserve: false,
+            };
+            let id = decode_block(&ep.rpc("pmem_pool.blocks", node, &req.encode())?)?;
+            let g = crate::slabs::BlockGeometry::new(self.block_size, class);
+            let mut lists = self.lists.lock();
+            lists.blocks.push(crate::slabs::OwnedBlock { id, class });
+            for i in 0..g.objects {
+                lists.push(class, (node, id * self.block_size + g.object_offset(i)), 0);
+            }
+        }
+    }
+
+    /// Lists an object of `len` bytes free again (this client's own free).
+    pub fn free(&self, node: dmkit_verbs::NodeId, offset: u64, len: usize) {
+        if let Some(class) = crate::slabs::class_of(len) {
+            self.lists.lock().push(class, (node, offset), 0);
+        }
+    }
+
+    /// Free objects listed, over every class.
+    pub fn free_objects(&self) -> usize {
+        self.lists.lock().total()
+    }
+}
+
 /// A reply that was not [`status::OK`]: its status and message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("block service status {status}: {message}")]
