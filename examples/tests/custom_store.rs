@@ -29,7 +29,11 @@ fn custom_store_runs_across_memnode_processes_over_tcp() {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(
         stdout.trim_end().ends_with("custom_store: ok 1000 keys"),
         "{stdout}"

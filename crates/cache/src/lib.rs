@@ -11,6 +11,8 @@
 //!   hysteresis and a minimum residency so that objects do not flap; the caller copies.
 //! - [`AddressCache`] is a bounded CLOCK cache with hit/miss statistics that reports
 //!   [`should_bypass`](AddressCache::should_bypass) while its miss ratio is high.
+//! - [`DecayedHeat`] carries heat across windows (decayed) and splits what fits a budget into
+//!   hot and lukewarm objects.
 //! - [`HotTier`] puts counting, selection, admission and the resident copies together, for a
 //!   process that keeps hot objects' bytes in its own DRAM.
 //!
@@ -46,6 +48,7 @@ mod address;
 mod admission;
 mod counter;
 mod error;
+mod heat;
 mod selector;
 mod sketch;
 mod tier;
@@ -54,6 +57,7 @@ pub use address::{AddressCache, AddressCacheConfig, AddressCacheStats};
 pub use admission::{AdmissionConfig, DramCachePolicy, Plan};
 pub use counter::{AccessCounter, AccessReport, CounterConfig, HotEntry};
 pub use error::CacheError;
+pub use heat::DecayedHeat;
 pub use selector::{GlobalSelector, HotObject, Selection};
 pub use sketch::CountMinSketch;
 pub use tier::HotTier;

@@ -16,7 +16,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use dmkit_cache::{
-    AccessReport, AdmissionConfig, DramCachePolicy, GlobalSelector, HotEntry, HotObject,
+    AccessReport, AdmissionConfig, DecayedHeat, DramCachePolicy, GlobalSelector, HotEntry,
+    HotObject,
 };
 use dmkit_lease::{
     Clock, ExclusiveLeases, LeaseConfig, LeaseError, LeaseTable, LeaseTuner, Tier, TunerConfig,
@@ -110,7 +111,7 @@ pub struct GengarServer {
     tuner: LeaseTuner,
     selector: GlobalSelector,
     /// Decayed heat per object over past windows (see `ServerConfig::history_decay`).
-    heat: Mutex<HashMap<u64, f64>>,
+    heat: DecayedHeat,
     policy: Mutex<DramCachePolicy>,
     cached: Mutex<HashMap<u64, Cached>>,
     /// Object locks: exclusive leases, so a crashed holder's lock runs out.
@@ -175,7 +176,7 @@ impl GengarServer {
             tuner,
             // Every reported access counts towards the heat; `min_hot_count` applies to it.
             selector: GlobalSelector::new(1),
-            heat: Mutex::new(HashMap::new()),
+            heat: DecayedHeat::new(cfg.history_decay).map_err(|e| setup(&e))?,
             policy: Mutex::new(policy),
             cached: Mutex::new(HashMap::new()),
             locks: ExclusiveLeases::new(clock),
@@ -379,7 +380,7 @@ impl GengarServer {
         self.grace();
         self.drop_cached(off);
         self.policy.lock().remove(off);
-        self.heat.lock().remove(&off);
+        self.heat.forget(off);
         self.tuner.forget(off);
         self.locks.remove(&off);
         let r = self.nvm.free_object(off as usize);
@@ -513,54 +514,14 @@ impl GengarServer {
         reported: &[HotObject],
         capacity: u64,
     ) -> (Vec<HotObject>, Vec<HotObject>) {
-        let mut heat = self.heat.lock();
-        let d = self.cfg.history_decay;
-        heat.retain(|_, h| {
-            *h *= d;
-            // Forget what decayed to a fraction of one access (bounds the table).
-            *h >= 0.25
-        });
-        let mut size = HashMap::with_capacity(reported.len());
-        for r in reported {
-            *heat.entry(r.obj).or_default() += r.count as f64;
-            size.insert(r.obj, r.size);
-        }
-        let mut ranked: Vec<(f64, u64)> = heat
-            .iter()
-            .filter(|(_, h)| **h >= 1.0)
-            .map(|(o, h)| (*h, *o))
-            .collect();
-        drop(heat);
-        ranked.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-        let (mut hot, mut lukewarm) = (Vec::new(), Vec::new());
-        let mut bytes = 0;
-        for (h, obj) in ranked {
-            let sz = match size.get(&obj) {
-                Some(s) => *s,
-                None => match self.nvm.object_header(obj as usize) {
-                    Ok(hd) if hd.allocated => u64::from(hd.size),
-                    _ => {
-                        self.heat.lock().remove(&obj);
-                        continue;
-                    }
-                },
-            };
-            if bytes + sz > capacity {
-                continue;
-            }
-            bytes += sz;
-            let o = HotObject {
-                obj,
-                count: h.round() as u64,
-                size: sz,
-            };
-            if h >= self.cfg.min_hot_count as f64 {
-                hot.push(o);
-            } else {
-                lukewarm.push(o);
-            }
-        }
-        (hot, lukewarm)
+        self.heat.fold(reported);
+        let size: HashMap<u64, u64> = reported.iter().map(|r| (r.obj, r.size)).collect();
+        self.heat.select(capacity, self.cfg.min_hot_count, |obj| {
+            size.get(&obj).copied().or_else(|| {
+                let h = self.nvm.object_header(obj as usize).ok()?;
+                h.allocated.then_some(u64::from(h.size))
+            })
+        })
     }
 
     fn cached_bytes(&self) -> u64 {
