@@ -208,7 +208,7 @@ impl ClusterView {
 fn pool_region(ep: &Endpoint, node: NodeId) -> Result<RegionDesc> {
     ep.regions(node)?
         .into_iter()
-        .find(|r| r.base == POOL_BASE)
+        .find(|r| r.name.as_str() == crate::memnode::POOL_REGION)
         .ok_or_else(|| Error::Node {
             node,
             reason: "not a FUSEE memory node (no pool region)".into(),

@@ -619,7 +619,7 @@ impl Master {
                 .ep
                 .regions(node)?
                 .into_iter()
-                .find(|r| r.base == crate::memnode::POOL_BASE)
+                .find(|r| r.name.as_str() == crate::memnode::POOL_REGION)
                 .ok_or_else(|| Error::Node {
                     node,
                     reason: "not a FUSEE memory node (no pool region)".into(),

@@ -270,7 +270,7 @@ pub fn newest(ep: &Endpoint, nodes: &[NodeId]) -> crate::Result<Membership> {
                 ep.regions(*n)
                     .ok()?
                     .into_iter()
-                    .find(|r| r.base == crate::memnode::POOL_BASE)
+                    .find(|r| r.name.as_str() == crate::memnode::POOL_REGION)
                     .map(|r| (*n, r.rkey))
             })
             .collect(),

@@ -20,6 +20,8 @@ use crate::membership::Membership;
 
 /// The remote base of the pool's data area on every FUSEE memory node.
 pub const POOL_BASE: u64 = 1 << 44;
+/// The name of the pool's region (clients find it by it).
+pub const POOL_REGION: &str = "fusee.pool";
 
 pub(crate) mod tag {
     // (1–6, 10 and 11 are the pool's block service: `dmkit_pmem_pool::remote::tag`.)
@@ -182,7 +184,12 @@ impl Memnode {
         let pool = Arc::new(pool);
         let node = Arc::new(MemoryNode::new(id));
         let region = node
-            .register(Arc::new(pool_backing(&pool)), Access::ALL, Some(POOL_BASE))
+            .register_named(
+                POOL_REGION,
+                Arc::new(pool_backing(&pool)),
+                Access::ALL,
+                Some(POOL_BASE),
+            )
             .map_err(Error::Verbs)?;
         let m = Arc::new(Memnode {
             node,

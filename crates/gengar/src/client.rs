@@ -19,7 +19,7 @@ use parking_lot::{Mutex, RwLock};
 use crate::addr::GlobalAddr;
 use crate::error::{Error, Result};
 use crate::proto::{self, LeaseGrant, Location, ReplyHead, Status, tag};
-use crate::server::{DRAM_BASE, NVM_BASE};
+use crate::server::{DRAM_REGION, NVM_REGION};
 
 /// Operation tags (for `Endpoint::stats`): each counts the round trips of the whole call,
 /// lease RPC included, so `round_trips` per READ is 1 with a valid lease and 2 without.
@@ -319,8 +319,8 @@ fn node_error(e: dmkit_verbs::Error) -> Error {
 
 /// The NVM pool and DRAM buffer regions of a Gengar server's region table.
 fn gengar_regions(node: NodeId, regions: &[RegionDesc]) -> Result<(RegionDesc, RegionDesc)> {
-    let find = |base| regions.iter().find(|r| r.base == base).copied();
-    match (find(NVM_BASE), find(DRAM_BASE)) {
+    let find = |name| regions.iter().find(|r| r.name.as_str() == name).copied();
+    match (find(NVM_REGION), find(DRAM_REGION)) {
         (Some(nvm), Some(dram)) => Ok((nvm, dram)),
         _ => Err(Error::NotAServer {
             node: node.0,

@@ -35,6 +35,9 @@ use crate::proto::{self, LeaseGrant, Location, Status, tag};
 pub const DRAM_BASE: u64 = 1 << 40;
 /// The remote base of the NVM pool's data area.
 pub const NVM_BASE: u64 = 1 << 44;
+/// The names of the NVM pool's and the DRAM buffer's regions (clients find them by them).
+pub const NVM_REGION: &str = "gengar.nvm";
+pub const DRAM_REGION: &str = "gengar.dram";
 
 /// Settings of a Gengar server.
 #[derive(Debug, Clone)]
@@ -149,10 +152,20 @@ impl GengarServer {
         let dram = Arc::new(dram);
         let node = Arc::new(MemoryNode::new(id));
         let nvm_region = node
-            .register(Arc::new(verbs_backing(&nvm)), Access::ALL, Some(NVM_BASE))
+            .register_named(
+                NVM_REGION,
+                Arc::new(verbs_backing(&nvm)),
+                Access::ALL,
+                Some(NVM_BASE),
+            )
             .map_err(|e| setup(&e))?;
         let dram_region = node
-            .register(Arc::new(verbs_backing(&dram)), Access::ALL, Some(DRAM_BASE))
+            .register_named(
+                DRAM_REGION,
+                Arc::new(verbs_backing(&dram)),
+                Access::ALL,
+                Some(DRAM_BASE),
+            )
             .map_err(|e| setup(&e))?;
         let nvm_mem = node.memory(nvm_region.rkey).expect("just registered");
         let dram_mem = node.memory(dram_region.rkey).expect("just registered");

@@ -811,6 +811,46 @@ pub fn rekeys_and_fences_cut_peers_off(h: &dyn Harness) {
     assert_eq!(after.read("t", fresh.at(0), 8).unwrap(), [2; 8]);
 }
 
+/// Regions registered under a name are found by it, over the backend's region table; names
+/// are unique per node and checked.
+pub fn named_regions_are_found_by_name(h: &dyn Harness) {
+    let node = Arc::new(MemoryNode::new(NodeId(0)));
+    let plain = node
+        .register(Arc::new(DramBacking::new(4096)), Access::ALL, None)
+        .unwrap();
+    let named = node
+        .register_named(
+            "data.v1",
+            Arc::new(DramBacking::new(8192)),
+            Access::ALL,
+            None,
+        )
+        .unwrap();
+    assert!(
+        node.register_named("data.v1", Arc::new(DramBacking::new(64)), Access::ALL, None)
+            .is_err(),
+        "two regions of one name"
+    );
+    for bad in ["", "a name", "sixteen-bytes-xx"] {
+        assert!(
+            node.register_named(bad, Arc::new(DramBacking::new(64)), Access::ALL, None)
+                .is_err(),
+            "{bad:?} accepted"
+        );
+    }
+    h.start_node(node).unwrap();
+    let ep = h.endpoint().unwrap();
+    let found = ep.region_named(NodeId(0), "data.v1").unwrap();
+    assert_eq!(found, named);
+    assert_eq!(found.name.as_str(), "data.v1");
+    assert!(ep.region_named(NodeId(0), "nope").is_err());
+    assert!(ep.region_named(NodeId(0), "").is_err());
+    let unnamed = ep.regions(NodeId(0)).unwrap();
+    assert!(unnamed.iter().any(|r| *r == plain && r.name.is_empty()));
+    ep.write("t", found.at(8000), b"named").unwrap();
+    assert_eq!(ep.read("t", found.at(8000), 5).unwrap(), b"named");
+}
+
 /// Instantiates every conformance case as a `#[test]` for the harness `$make` builds.
 #[macro_export]
 macro_rules! conformance_tests {
@@ -829,6 +869,7 @@ macro_rules! conformance_tests {
             hung_node_times_out,
             durable_writes_persist_before_completing,
             regions_are_learned_at_connect,
+            named_regions_are_found_by_name,
             rekeys_and_fences_cut_peers_off,
             many_awaited_verbs_on_one_thread,
             cancelled_futures_leak_nothing,

@@ -134,6 +134,17 @@ impl Endpoint {
         Ok(self.connection(node)?.regions())
     }
 
+    /// The region `node` registered as `name` ([`crate::MemoryNode::register_named`]), as
+    /// learned at connect or at the last refresh.
+    pub fn region_named(&self, node: NodeId, name: &str) -> Result<RegionDesc> {
+        self.regions(node)?
+            .into_iter()
+            .find(|r| r.name.as_str() == name && !r.name.is_empty())
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!("memory node {node} has no region named {name:?}"))
+            })
+    }
+
     /// A handle sharing everything but the virtual clock, which starts at this one's time.
     pub fn fork(&self) -> Endpoint {
         Endpoint {

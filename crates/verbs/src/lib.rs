@@ -128,4 +128,4 @@ pub use pending::timer::armed as armed_timeouts;
 pub use pending::timer::sleep;
 pub use pending::{Completer, Pending, block_on, join_all};
 pub use stats::{Stats, Tag, TagStats};
-pub use types::{Access, Media, NodeId, RKey, RegionDesc, RemoteAddr};
+pub use types::{Access, Media, NodeId, RKey, RegionDesc, RegionName, RemoteAddr};

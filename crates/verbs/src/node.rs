@@ -10,7 +10,7 @@ use rand::RngCore;
 
 use crate::error::{AccessFault, Error, Result};
 use crate::memory::{Backing, RegionMemory};
-use crate::types::{Access, Media, NodeId, RKey, RegionDesc};
+use crate::types::{Access, Media, NodeId, RKey, RegionDesc, RegionName};
 
 /// Who sent an RPC: a per-connection id assigned by the node, and the peer's address if known.
 #[derive(Debug, Clone)]
@@ -190,8 +190,44 @@ impl MemoryNode {
         access: Access,
         base: Option<u64>,
     ) -> Result<RegionDesc> {
+        self.register_as(RegionName::default(), backing, access, base)
+    }
+
+    /// [`MemoryNode::register`] under a name, unique on the node, by which clients find the
+    /// region ([`crate::Endpoint::region_named`]).
+    pub fn register_named(
+        &self,
+        name: &str,
+        backing: Arc<dyn Backing>,
+        access: Access,
+        base: Option<u64>,
+    ) -> Result<RegionDesc> {
+        let n = RegionName::new(name)
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| {
+                Error::Registration(format!(
+                    "region name {name:?}: 1 to {} printable ASCII bytes",
+                    RegionName::MAX
+                ))
+            })?;
+        self.register_as(n, backing, access, base)
+    }
+
+    fn register_as(
+        &self,
+        name: RegionName,
+        backing: Arc<dyn Backing>,
+        access: Access,
+        base: Option<u64>,
+    ) -> Result<RegionDesc> {
         let mem = RegionMemory::new(backing)?;
         let mut regions = self.regions.write();
+        if !name.is_empty() && regions.values().any(|r| r.desc.name == name) {
+            return Err(Error::Registration(format!(
+                "memory node {} has a region named {name} already",
+                self.id
+            )));
+        }
         let len = mem.len() as u64;
         let base = match base {
             Some(b) => b,
@@ -221,6 +257,7 @@ impl MemoryNode {
         let rkey = self.fresh_rkey(&regions, RKey(0));
         let desc = RegionDesc {
             node: self.id,
+            name,
             rkey,
             base,
             len,

@@ -92,10 +92,63 @@ pub enum Media {
     Nvm,
 }
 
+/// A region's name (at most [`RegionName::MAX`] bytes of printable ASCII; empty: unnamed),
+/// so that layers find their regions by what they are ("fusee.pool", "gengar.dram") rather
+/// than by where they are.
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct RegionName {
+    len: u8,
+    bytes: [u8; RegionName::MAX],
+}
+
+impl RegionName {
+    /// The longest name.
+    pub const MAX: usize = 15;
+
+    /// `name`, if it is at most [`RegionName::MAX`] bytes of printable ASCII.
+    pub fn new(name: &str) -> Option<Self> {
+        let b = name.as_bytes();
+        if b.len() > Self::MAX || !b.iter().all(|c| c.is_ascii_graphic()) {
+            return None;
+        }
+        let mut bytes = [0; Self::MAX];
+        bytes[..b.len()].copy_from_slice(b);
+        Some(Self {
+            len: b.len() as u8,
+            bytes,
+        })
+    }
+
+    /// The name ("" when unnamed).
+    pub fn as_str(&self) -> &str {
+        // (Only printable ASCII gets in: `new` and the wire decoders check it.)
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or("")
+    }
+
+    /// Whether the region has no name.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl std::fmt::Debug for RegionName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.as_str())
+    }
+}
+
+impl std::fmt::Display for RegionName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What a client knows about one registered region of a memory node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RegionDesc {
     pub node: NodeId,
+    /// What the region is (see [`crate::MemoryNode::register_named`]); empty when unnamed.
+    pub name: RegionName,
     pub rkey: RKey,
     /// The region's first remote address. Stable across restarts when the node registers it
     /// with a fixed base (pools do), so pointers stored in remote memory stay valid.

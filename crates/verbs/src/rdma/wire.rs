@@ -5,7 +5,7 @@
 //! descriptors without NIC rkeys (it has none registered) and the fenced flag.
 
 use crate::error::{Error, Result};
-use crate::types::{Access, Media, NodeId, RKey, RegionDesc};
+use crate::types::{Access, Media, NodeId, RKey, RegionDesc, RegionName};
 
 /// A region as a client of the rdma backend knows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,7 +23,7 @@ pub(crate) struct Table {
     pub fenced: bool,
 }
 
-const ENTRY: usize = 4 + 8 + 8 + 1 + 1 + 4 + 8;
+const ENTRY: usize = 4 + 8 + 8 + 1 + 1 + 4 + 8 + 1 + RegionName::MAX;
 
 pub(crate) fn encode(node: NodeId, table: &Table) -> Vec<u8> {
     let regions = &table.regions;
@@ -38,6 +38,12 @@ pub(crate) fn encode(node: NodeId, table: &Table) -> Vec<u8> {
         out.push(u8::from(r.desc.media == Media::Nvm));
         out.extend_from_slice(&r.nic_rkey.to_le_bytes());
         out.extend_from_slice(&r.va.to_le_bytes());
+        // The name: its length and RegionName::MAX bytes, zero-padded.
+        let name = r.desc.name.as_str().as_bytes();
+        out.push(name.len() as u8);
+        let mut padded = [0u8; RegionName::MAX];
+        padded[..name.len()].copy_from_slice(name);
+        out.extend_from_slice(&padded);
     }
     out.push(u8::from(table.fenced));
     out
@@ -61,9 +67,15 @@ pub(crate) fn decode(peer: &str, b: &[u8]) -> Result<(NodeId, Table)> {
     let regions = (0..n)
         .map(|i| {
             let o = 6 + i * ENTRY;
-            RemoteRegion {
+            let name_len = usize::from(b[o + 34]).min(RegionName::MAX);
+            let name = std::str::from_utf8(&b[o + 35..o + 35 + name_len])
+                .ok()
+                .and_then(RegionName::new)
+                .ok_or_else(bad)?;
+            Ok(RemoteRegion {
                 desc: RegionDesc {
                     node,
+                    name,
                     rkey: RKey(u32at(o)),
                     base: u64at(o + 4),
                     len: u64at(o + 12),
@@ -76,9 +88,9 @@ pub(crate) fn decode(peer: &str, b: &[u8]) -> Result<(NodeId, Table)> {
                 },
                 nic_rkey: u32at(o + 22),
                 va: u64at(o + 26),
-            }
+            })
         })
-        .collect();
+        .collect::<Result<Vec<_>>>()?;
     let fenced = b[b.len() - 1] == 1;
     Ok((node, Table { regions, fenced }))
 }
@@ -92,6 +104,7 @@ mod tests {
         let r = RemoteRegion {
             desc: RegionDesc {
                 node: NodeId(4),
+                name: RegionName::new("gengar.nvm").unwrap(),
                 rkey: RKey(0xdead_beef),
                 base: 1 << 40,
                 len: 4096,

@@ -7,10 +7,10 @@
 
 use std::io::{self, Read, Write};
 
-use crate::types::{Access, Media, NodeId, RKey, RegionDesc};
+use crate::types::{Access, Media, NodeId, RKey, RegionDesc, RegionName};
 
 pub const MAGIC: [u8; 2] = *b"DM";
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 pub const HEADER_LEN: usize = 16;
 /// Work requests in one batch frame, at most.
 pub const MAX_BATCH_OPS: usize = 1 << 16;
@@ -223,13 +223,16 @@ pub fn encode_regions(out: &mut Vec<u8>, regions: &[RegionDesc]) {
             Media::Dram => 0,
             Media::Nvm => 1,
         });
+        let name = r.name.as_str().as_bytes();
+        out.push(name.len() as u8);
+        out.extend_from_slice(name);
     }
 }
 
 pub fn decode_regions(c: &mut Cursor<'_>, node: NodeId) -> Result<Vec<RegionDesc>, FrameError> {
     let n = c.u32()? as usize;
-    // Each entry is 22 bytes: refuse counts the payload cannot hold before allocating.
-    if n > c.remaining() / 22 {
+    // Each entry is at least 23 bytes: refuse counts the payload cannot hold before allocating.
+    if n > c.remaining() / 23 {
         return Err(FrameError::Malformed {
             what: "region table",
         });
@@ -249,6 +252,13 @@ pub fn decode_regions(c: &mut Cursor<'_>, node: NodeId) -> Result<Vec<RegionDesc
                 });
             }
         };
+        let name_len = usize::from(c.u8()?);
+        let name = std::str::from_utf8(c.bytes(name_len)?)
+            .ok()
+            .and_then(RegionName::new)
+            .ok_or(FrameError::Malformed {
+                what: "region name",
+            })?;
         if base.checked_add(len).is_none() {
             return Err(FrameError::Malformed {
                 what: "region bounds",
@@ -256,6 +266,7 @@ pub fn decode_regions(c: &mut Cursor<'_>, node: NodeId) -> Result<Vec<RegionDesc
         }
         v.push(RegionDesc {
             node,
+            name,
             rkey,
             base,
             len,
@@ -302,6 +313,7 @@ mod tests {
         let regions = [
             RegionDesc {
                 node: NodeId(3),
+                name: RegionName::new("fusee.pool").unwrap(),
                 rkey: RKey(0x1122_3344),
                 base: 1 << 40,
                 len: 64 << 20,
@@ -310,6 +322,7 @@ mod tests {
             },
             RegionDesc {
                 node: NodeId(3),
+                name: RegionName::default(),
                 rkey: RKey(7),
                 base: 0x1000,
                 len: 4096,
