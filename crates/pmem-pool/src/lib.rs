@@ -47,6 +47,7 @@ mod redo;
 mod stats;
 
 #[cfg(feature = "verbs")]
+#[cfg_attr(docsrs, doc(cfg(feature = "verbs")))]
 pub mod remote;
 pub mod slabs;
 #[cfg(any(test, feature = "test_utils"))]
