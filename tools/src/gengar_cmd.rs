@@ -24,7 +24,7 @@ use crate::cluster_file::ClusterFile;
 
 #[derive(Debug, clap::Args)]
 pub struct GengarArgs {
-    /// The cluster file (its [[memnode]] entries are the Gengar servers).
+    /// The cluster file (its `[[memnode]]` entries are the Gengar servers).
     #[arg(long)]
     pub cluster: PathBuf,
     /// The Gengar client id this command acts as (it holds leases and locks under it);

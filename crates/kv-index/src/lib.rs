@@ -116,6 +116,8 @@
 //!
 //! `examples/grow.rs` grows an index online from one subtable while several clients insert.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod error;
 mod hooks;
 mod index;
@@ -128,6 +130,7 @@ mod split;
 mod verifier;
 
 #[cfg(any(test, feature = "test_utils"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "test_utils")))]
 pub mod test_utils;
 
 pub use error::{Error, Result};

@@ -3,7 +3,7 @@
 //! region, a length); [`ObjectVerifier`] reads the candidates (one batch per node, every node
 //! in one round trip) and asks the layer's `key_of` where each object's key is.
 //!
-//! For layers with no object format of their own there is one here: a [`record`] is
+//! For layers with no object format of their own there is one here: a *record* is
 //! `key length u32 | value length u32 | key | value`, little-endian ([`encode_record`],
 //! [`decode_record`]); [`ObjectVerifier::records`] verifies it.
 //!

@@ -35,6 +35,8 @@
 //! modules; `test_utils` (feature `test_utils`) has the recording medium that replays every
 //! crash image a power failure could leave. See `examples/memnode_pool.rs`.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod blocks;
 mod error;
 mod layout;
@@ -45,11 +47,14 @@ mod redo;
 mod stats;
 
 #[cfg(feature = "verbs")]
+#[cfg_attr(docsrs, doc(cfg(feature = "verbs")))]
 pub mod remote;
 pub mod slabs;
 #[cfg(any(test, feature = "test_utils"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "test_utils")))]
 pub mod test_utils;
 #[cfg(feature = "verbs")]
+#[cfg_attr(docsrs, doc(cfg(feature = "verbs")))]
 pub mod verbs;
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! Client-side slabs: the second level of two-level memory management. A client owns whole
-//! blocks (from a memory node's block service, [`crate::remote`], feature `verbs`), carves
+//! blocks (from a memory node's block service, the `remote` module, feature `verbs`), carves
 //! each into objects of one size class itself, and keeps the free ones in [`SlabLists`]; any
 //! client frees an object with one fetch-and-add on its block's free bitmap ([`free_bit`]),
 //! and the owner reclaims freed objects in batches by reading the bitmaps.

@@ -90,6 +90,8 @@
 //! channels; `cargo run -p dmkit-verbs --example thread_backend`) is such a backend in 200
 //! lines, and passes the conformance suite (`tests/outside_backend.rs`).
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod batch;
 mod buf;
 mod conn;
@@ -104,6 +106,7 @@ mod stats;
 mod types;
 
 #[cfg(feature = "rdma")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rdma")))]
 pub mod rdma;
 pub mod record;
 pub mod sim;
@@ -111,6 +114,7 @@ pub mod tcp;
 pub mod wire;
 
 #[cfg(any(test, feature = "test_utils"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "test_utils")))]
 pub mod conformance;
 
 pub use batch::{Batch, BatchResult, OpIdx, WorkRequest};

@@ -503,7 +503,7 @@ fn raw_read64(
 
 /// perftest on the same device: the CAS message rate with 64 work requests in flight (ours
 /// keeps 4 batches of 16 in flight). READ latency and WRITE throughput are measured by
-/// [`rdma_rounds`], interleaved with ours.
+/// `rdma_rounds` (feature `rdma`), interleaved with ours.
 fn perftest_baselines(
     report: &mut Report,
     t: &super::perftest::Target,
