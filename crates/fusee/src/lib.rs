@@ -5,9 +5,9 @@
 //! - **Index**: a RACE hash index replicated on `r` memory nodes by SNAPSHOT
 //!   (`dmkit-kv-index`); no metadata server, no locks.
 //! - **Data**: every KV object is written to `r` data replicas; objects embed an operation-log
-//!   entry ([`object`]) whose commit record carries a real checksum, so a committed INSERT is
+//!   entry (module `object`) whose commit record carries a real checksum, so a committed INSERT is
 //!   told apart from an uncommitted one.
-//! - **Memory**: two levels ([`alloc`]): blocks from the nodes (persistent owner table,
+//! - **Memory**: two levels (pmem-pool's block service and slabs): blocks from the nodes (persistent owner table,
 //!   fetched ahead in the background), objects by size class locally; anyone frees with one
 //!   FAA on the block's bitmap, owners reclaim in batches.
 //! - **Recovery**: a client restarted with its id walks its log and finishes or rolls back
@@ -124,6 +124,9 @@
 //! # Ok::<(), dmkit_fusee::Error>(())
 //! ```
 
+// The allocator's and the object format's internals are public for FUSEE's own tests (crash
+// images, recovery), not an API: hidden from the docs.
+#[doc(hidden)]
 pub mod alloc;
 mod client;
 pub mod cluster;
@@ -134,6 +137,7 @@ pub mod local;
 pub mod membership;
 pub mod memnode;
 mod mm;
+#[doc(hidden)]
 pub mod object;
 mod recovery;
 pub mod rules;
