@@ -789,9 +789,22 @@ impl GengarClient {
         }
         let n = self.accesses.fetch_add(1, Ordering::Relaxed) + 1;
         if n % self.cfg.report_every == 0 {
+            self.prune_leases();
             self.report_hot_async().await?;
         }
         Ok(())
+    }
+
+    /// Forgets the leases that lapsed (once a window): a client that touched many objects
+    /// once would otherwise keep an entry for each forever.
+    fn prune_leases(&self) {
+        let now = self.clock.now();
+        self.table.lock().retain(|_, e| e.lease.is_valid(now));
+    }
+
+    /// Lease entries this client holds (valid or lapsed since the last window).
+    pub fn lease_entries(&self) -> usize {
+        self.table.lock().len()
     }
 
     /// Sends each server this client's hot objects of the window that just ended.

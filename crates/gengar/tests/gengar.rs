@@ -434,3 +434,30 @@ fn a_lease_past_half_is_renewed_off_the_callers_path() {
         }
     }
 }
+
+#[test]
+fn lapsed_leases_are_forgotten_once_a_window() {
+    let s = setup(1, short_leases());
+    let c = GengarClient::new(
+        s.cluster.endpoint(1).unwrap(),
+        1,
+        ClientConfig {
+            report_every: 64,
+            ..ClientConfig::default()
+        },
+        clock(),
+    )
+    .unwrap();
+    // 200 objects read once each: 200 leases.
+    let addrs: Vec<_> = (0..200).map(|_| c.alloc(64).unwrap()).collect();
+    for a in &addrs {
+        c.read(*a).unwrap();
+    }
+    assert!(c.lease_entries() >= 100, "{}", c.lease_entries());
+    // Past every lease, a window's worth of reads of one object: the lapsed ones go.
+    std::thread::sleep(Duration::from_millis(200));
+    for _ in 0..64 {
+        c.read(addrs[0]).unwrap();
+    }
+    assert!(c.lease_entries() <= 2, "{} entries kept", c.lease_entries());
+}
