@@ -75,6 +75,7 @@ fn record_key(bytes: &[u8]) -> Option<&[u8]> {
 pub struct ObjectVerifier<F = fn(&[u8]) -> Option<&[u8]>> {
     regions: Vec<RegionDesc>,
     key_of: F,
+    tag: dmkit_verbs::Tag,
 }
 
 impl<F> std::fmt::Debug for ObjectVerifier<F> {
@@ -104,7 +105,17 @@ impl<F: Fn(&[u8]) -> Option<&[u8]> + Send + Sync> ObjectVerifier<F> {
     /// A verifier of objects in `regions` (one per node; a slot's offset is in its node's
     /// region) whose key `key_of` finds (`None`: the object does not decode).
     pub fn new(regions: Vec<RegionDesc>, key_of: F) -> Self {
-        Self { regions, key_of }
+        Self {
+            regions,
+            key_of,
+            tag: TAG,
+        }
+    }
+
+    /// The same verifier tagging its reads `tag` (their round trips then count there).
+    pub fn with_tag(mut self, tag: dmkit_verbs::Tag) -> Self {
+        self.tag = tag;
+        self
     }
 
     /// The object region on `node`.
@@ -139,7 +150,7 @@ impl<F: Fn(&[u8]) -> Option<&[u8]> + Send + Sync> ObjectVerifier<F> {
             at.push((i, batches[i].1.read(r.at(s.offset()), s.object_len())));
         }
         let done = ep
-            .execute_many_async(TAG, batches.into_iter().map(|b| b.1).collect())
+            .execute_many_async(self.tag, batches.into_iter().map(|b| b.1).collect())
             .await
             .into_iter()
             .collect::<std::result::Result<Vec<_>, _>>()?;

@@ -3,9 +3,10 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use dmkit_verbs::{Endpoint, NodeId, RegionDesc};
+use dmkit_verbs::{Endpoint, RegionDesc};
 
 use crate::error::{Error, Result};
+use crate::objects::ObjectVerifier;
 use crate::slot::{OBJECT_ALIGN, ObjPtr, Slot};
 use crate::verifier::KeyVerifier;
 
@@ -29,13 +30,6 @@ impl KeyStore {
             next: Arc::new(next),
             rr: Arc::new(AtomicU64::new(0)),
         }
-    }
-
-    fn region(&self, node: NodeId) -> Result<&RegionDesc> {
-        self.regions
-            .iter()
-            .find(|r| r.node == node)
-            .ok_or_else(|| Error::Verifier(format!("no object region on node {node}")))
     }
 
     fn record(key: &[u8]) -> Vec<u8> {
@@ -89,39 +83,15 @@ impl KeyStore {
 
 impl KeyVerifier for KeyStore {
     fn keys(&self, ep: &Endpoint, slots: &[Slot]) -> Result<Vec<Vec<u8>>> {
-        let mut batches = Vec::new();
-        let mut where_ = Vec::with_capacity(slots.len());
-        for s in slots {
-            let r = self.region(s.node())?;
-            if s.offset() + s.object_len() as u64 > r.len {
-                return Err(Error::Verifier(format!(
-                    "slot {:#x} points outside",
-                    s.raw()
-                )));
-            }
-            let bi = match batches.iter().position(|(n, _)| *n == s.node()) {
-                Some(i) => i,
-                None => {
-                    batches.push((s.node(), ep.batch(s.node())));
-                    batches.len() - 1
-                }
-            };
-            let op = batches[bi].1.read(r.at(s.offset()), s.object_len());
-            where_.push((bi, op));
-        }
-        let results: Vec<_> = ep
-            .execute_many(KEYSTORE_TAG, batches.into_iter().map(|b| b.1).collect())
-            .into_iter()
-            .collect::<std::result::Result<_, _>>()?;
-        where_
-            .into_iter()
-            .map(|(bi, op)| {
-                let rec = results[bi].read(op);
-                let len = u32::from_le_bytes(rec[..4].try_into().unwrap_or([0xFF; 4])) as usize;
-                rec.get(4..4 + len)
-                    .map(<[u8]>::to_vec)
-                    .ok_or_else(|| Error::Verifier("a key object does not decode".into()))
-            })
-            .collect()
+        // (The index's general verifier, over this store's `[len: u32][key]` records.)
+        ObjectVerifier::new(self.regions.to_vec(), key_of)
+            .with_tag(KEYSTORE_TAG)
+            .keys(ep, slots)
     }
+}
+
+/// A key record's key: `[len: u32][key]`.
+fn key_of(rec: &[u8]) -> Option<&[u8]> {
+    let len = u32::from_le_bytes(rec.get(..4)?.try_into().ok()?) as usize;
+    rec.get(4..4usize.checked_add(len)?)
 }

@@ -33,9 +33,10 @@ use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Instant;
 
 use dashmap::DashMap;
+use dmkit_kv_index::objects::ObjectVerifier;
 use dmkit_kv_index::{
-    BoxFuture, IndexConfig, IndexReplicaSpace, InsertOutcome, KeyVerifier, NoHooks, OBJECT_ALIGN,
-    ObjPtr, RaceIndex, Slot, SnapshotOutcome, tags,
+    IndexConfig, IndexReplicaSpace, InsertOutcome, NoHooks, OBJECT_ALIGN, ObjPtr, RaceIndex, Slot,
+    SnapshotOutcome, tags,
 };
 use dmkit_verbs::sim::{SimCluster, SimConfig};
 use dmkit_verbs::tcp::{TcpConnector, TcpServer, TcpServerConfig};
@@ -374,8 +375,6 @@ impl Cluster {
 }
 
 /// Where a key read is: (batch, operation in it).
-type ReadAt = (usize, dmkit_verbs::OpIdx);
-
 /// Keys kept as objects in remote memory (`[len: u32][key]`, one 64-byte unit each),
 /// bump-allocated round robin over one region per memory node: what the index's
 /// [`KeyVerifier`] reads to tell which candidate slot holds a key.
@@ -383,12 +382,16 @@ struct KeyObjects {
     regions: Vec<RegionDesc>,
     next: Vec<AtomicU64>,
     rr: AtomicU64,
+    /// Reads them back for the index (kv-index's general verifier, reads tagged `KEYS_TAG`).
+    verifier: ObjectVerifier,
 }
 
 impl KeyObjects {
     fn new(regions: Vec<RegionDesc>) -> Self {
         let next = regions.iter().map(|_| AtomicU64::new(0)).collect();
         Self {
+            verifier: ObjectVerifier::new(regions.clone(), key_of as fn(&[u8]) -> Option<&[u8]>)
+                .with_tag(KEYS_TAG),
             regions,
             next,
             rr: AtomicU64::new(0),
@@ -425,102 +428,12 @@ impl KeyObjects {
         }
         Ok(out)
     }
-
-    /// One batch per node reading the objects `slots` point to (and where each read is).
-    fn reads(
-        &self,
-        ep: &Endpoint,
-        slots: &[Slot],
-    ) -> dmkit_kv_index::Result<(Vec<dmkit_verbs::Batch>, Vec<ReadAt>)> {
-        let mut batches: Vec<(NodeId, dmkit_verbs::Batch)> = Vec::new();
-        let mut at = Vec::with_capacity(slots.len());
-        for s in slots {
-            let r = self
-                .regions
-                .iter()
-                .find(|r| r.node == s.node())
-                .ok_or_else(|| {
-                    dmkit_kv_index::Error::Verifier(format!("no key objects on node {}", s.node()))
-                })?;
-            if s.offset() + s.object_len() as u64 > r.len {
-                return Err(dmkit_kv_index::Error::Verifier(format!(
-                    "slot {:#x} points outside the key objects",
-                    s.raw()
-                )));
-            }
-            let bi = match batches.iter().position(|(n, _)| *n == s.node()) {
-                Some(i) => i,
-                None => {
-                    batches.push((s.node(), ep.batch(s.node())));
-                    batches.len() - 1
-                }
-            };
-            let op = batches[bi].1.read(r.at(s.offset()), s.object_len());
-            at.push((bi, op));
-        }
-        Ok((batches.into_iter().map(|(_, b)| b).collect(), at))
-    }
-
-    fn decode(
-        results: &[dmkit_verbs::BatchResult],
-        at: &[ReadAt],
-    ) -> dmkit_kv_index::Result<Vec<Vec<u8>>> {
-        at.iter()
-            .map(|&(bi, op)| {
-                let rec = results[bi].read(op);
-                let len = rec
-                    .get(..4)
-                    .and_then(|b| b.try_into().ok())
-                    .map(u32::from_le_bytes)
-                    .unwrap_or(u32::MAX) as usize;
-                rec.get(4..4 + len).map(<[u8]>::to_vec).ok_or_else(|| {
-                    dmkit_kv_index::Error::Verifier("a key object does not decode".into())
-                })
-            })
-            .collect()
-    }
 }
 
-impl KeyVerifier for KeyObjects {
-    fn keys(&self, ep: &Endpoint, slots: &[Slot]) -> dmkit_kv_index::Result<Vec<Vec<u8>>> {
-        let (batches, at) = self.reads(ep, slots)?;
-        let results = ep
-            .execute_many(KEYS_TAG, batches)
-            .into_iter()
-            .collect::<Result<Vec<_>, _>>()?;
-        Self::decode(&results, &at)
-    }
-
-    fn find(
-        &self,
-        ep: &Endpoint,
-        key: &[u8],
-        candidates: &[Slot],
-    ) -> dmkit_kv_index::Result<Option<usize>> {
-        dmkit_verbs::block_on(self.find_async(ep, key, candidates))
-    }
-
-    fn find_async<'a>(
-        &'a self,
-        ep: &'a Endpoint,
-        key: &'a [u8],
-        candidates: &'a [Slot],
-    ) -> BoxFuture<'a, dmkit_kv_index::Result<Option<usize>>> {
-        Box::pin(async move {
-            if candidates.is_empty() {
-                return Ok(None);
-            }
-            let (batches, at) = self.reads(ep, candidates)?;
-            let results = ep
-                .execute_many_async(KEYS_TAG, batches)
-                .await
-                .into_iter()
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok(Self::decode(&results, &at)?
-                .iter()
-                .position(|k| k.as_slice() == key))
-        })
-    }
+/// A key object's key: `[len: u32][key]`.
+fn key_of(rec: &[u8]) -> Option<&[u8]> {
+    let len = u32::from_le_bytes(rec.get(..4)?.try_into().ok()?) as usize;
+    rec.get(4..4usize.checked_add(len)?)
 }
 
 /// Round trips of a row: all of them, the operation's own, the key reads', the splits'.
@@ -650,7 +563,10 @@ async fn search_task(
     for &i in seq {
         let i = i as usize;
         let s0 = Instant::now();
-        let found = index.search_async(store, &names[i]).await.map_err(rt)?;
+        let found = index
+            .search_async(&store.verifier, &names[i])
+            .await
+            .map_err(rt)?;
         t.record(s0);
         match found {
             Some(s) if s == slots_a[i] || s == slots_b[i] => {}
@@ -693,7 +609,7 @@ async fn update_task(
         };
         let s0 = Instant::now();
         let out = index
-            .update_hooked_async(store, &names[i], new, &NoHooks)
+            .update_hooked_async(&store.verifier, &names[i], new, &NoHooks)
             .await
             .map_err(rt)?;
         t.record(s0);
@@ -738,7 +654,7 @@ async fn insert_task(
     for &(i, slot) in part {
         let s0 = Instant::now();
         let out = index
-            .insert_async(store, &names[i], slot)
+            .insert_async(&store.verifier, &names[i], slot)
             .await
             .map_err(rt)?;
         t.record(s0);
