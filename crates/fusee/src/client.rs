@@ -713,7 +713,7 @@ impl Client {
                 Ok(InsertResult::Inserted)
             }
             Ok((InsertOutcome::AlreadyExists { .. }, _, _)) => {
-                inner.take_back_lost(&a, last)?;
+                inner.take_back_lost(&a, last).await?;
                 Ok(InsertResult::AlreadyExists)
             }
             Err(e) => Err(e),
@@ -822,7 +822,7 @@ impl Client {
         let found = v.take();
         match m {
             None => {
-                inner.take_back_lost(&a, last)?;
+                inner.take_back_lost(&a, last).await?;
                 inner.cache.remove(&key.to_vec());
                 Ok(CondStep::Done(match guard.mismatch() {
                     Some(held) => CasResult::Mismatch(held),
@@ -861,7 +861,7 @@ impl Client {
                 // so nothing comes between), or the primary has moved on past it, or a DELETE
                 // won (maybe a delete-if): write again, after it. A conditional loser: the
                 // winner's value decides (read and compare again).
-                inner.take_back_lost(&a, last)?;
+                inner.take_back_lost(&a, last).await?;
                 inner.cache.remove(&key.to_vec());
                 if matches!(expected, Expect::Exactly(_)) {
                     return Ok(CondStep::Lost);
@@ -985,7 +985,7 @@ impl Client {
             inner.cache.remove(&key.to_vec());
             match m {
                 None => {
-                    inner.take_back_lost(&a, last)?;
+                    inner.take_back_lost(&a, last).await?;
                     return Ok(match guard.mismatch() {
                         Some(held) => CasResult::Mismatch(held),
                         None => CasResult::NotFound,
@@ -1008,7 +1008,7 @@ impl Client {
                     outcome: SnapshotOutcome::Lost { now },
                     ..
                 }) => {
-                    inner.take_back_lost(&a, last)?;
+                    inner.take_back_lost(&a, last).await?;
                     if now.is_none() {
                         // Another DELETE won: ours comes after it and finds nothing.
                         return Ok(CasResult::NotFound);
@@ -1752,17 +1752,18 @@ impl Inner {
     /// too (seed 822). A memory node failing under the take-back is ridden through (the
     /// object's flag is written where its block is served in the next epoch), so the object
     /// is marked reclaimed before the operation reports, and recovery never redoes it.
-    fn take_back_lost(&self, a: &Allocation, last: &Mutex<Option<Attempt>>) -> Result<()> {
+    async fn take_back_lost(&self, a: &Allocation, last: &Mutex<Option<Attempt>>) -> Result<()> {
         if let Some(at) = last.lock().as_mut() {
             at.lost = true;
         }
         let mut tries = 0;
         loop {
             let seen = self.view().epoch;
-            match self.take_back(a) {
+            match self.take_back(a).await {
                 Err(e) if needs_membership(&e) && tries < 16 => {
                     tries += 1;
-                    self.catch_up(&e, seen)?;
+                    // (Rare: a membership change. Catching up blocks; off the runtime.)
+                    dmkit_verbs::runtime::blocking(|| self.catch_up(&e, seen))?;
                 }
                 r => return r,
             }
@@ -1771,6 +1772,11 @@ impl Inner {
 
     /// The reclaimed flag of the object at `addr` on every data replica (one round trip).
     pub(crate) fn mark_reclaimed(&self, addr: crate::object::Addr) -> Result<()> {
+        dmkit_verbs::block_on(self.mark_reclaimed_async(addr))
+    }
+
+    /// [`Inner::mark_reclaimed`], awaited (an operation's own path: no thread blocks on it).
+    pub(crate) async fn mark_reclaimed_async(&self, addr: crate::object::Addr) -> Result<()> {
         let mut batches = Vec::new();
         self.mark_replicas(
             &self.view(),
@@ -1782,7 +1788,7 @@ impl Inner {
         if batches.is_empty() {
             return Err(Error::Unavailable(addr.node));
         }
-        for r in self.ep.execute_many(tags::RECLAIM, batches) {
+        for r in self.ep.execute_many_async(tags::RECLAIM, batches).await {
             r?;
         }
         Ok(())
@@ -1825,8 +1831,8 @@ impl Inner {
     /// failing after the take-back must not lose it, or recovery would find an unfinished
     /// entry and resume a round this writer already reported as lost (seed 4017: a DELETE
     /// that had answered NotFound deleted the key much later, when its client recovered).
-    fn take_back(&self, a: &Allocation) -> Result<()> {
-        self.mark_reclaimed(a.addr)?;
+    async fn take_back(&self, a: &Allocation) -> Result<()> {
+        self.mark_reclaimed_async(a.addr).await?;
         self.free.lock().push(
             a.class,
             alloc::FreeObject {
