@@ -186,6 +186,18 @@ fn node_failure(e: &dmkit_fusee::Error) -> bool {
     }
 }
 
+/// A verb refused because the node's region was rekeyed or fenced: a membership change in
+/// progress, not a failure.
+fn membership_changing(e: &dmkit_fusee::Error) -> bool {
+    matches!(
+        e,
+        dmkit_fusee::Error::Verbs(dmkit_verbs::Error::RemoteAccess {
+            fault: dmkit_verbs::AccessFault::UnknownRkey | dmkit_verbs::AccessFault::Fenced,
+            ..
+        })
+    )
+}
+
 /// Usage errors among FUSEE's: input this command was given, not a failure of the cluster.
 fn is_usage(e: &dmkit_fusee::Error) -> bool {
     matches!(
@@ -297,6 +309,11 @@ pub fn client_with(
                 return Err(join(format!(
                     "it is not formatted ({m}): start `dmkit master --cluster FILE` first"
                 )));
+            }
+            // The membership changed under the open (a failover fenced the members with fresh
+            // rkeys and has not published them yet): read it again.
+            Err(e) if membership_changing(&e) && std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
             }
             Err(e) if node_failure(&e) && std::time::Instant::now() < deadline => {
                 // A member this client cannot reach: the master fails it over within
