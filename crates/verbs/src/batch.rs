@@ -209,6 +209,19 @@ impl Batch {
     }
 }
 
+/// The bytes work request `op` writes (a WRITE's buffer) and the buffer it reads into (a
+/// READ's): what a node executes it with. Empty for the other verbs.
+pub(crate) fn op_io<'a>(op: &Op, bufs: &'a mut [MemBuf]) -> (&'a [u8], &'a mut [u8]) {
+    match (op.kind, op.buf) {
+        (OpKind::Read, Some(b)) => (&[], &mut bufs[b][..]),
+        (OpKind::Write { .. }, Some(b)) => {
+            let bufs: &'a [MemBuf] = bufs;
+            (&bufs[b][..], &mut [])
+        }
+        _ => (&[], &mut []),
+    }
+}
+
 /// One work request of a [`Batch`], as a backend sees it ([`Batch::requests`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WorkRequest<'a> {

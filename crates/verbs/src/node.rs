@@ -328,11 +328,7 @@ impl MemoryNode {
         let (node, ops, mut bufs) = batch.into_parts();
         let mut olds = vec![0u64; ops.len()];
         for (i, op) in ops.iter().enumerate() {
-            let (data, dst): (&[u8], &mut [u8]) = match (op.kind, op.buf) {
-                (OpKind::Read, Some(b)) => (&[], &mut bufs[b][..]),
-                (OpKind::Write { .. }, Some(b)) => (&bufs[b][..], &mut []),
-                _ => (&[], &mut []),
-            };
+            let (data, dst) = crate::batch::op_io(op, &mut bufs);
             match self.execute(op.kind, op.rkey, op.addr, op.len, data, dst) {
                 Ok(old) => olds[i] = old,
                 Err(fault) => {

@@ -716,11 +716,7 @@ fn run_batch(
     let tracing_on = trace::on();
     let batch_id = if tracing_on { trace::next_batch() } else { 0 };
     for (i, op) in ops.iter().enumerate().take(allowed) {
-        let (data, dst): (&[u8], &mut [u8]) = match (op.kind, op.buf) {
-            (crate::node::OpKind::Read, Some(b)) => (&[], &mut bufs[b][..]),
-            (crate::node::OpKind::Write { .. }, Some(b)) => (&bufs[b][..], &mut []),
-            _ => (&[], &mut []),
-        };
+        let (data, dst) = crate::batch::op_io(op, &mut bufs);
         let written = if tracing_on && matches!(op.kind, crate::node::OpKind::Write { .. }) {
             data.to_vec()
         } else {
