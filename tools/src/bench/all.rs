@@ -39,106 +39,144 @@ pub fn run(args: AllArgs) -> Result<(), CliError> {
         let measured_on = recorded_machine(&args.docs).unwrap_or_else(machine);
         return write_page(&args.docs, &measured_on);
     }
+    // Each bench runs in a process of its own, as `dmkit bench <name>` run alone would: a
+    // bench inherits nothing from the ones before it (the I/O runtime and its size, threads
+    // and tasks left by earlier clusters, the allocator's state).
+    let p = |name: &str| out(name).display().to_string();
     for backend in [Backend::Sim, Backend::Tcp] {
         eprintln!("dmkit bench all: verbs on {backend}");
-        super::verbs::run(super::verbs::VerbsArgs {
-            backend,
-            quick: true,
-            json: Some(out(&format!("verbs-{backend}-quick.json"))),
-            plot: Some(out(&format!("verbs-{backend}-quick-latency.svg"))),
-            addr: None,
-            node_id: 0,
-            device: None,
-        })?;
+        let b = backend.to_string();
+        let json = p(&format!("verbs-{b}-quick.json"));
+        let plot = p(&format!("verbs-{b}-quick-latency.svg"));
+        bench(&[
+            "verbs",
+            "--backend",
+            &b,
+            "--quick",
+            "--json",
+            &json,
+            "--plot",
+            &plot,
+        ])?;
     }
     eprintln!("dmkit bench all: pool (a pool file in the temporary directory)");
-    super::pool::run(super::pool::PoolArgs {
-        medium: super::pool::PoolMedium::File,
-        dir: None,
-        quick: true,
-        json: Some(out("pool-quick.json")),
-        seconds: None,
-    })?;
+    let json = p("pool-quick.json");
+    bench(&["pool", "--medium", "file", "--quick", "--json", &json])?;
     for backend in [Backend::Sim, Backend::Tcp] {
         eprintln!("dmkit bench all: index on {backend}");
-        super::index::run(super::index::IndexArgs {
-            backend,
-            quick: true,
-            json: Some(out(&format!("index-{backend}-quick.json"))),
-            tasks: vec![1, 2, 4, 8],
-            keys: None,
-            ops: None,
-            replicas: 3,
-        })?;
+        let b = backend.to_string();
+        let json = p(&format!("index-{b}-quick.json"));
+        bench(&[
+            "index",
+            "--backend",
+            &b,
+            "--quick",
+            "--json",
+            &json,
+            "--tasks",
+            "1,2,4,8",
+            "--replicas",
+            "3",
+        ])?;
     }
     eprintln!("dmkit bench all: fusee on sim");
-    super::fusee::run(super::fusee::FuseeArgs {
-        backend: Backend::Sim,
-        quick: true,
-        json: Some(out("fusee-sim-quick.json")),
-        plot: Some(out("fusee-sim-quick.svg")),
-        clients: vec![1, 2, 4],
-        workload: super::fusee::BenchWorkload::A,
-        value_bytes: None,
-        seconds: None,
-        records: None,
-        breakdown: false,
-        inflight: vec![1],
-    })?;
+    let (json, plot) = (p("fusee-sim-quick.json"), p("fusee-sim-quick.svg"));
+    bench(&[
+        "fusee",
+        "--backend",
+        "sim",
+        "--quick",
+        "--json",
+        &json,
+        "--plot",
+        &plot,
+        "--clients",
+        "1,2,4",
+        "--workload",
+        "a",
+    ])?;
     eprintln!("dmkit bench all: fusee on tcp, one client with 1 and 32 operations in flight");
-    super::fusee::run(super::fusee::FuseeArgs {
-        backend: Backend::Tcp,
-        quick: true,
-        json: Some(out("fusee-tcp-inflight-quick.json")),
-        plot: None,
-        clients: vec![1],
-        workload: super::fusee::BenchWorkload::C,
-        value_bytes: None,
-        seconds: None,
-        records: None,
-        breakdown: false,
-        inflight: vec![1, 32],
-    })?;
+    let json = p("fusee-tcp-inflight-quick.json");
+    bench(&[
+        "fusee",
+        "--backend",
+        "tcp",
+        "--quick",
+        "--json",
+        &json,
+        "--clients",
+        "1",
+        "--workload",
+        "c",
+        "--inflight",
+        "1,32",
+    ])?;
     eprintln!("dmkit bench all: fusee modeled latencies (sim latency model)");
-    super::fusee::run(super::fusee::FuseeArgs {
-        backend: Backend::Sim,
-        quick: true,
-        json: Some(out("fusee-micro-quick.json")),
-        plot: None,
-        clients: vec![1],
-        workload: super::fusee::BenchWorkload::Micro,
-        value_bytes: None,
-        seconds: None,
-        records: None,
-        breakdown: false,
-        inflight: vec![1],
-    })?;
+    let json = p("fusee-micro-quick.json");
+    bench(&[
+        "fusee",
+        "--backend",
+        "sim",
+        "--quick",
+        "--json",
+        &json,
+        "--clients",
+        "1",
+        "--workload",
+        "micro",
+    ])?;
     eprintln!("dmkit bench all: fusee measured latencies on tcp, beside their rounds replayed");
-    super::fusee::run(super::fusee::FuseeArgs {
-        backend: Backend::Tcp,
-        quick: true,
-        json: Some(out("fusee-micro-tcp-quick.json")),
-        plot: None,
-        clients: vec![1],
-        workload: super::fusee::BenchWorkload::Micro,
-        value_bytes: None,
-        seconds: None,
-        records: None,
-        breakdown: true,
-        inflight: vec![1],
-    })?;
+    let json = p("fusee-micro-tcp-quick.json");
+    bench(&[
+        "fusee",
+        "--backend",
+        "tcp",
+        "--quick",
+        "--json",
+        &json,
+        "--clients",
+        "1",
+        "--workload",
+        "micro",
+        "--breakdown",
+    ])?;
     if !args.skip_resp {
         eprintln!("dmkit bench all: resp gateway vs redis-server");
-        super::resp::run(super::resp::RespBenchArgs {
-            backend: Backend::Tcp,
-            quick: true,
-            json: Some(out("resp-quick.json")),
-            plot: Some(out("resp-quick-latency.svg")),
-            requests: None,
-            connections: 50,
-        })?;
+        let (json, plot) = (p("resp-quick.json"), p("resp-quick-latency.svg"));
+        bench(&[
+            "resp",
+            "--backend",
+            "tcp",
+            "--quick",
+            "--json",
+            &json,
+            "--plot",
+            &plot,
+            "--connections",
+            "50",
+        ])?;
     }
     write_page(&args.docs, &machine())
+}
+
+/// Runs `dmkit bench ARGS…` (this executable) in a child process; its output goes where
+/// ours goes.
+fn bench(args: &[&str]) -> Result<(), CliError> {
+    let exe = std::env::current_exe()
+        .map_err(|e| CliError::runtime(format!("cannot find the dmkit executable: {e}")))?;
+    let status = std::process::Command::new(&exe)
+        .arg("bench")
+        .args(args)
+        .status()
+        .map_err(|e| CliError::runtime(format!("cannot run {}: {e}", exe.display())))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(CliError::runtime(format!(
+            "dmkit bench {} failed ({status})",
+            args.join(" ")
+        )))
+    }
 }
 
 fn write_page(docs: &Path, measured_on: &str) -> Result<(), CliError> {
@@ -533,7 +571,10 @@ pub fn render(docs: &Path, measured_on: &str) -> Result<String, CliError> {
          on scratch memory — on rdma straight on queue pairs, on tcp through the verbs layer — and \
          `vs rounds` is the operation's p50 over that replay's p50: what the software above the \
          round trips costs. `RTTs` are the critical-path round trips (the contract in \
-         `dmkit-fusee`'s crate docs), `bg` the background ones (cleanup).\n\n",
+         `dmkit-fusee`'s crate docs), `bg` the background ones (cleanup). The replays have a tail \
+         of their own (the fabric's and the host's; an emulated NIC on a TCG guest stretches it \
+         most): `replayed p99/p50` is it, and `p99 vs replayed p99` what our software adds to \
+         the tail.\n\n",
     );
     for (file, label) in [
         ("fusee-micro-tcp-quick.json", "tcp, loopback"),
@@ -550,8 +591,11 @@ pub fn render(docs: &Path, measured_on: &str) -> Result<String, CliError> {
             continue;
         };
         let _ = writeln!(md, "{label} — report [`results/{file}`](results/{file}):\n");
-        md.push_str("| operation | p50 µs | p99 µs | p99/p50 | RTTs | bg | rounds replayed p50 µs | vs rounds |\n");
-        md.push_str("|---|---:|---:|---:|---:|---:|---:|---:|\n");
+        md.push_str(
+            "| operation | p50 µs | p99 µs | p99/p50 | RTTs | bg | rounds replayed p50 µs \
+             | vs rounds | replayed p99/p50 | p99 vs replayed p99 |\n",
+        );
+        md.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         for m in r["results"].as_array().into_iter().flatten() {
             let p50 = m
                 .get("p50_us")
@@ -561,9 +605,17 @@ pub fn render(docs: &Path, measured_on: &str) -> Result<String, CliError> {
                 .get("raw_rounds_p50_us")
                 .and_then(serde_json::Value::as_f64)
                 .unwrap_or(0.0);
+            let f = |k: &str| m.get(k).and_then(serde_json::Value::as_f64).unwrap_or(0.0);
+            let over = |a: f64, b: f64| {
+                if b > 0.0 {
+                    format!("{:.2}", a / b)
+                } else {
+                    "–".into()
+                }
+            };
             let _ = writeln!(
                 md,
-                "| `{}` | {} | {} | {} | {} | {} | {} | {:.2} |",
+                "| `{}` | {} | {} | {} | {} | {} | {} | {:.2} | {} | {} |",
                 m["name"].as_str().unwrap_or("?"),
                 num(m.get("p50_us"), 1),
                 num(m.get("p99_us"), 1),
@@ -572,6 +624,8 @@ pub fn render(docs: &Path, measured_on: &str) -> Result<String, CliError> {
                 num(m.get("background_rtts_per_op"), 2),
                 num(m.get("raw_rounds_p50_us"), 1),
                 if raw > 0.0 { p50 / raw } else { 0.0 },
+                over(f("raw_rounds_p99_us"), raw),
+                over(f("p99_us"), f("raw_rounds_p99_us")),
             );
         }
         md.push('\n');
@@ -590,10 +644,14 @@ pub fn render(docs: &Path, measured_on: &str) -> Result<String, CliError> {
          which isolates the protocol path. `*_p16`: the same with `-P 16` (16 pipelined \
          commands per connection; the gateway runs a pipeline's commands on distinct keys \
          concurrently). `*_r1`: FUSEE with 1 index and 1 data replica. Ratios are requests/s \
-         over Redis's in the same run. The gateway's connections are tasks on a two-thread tokio \
-         runtime; their commands on keys run as FUSEE's async operations in one dispatcher \
-         task, whose polls share doorbells (the verbs of concurrent commands go to each memory \
-         node in one frame). The index starts empty, so the SET runs include its splits. `RTTs/op` counts \
+         over Redis's in the same run. The gateway's connections are tasks on the process's I/O \
+         runtime — one worker thread (`--io-threads 1`, the default), as redis-server serves \
+         from one; it also runs the memory nodes here — and their commands on keys run as \
+         FUSEE's async operations in one dispatcher task, which lets the tasks ready with it run \
+         first and then polls them together, sharing doorbells (the verbs of concurrent commands \
+         go to each memory node in one frame). `resp_gateway_<op>_cpu_per_op_vs_redis` is the \
+         serving side's CPU time per request (ours: the whole process, memory nodes included) \
+         over redis-server's: it swings less than requests/s with what else the machine runs. The index starts empty, so the SET runs include its splits. `RTTs/op` counts \
          the client's request-response exchanges; the JSON's `fusee_rtts_per_op` counts the \
          gateway's round trips to the memory nodes per request. The latency curves go through \
          redis-benchmark's reported percentiles (min, p50, p95, p99, max).\n",
@@ -604,6 +662,7 @@ pub fn render(docs: &Path, measured_on: &str) -> Result<String, CliError> {
         &[
             "requests_per_test",
             "connections",
+            "io_threads",
             "keyspace",
             "value_bytes",
             "redis_server",

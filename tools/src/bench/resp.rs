@@ -47,6 +47,11 @@ pub struct RespBenchArgs {
     /// Parallel redis-benchmark connections.
     #[arg(long, default_value_t = 50)]
     pub connections: u32,
+    /// Worker threads of this process's I/O runtime, which runs the gateway's connections,
+    /// its FUSEE client's completions and the memory nodes: 1 by default, as redis-server
+    /// serves from one thread (over `DMKIT_IO_THREADS`; the runtime must not have started).
+    #[arg(long, default_value_t = 1)]
+    pub io_threads: usize,
 }
 
 fn rt(e: impl std::fmt::Display) -> CliError {
@@ -72,6 +77,8 @@ pub fn run(args: RespBenchArgs) -> Result<(), CliError> {
     if requests == 0 {
         return Err(CliError::usage("--requests must be at least 1"));
     }
+    dmkit_verbs::runtime::set_io_threads(args.io_threads)
+        .map_err(|e| CliError::usage(format!("--io-threads: {e}")))?;
     let version = tool_version("redis-benchmark", "redis-tools")?;
     let server_version = tool_version("redis-server", "redis-server")?;
 
@@ -80,6 +87,7 @@ pub fn run(args: RespBenchArgs) -> Result<(), CliError> {
     report.config("quick", args.quick);
     report.config("requests_per_test", requests);
     report.config("connections", u64::from(args.connections));
+    report.config("io_threads", args.io_threads as u64);
     report.config("keyspace", KEYSPACE);
     report.config("value_bytes", VALUE_BYTES);
     report.config("memory_nodes", 3u64);
@@ -128,7 +136,18 @@ pub fn run(args: RespBenchArgs) -> Result<(), CliError> {
             );
             let rtts = || fusee.map_or(0, |c| c.endpoint().stats().total().round_trips);
             let before = rtts();
+            // The serving side's CPU time: redis-server's process, or ours (the gateway and
+            // the memory nodes it runs in this process).
+            let cpu = || {
+                if name == "redis" {
+                    process_cpu(redis.child.id())
+                } else {
+                    process_cpu(std::process::id())
+                }
+            };
+            let cpu_before = cpu();
             let out = redis_benchmark(port, test, requests, args.connections, pipeline)?;
+            let cpu_used = cpu().zip(cpu_before).map(|(a, b)| a.saturating_sub(b));
             let used = rtts() - before;
             let rows = parse_benchmark_output(&out)
                 .map_err(|e| rt(format!("redis-benchmark against {name}: {e}")))?;
@@ -139,6 +158,14 @@ pub fn run(args: RespBenchArgs) -> Result<(), CliError> {
                 ))
             })?;
             let mut m = row.measurement(&format!("{name}_{test}{variant}"));
+            if let Some(used) = cpu_used {
+                m.extra.insert(
+                    "server_cpu_us_per_op".into(),
+                    Value::from(
+                        (used.as_secs_f64() * 1e6 / requests as f64 * 100.0).round() / 100.0,
+                    ),
+                );
+            }
             if fusee.is_some() {
                 // FUSEE's round trips to the memory nodes per request (all verbs, every replica).
                 m.extra.insert(
@@ -161,6 +188,20 @@ pub fn run(args: RespBenchArgs) -> Result<(), CliError> {
         report.ratio(&format!("resp_gateway_{op}_vs_redis"), ours, Some(target));
         let proto = rps(&report, &format!("gateway_memory_{op}")) / base;
         report.ratio(&format!("resp_protocol_only_{op}_vs_redis"), proto, None);
+        // CPU time per request, the serving side's (ours: gateway and memory nodes), over
+        // Redis's: unlike requests/s it does not swing with what else the machine runs.
+        let cpu = |n: &str| {
+            report
+                .result(n)
+                .and_then(|m| m.extra.get("server_cpu_us_per_op"))
+                .and_then(Value::as_f64)
+                .unwrap_or(f64::NAN)
+        };
+        report.ratio(
+            &format!("resp_gateway_{op}_cpu_per_op_vs_redis"),
+            cpu(&format!("gateway_fusee_{op}")) / cpu(&format!("redis_{op}")),
+            None,
+        );
         for variant in ["p16", "r1"] {
             let base = rps(&report, &format!("redis_{op}_{variant}"));
             let ours = rps(&report, &format!("gateway_fusee_{op}_{variant}")) / base;
@@ -221,6 +262,20 @@ fn tool_version(tool: &str, package: &str) -> Result<String, CliError> {
 }
 
 /// A `redis-server` child on a free loopback port; killed when dropped.
+/// CPU time (user + system) a process has used so far, from `/proc/PID/stat` (clock ticks);
+/// `None` where there is no procfs.
+fn process_cpu(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces, inside parentheses).
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf only reads a configuration value.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let hz = u64::try_from(hz).ok().filter(|&h| h > 0)?;
+    Some(Duration::from_micros(ticks * 1_000_000 / hz))
+}
+
 struct RedisServer {
     child: Child,
     port: u16,

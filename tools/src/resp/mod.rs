@@ -414,7 +414,19 @@ struct Job {
 async fn dispatch(mut jobs: tokio::sync::mpsc::UnboundedReceiver<Job>) {
     use futures_util::Stream;
     let mut running = futures_util::stream::FuturesUnordered::new();
+    let mut yielded = false;
     dmkit_verbs::batched(std::future::poll_fn(move |cx| {
+        // Woken (a command came, a completion arrived): first let the other tasks that are
+        // ready now run — connections reading their next commands, receive tasks delivering
+        // completions. A task that wakes itself goes to the back of its worker's queue
+        // (tokio's yield), so their commands and completions join this poll, and the verbs
+        // of all of them leave in one frame per memory node instead of one each.
+        if !yielded {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            return std::task::Poll::Pending;
+        }
+        yielded = false;
         loop {
             let mut closed = false;
             while let std::task::Poll::Ready(j) = jobs.poll_recv(cx) {
