@@ -4,8 +4,8 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -13,7 +13,7 @@ use dmkit_cache::{AccessCounter, CounterConfig};
 use dmkit_lease::{Clock, HeldLease, Timestamp};
 use dmkit_pmem_pool::ObjectHeader;
 use dmkit_verbs::wire::Reader;
-use dmkit_verbs::{Connection, Endpoint, NodeId, RegionDesc, Tag, WriteConfirm};
+use dmkit_verbs::{Connection, Endpoint, NodeId, ProxiedWrite, RegionDesc, Tag, WriteProxy};
 use parking_lot::{Mutex, RwLock};
 
 use crate::addr::GlobalAddr;
@@ -122,69 +122,12 @@ struct Renewal {
 
 /// A write confirm of Gengar: fires when every copy (DRAM and NVM) of the write completed.
 #[derive(Debug, Clone)]
-pub struct Confirm(Arc<Posted>);
-
-/// A proxied write's posting: set once the proxy (or the writer) posted every copy.
-#[derive(Debug)]
-struct Posted {
-    node: NodeId,
-    result: OnceLock<Result<Vec<WriteConfirm>>>,
-    notify: tokio::sync::Notify,
-}
-
-impl Posted {
-    fn new(node: NodeId) -> Arc<Self> {
-        Arc::new(Posted {
-            node,
-            result: OnceLock::new(),
-            notify: tokio::sync::Notify::new(),
-        })
-    }
-
-    fn set(&self, r: Result<Vec<WriteConfirm>>) {
-        let _ = self.result.set(r);
-        self.notify.notify_waiters();
-    }
-
-    /// Waits until the write is posted (or failed to be).
-    async fn posted(&self) -> &Result<Vec<WriteConfirm>> {
-        loop {
-            if let Some(r) = self.result.get() {
-                return r;
-            }
-            let n = self.notify.notified();
-            let mut n = std::pin::pin!(n);
-            n.as_mut().enable();
-            if let Some(r) = self.result.get() {
-                return r;
-            }
-            n.await;
-        }
-    }
-}
-
-/// A copy of a posting error (errors are not `Clone`).
-fn copy_error(node: NodeId, e: &Error) -> Error {
-    match e {
-        Error::ServerDown { node, reason } => Error::ServerDown {
-            node: *node,
-            reason: reason.clone(),
-        },
-        e => Error::Server {
-            node: node.0,
-            reason: e.to_string(),
-        },
-    }
-}
+pub struct Confirm(ProxiedWrite);
 
 impl Confirm {
     /// Whether every part of the write has completed (or failed).
     pub fn is_confirmed(&self) -> bool {
-        match self.0.result.get() {
-            None => false,
-            Some(Err(_)) => true,
-            Some(Ok(parts)) => parts.iter().all(WriteConfirm::is_confirmed),
-        }
+        self.0.is_confirmed()
     }
 
     /// Waits for every part; the first failure ([`Error::ServerDown`] when the server went
@@ -195,73 +138,7 @@ impl Confirm {
 
     /// [`Confirm::wait`], awaited.
     pub async fn confirmed(&self) -> Result<()> {
-        match self.0.posted().await {
-            Err(e) => Err(copy_error(self.0.node, e)),
-            Ok(parts) => {
-                for c in parts {
-                    c.confirmed().await.map_err(node_error)?;
-                }
-                Ok(())
-            }
-        }
-    }
-}
-
-/// A write for the proxy thread to post.
-struct ProxyJob {
-    parts: Vec<(dmkit_verbs::RemoteAddr, bool)>,
-    data: Vec<u8>,
-    done: Arc<Posted>,
-}
-
-/// The client's write proxy: a thread posting queued proxied writes in order, and the bound
-/// on the bytes queued for it (the endpoint's staging capacity: past it, writers wait).
-#[derive(Debug)]
-struct Proxy {
-    tx: std::sync::mpsc::Sender<ProxyJob>,
-    queued: Arc<AtomicUsize>,
-    limit: usize,
-}
-
-impl std::fmt::Debug for ProxyJob {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProxyJob")
-            .field("bytes", &self.data.len())
-            .finish()
-    }
-}
-
-impl Proxy {
-    fn start(ep: Endpoint) -> Result<Proxy> {
-        let (tx, rx) = std::sync::mpsc::channel::<ProxyJob>();
-        let queued = Arc::new(AtomicUsize::new(0));
-        let q = queued.clone();
-        let limit = ep.staging_capacity();
-        std::thread::Builder::new()
-            .name("gengar-proxy".into())
-            .spawn(move || {
-                // Ends when the client (the only sender) is dropped and the queue is drained.
-                for job in rx {
-                    let mut posted = Vec::with_capacity(job.parts.len());
-                    let mut failed = None;
-                    for (remote, durable) in &job.parts {
-                        match ep.proxied_write(tags::WRITE, *remote, &job.data, *durable) {
-                            Ok(c) => posted.push(c),
-                            Err(e) => {
-                                failed = Some(node_error(e));
-                                break;
-                            }
-                        }
-                    }
-                    q.fetch_sub(job.data.len(), Ordering::AcqRel);
-                    job.done.set(match failed {
-                        None => Ok(posted),
-                        Some(e) => Err(e),
-                    });
-                }
-            })
-            .map_err(|e| Error::Setup(format!("cannot start the write proxy thread: {e}")))?;
-        Ok(Proxy { tx, queued, limit })
+        self.0.confirmed().await.map_err(node_error)
     }
 }
 
@@ -290,7 +167,8 @@ pub struct GengarClient {
     local_locks: Mutex<HashMap<GlobalAddr, Arc<tokio::sync::Mutex<()>>>>,
     held: Mutex<HashMap<GlobalAddr, tokio::sync::OwnedMutexGuard<()>>>,
     reconnect: Mutex<Option<Reconnect>>,
-    proxy: Option<Proxy>,
+    /// Gengar's write proxy ([`ClientConfig::proxy_thread`]).
+    proxy: Option<WriteProxy>,
     /// Early lease renewals in flight, one per object at most.
     renewing: Mutex<HashMap<GlobalAddr, Renewal>>,
     /// A lease RPC's round trip, smoothed (ns): a lease is renewed early only while more
@@ -372,7 +250,8 @@ impl GengarClient {
             return Err(Error::Setup("no Gengar servers to use".into()));
         }
         let proxy = if cfg.proxy_thread {
-            Some(Proxy::start(ep.clone())?)
+            let proxy = WriteProxy::start(ep.clone(), tags::WRITE);
+            Some(proxy.map_err(|e| Error::Setup(format!("cannot start the write proxy: {e}")))?)
         } else {
             None
         };
@@ -997,40 +876,13 @@ impl GengarClient {
         data: &[u8],
     ) -> Result<Confirm> {
         let (_, parts) = self.write_target(addr, at, data).await?;
-        let done = Posted::new(addr.server);
-        match &self.proxy {
-            Some(p) => {
-                // Bounded: past the staging capacity queued, wait for the proxy to catch up.
-                let len = data.len();
-                while p.queued.load(Ordering::Acquire) > 0
-                    && p.queued.load(Ordering::Acquire) + len > p.limit
-                {
-                    dmkit_verbs::sleep(Duration::from_micros(50)).await;
-                }
-                p.queued.fetch_add(len, Ordering::AcqRel);
-                let job = ProxyJob {
-                    parts,
-                    data: data.to_vec(),
-                    done: done.clone(),
-                };
-                if p.tx.send(job).is_err() {
-                    p.queued.fetch_sub(len, Ordering::AcqRel);
-                    return Err(Error::Setup("the write proxy thread is gone".into()));
-                }
-            }
-            None => {
-                let mut confirms = Vec::with_capacity(parts.len());
-                for (remote, durable) in parts {
-                    confirms.push(
-                        self.ep
-                            .proxied_write_async(tags::WRITE, remote, data, durable)
-                            .await
-                            .map_err(|e| self.verbs_error(addr.server, e))?,
-                    );
-                }
-                done.set(Ok(confirms));
-            }
-        }
+        let done = match &self.proxy {
+            // Bounded: past the staging capacity queued, waits for the proxy to catch up.
+            Some(p) => p.submit(parts, data).await.map_err(node_error)?,
+            None => ProxiedWrite::post(&self.ep, tags::WRITE, &parts, data)
+                .await
+                .map_err(|e| self.verbs_error(addr.server, e))?,
+        };
         let c = Confirm(done);
         let mut all = self.confirms.lock();
         let list = all.entry(addr).or_default();
