@@ -2,15 +2,12 @@
 //! addresses, write-through, proxied writes with write confirms, and locks.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use dmkit_cache::{AccessCounter, CounterConfig};
-use dmkit_lease::{Clock, HeldLease, Timestamp};
+use dmkit_lease::{CachedLease, Clock, LeaseCache, Renewed, Timestamp};
 use dmkit_pmem_pool::ObjectHeader;
 use dmkit_verbs::wire::Reader;
 use dmkit_verbs::{Connection, Endpoint, NodeId, ProxiedWrite, RegionDesc, Tag, WriteProxy};
@@ -102,23 +99,9 @@ struct ServerState {
     counter: AccessCounter,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Entry {
-    size: u32,
-    location: Location,
-    lease: HeldLease,
-    /// The server connection's epoch the lease was granted in.
-    epoch: u64,
-    /// Half of the lease: past this, an access renews it early (`ClientConfig::renew_early`).
-    renew_at: Timestamp,
-}
-
-/// A lease renewal in flight, posted before the lease lapsed.
-struct Renewal {
-    requested_at: Timestamp,
-    epoch: u64,
-    reply: dmkit_verbs::Pending<Vec<u8>>,
-}
+/// A lease this client holds: what the grant said (the object's size and where its current
+/// copy is), in the epoch of the server connection it was granted by.
+type Entry = CachedLease<LeaseGrant>;
 
 /// A write confirm of Gengar: fires when every copy (DRAM and NVM) of the write completed.
 #[derive(Debug, Clone)]
@@ -157,7 +140,8 @@ pub struct GengarClient {
     cfg: ClientConfig,
     clock: Arc<dyn Clock>,
     servers: BTreeMap<NodeId, ServerState>,
-    table: Mutex<HashMap<GlobalAddr, Entry>>,
+    /// The leases this client holds, renewed early ([`ClientConfig::renew_early`]).
+    leases: LeaseCache<GlobalAddr, LeaseGrant, dmkit_verbs::Pending<Vec<u8>>>,
     /// Outstanding proxied writes per object, oldest first.
     confirms: Mutex<HashMap<GlobalAddr, VecDeque<Confirm>>>,
     accesses: AtomicU64,
@@ -169,11 +153,6 @@ pub struct GengarClient {
     reconnect: Mutex<Option<Reconnect>>,
     /// Gengar's write proxy ([`ClientConfig::proxy_thread`]).
     proxy: Option<WriteProxy>,
-    /// Early lease renewals in flight, one per object at most.
-    renewing: Mutex<HashMap<GlobalAddr, Renewal>>,
-    /// A lease RPC's round trip, smoothed (ns): a lease is renewed early only while more
-    /// than this is left of it (else the renewal would land after it lapsed anyway).
-    lease_rtt_ns: AtomicU64,
 }
 
 impl std::fmt::Debug for ReconnectSlot<'_> {
@@ -255,21 +234,20 @@ impl GengarClient {
         } else {
             None
         };
+        let leases = LeaseCache::new(cfg.lease_skew, cfg.renew_early);
         let c = GengarClient {
             ep,
             id,
             cfg,
             clock,
             servers,
-            table: Mutex::new(HashMap::new()),
+            leases,
             confirms: Mutex::new(HashMap::new()),
             accesses: AtomicU64::new(0),
             local_locks: Mutex::new(HashMap::new()),
             held: Mutex::new(HashMap::new()),
             reconnect: Mutex::new(None),
             proxy,
-            renewing: Mutex::new(HashMap::new()),
-            lease_rtt_ns: AtomicU64::new(0),
         };
         for node in c.servers.keys().copied().collect::<Vec<_>>() {
             dmkit_verbs::block_on(c.call(tags::ALLOC, node, proto::stat_request()))?;
@@ -357,8 +335,7 @@ impl GengarClient {
 
     /// Drops every lease this client holds on `node`'s objects.
     fn forget_server(&self, node: NodeId) {
-        self.table.lock().retain(|a, _| a.server != node);
-        self.renewing.lock().retain(|a, _| a.server != node);
+        self.leases.retain(|a| a.server != node);
     }
 
     /// A verbs error of an operation on `node`: a lost server drops its leases and is
@@ -484,7 +461,7 @@ impl GengarClient {
                 proto::free_request(addr.offset, addr.generation),
             )
             .await?;
-        self.table.lock().remove(&addr);
+        self.leases.remove(&addr);
         match st {
             Status::Ok => Ok(()),
             Status::Freed => Err(Error::Freed(addr)),
@@ -498,28 +475,17 @@ impl GengarClient {
     /// A valid lease for `addr`, from the table or (one more round trip) from its server.
     async fn entry(&self, t: Tag, addr: GlobalAddr) -> Result<Entry> {
         let epoch = self.regions(addr.server)?.epoch;
-        let now = self.clock.now();
-        let held = self.table.lock().get(&addr).copied();
-        if let Some(e) = held {
-            if e.epoch == epoch && e.lease.is_valid(now) {
-                let left = e.lease.deadline.saturating_duration_since(now);
-                let rtt = Duration::from_nanos(self.lease_rtt_ns.load(Ordering::Relaxed));
-                if self.cfg.renew_early && now >= e.renew_at && left > rtt {
-                    self.renew_early(addr, epoch);
-                }
-                return Ok(e);
+        if let Some((e, renew)) = self.leases.valid(&addr, epoch, self.clock.now()) {
+            if renew {
+                self.renew_early(addr, epoch);
             }
+            return Ok(e);
         }
-        // Lapsed: a renewal whose reply is already in gives the new lease at once; one still
-        // in flight is dropped (it was asked earlier, so its lease ends sooner than a fresh one).
-        let in_flight = self.renewing.lock().remove(&addr);
-        if let Some(mut r) = in_flight {
-            let mut cx = Context::from_waker(std::task::Waker::noop());
-            if let Poll::Ready(reply) = Pin::new(&mut r.reply).poll(&mut cx) {
-                if let Some(e) = self.install_renewal(addr, r.requested_at, r.epoch, reply) {
-                    if e.epoch == epoch && e.lease.is_valid(self.clock.now()) {
-                        return Ok(e);
-                    }
+        // Lapsed: a renewal whose reply is already in gives the new lease at once.
+        if let Some(r) = self.leases.take_renewed(&addr) {
+            if let Some(e) = self.install_renewal(addr, r) {
+                if e.epoch == epoch && e.is_valid(self.clock.now()) {
+                    return Ok(e);
                 }
             }
         }
@@ -531,26 +497,16 @@ impl GengarClient {
             match st {
                 Status::Ok => {
                     let took = self.clock.now().saturating_duration_since(requested_at);
-                    let old = self.lease_rtt_ns.load(Ordering::Relaxed);
-                    let took = took.as_nanos().min(u128::from(u64::MAX)) as u64;
-                    self.lease_rtt_ns.store(
-                        if old == 0 {
-                            took
-                        } else {
-                            old - old / 8 + took / 8
-                        },
-                        Ordering::Relaxed,
-                    );
+                    self.leases.record_rtt(took);
                     let e = self.granted(addr, requested_at, epoch, &rest)?;
                     if self.server(addr.server)?.regions.read().epoch != epoch {
                         // Granted by a connection that has since been replaced: ask again.
                         continue;
                     }
-                    self.table.lock().insert(addr, e);
-                    return Ok(e);
+                    return Ok(self.leases.install(addr, e));
                 }
                 Status::Freed => {
-                    self.table.lock().remove(&addr);
+                    self.leases.remove(&addr);
                     return Err(Error::Freed(addr));
                 }
                 Status::Busy if Instant::now() < deadline => {
@@ -571,7 +527,7 @@ impl GengarClient {
         proto::lease_request(self.id, addr.offset, addr.generation)
     }
 
-    /// The entry a lease grant (the reply's rest) makes, counted from `requested_at`.
+    /// The lease a grant (the reply's rest) makes, counted from `requested_at`.
     fn granted(
         &self,
         addr: GlobalAddr,
@@ -579,58 +535,24 @@ impl GengarClient {
         epoch: u64,
         rest: &[u8],
     ) -> Result<Entry> {
-        let g: LeaseGrant =
-            proto::decode_grant(&mut Reader::new(rest)).map_err(|e| Error::Protocol {
-                node: addr.server.0,
-                reason: e.to_string(),
-            })?;
+        let g = proto::decode_grant(&mut Reader::new(rest)).map_err(|e| Error::Protocol {
+            node: addr.server.0,
+            reason: e.to_string(),
+        })?;
         let duration = Duration::from_nanos(g.duration_ns);
-        let usable = duration.saturating_sub(self.cfg.lease_skew);
-        Ok(Entry {
-            size: g.size,
-            location: g.location,
-            lease: HeldLease::from_grant(addr.offset, requested_at, duration, self.cfg.lease_skew),
-            epoch,
-            renew_at: requested_at.saturating_add(usable / 2),
-        })
+        Ok(self.leases.from_grant(g, epoch, requested_at, duration))
     }
 
     /// Past half of `addr`'s lease: installs the renewal in flight if its reply is in, or
     /// posts one. Never waits; a renewal that fails leaves the lease to lapse and be taken
     /// again by the access that needs it.
     fn renew_early(&self, addr: GlobalAddr, epoch: u64) {
-        let mut renewing = self.renewing.lock();
-        if let Some(r) = renewing.get_mut(&addr) {
-            let mut cx = Context::from_waker(std::task::Waker::noop());
-            let Poll::Ready(reply) = Pin::new(&mut r.reply).poll(&mut cx) else {
-                return;
-            };
-            let r = renewing.remove(&addr).expect("polled just now");
-            drop(renewing);
-            self.install_renewal(addr, r.requested_at, r.epoch, reply);
-            return;
-        }
-        let requested_at = self.clock.now();
-        if let Ok(reply) = self
-            .ep
-            .post_rpc(tags::RENEW, addr.server, &self.lease_request(addr))
-        {
-            let mut reply = reply;
-            // Polled once now, so that its timeout runs from here (and progress is driven).
-            let mut cx = Context::from_waker(std::task::Waker::noop());
-            if let Poll::Ready(reply) = Pin::new(&mut reply).poll(&mut cx) {
-                drop(renewing);
-                self.install_renewal(addr, requested_at, epoch, reply);
-                return;
-            }
-            renewing.insert(
-                addr,
-                Renewal {
-                    requested_at,
-                    epoch,
-                    reply,
-                },
-            );
+        let post = || {
+            let req = self.lease_request(addr);
+            self.ep.post_rpc(tags::RENEW, addr.server, &req).ok()
+        };
+        if let Some(r) = self.leases.renew(&addr, epoch, self.clock.now(), post) {
+            self.install_renewal(addr, r);
         }
     }
 
@@ -640,26 +562,17 @@ impl GengarClient {
     fn install_renewal(
         &self,
         addr: GlobalAddr,
-        requested_at: Timestamp,
-        epoch: u64,
-        reply: dmkit_verbs::Result<Vec<u8>>,
+        r: Renewed<dmkit_verbs::Result<Vec<u8>>>,
     ) -> Option<Entry> {
-        let reply = reply.ok()?;
+        let reply = r.reply.ok()?;
         let (Status::Ok, rest) = self.reply_head(addr.server, &reply).ok()? else {
             return None;
         };
-        let e = self.granted(addr, requested_at, epoch, &rest).ok()?;
-        if self.server(addr.server).ok()?.regions.read().epoch != epoch {
+        let e = self.granted(addr, r.requested_at, r.epoch, &rest).ok()?;
+        if self.server(addr.server).ok()?.regions.read().epoch != r.epoch {
             return None;
         }
-        let mut table = self.table.lock();
-        match table.get(&addr) {
-            Some(old) if old.epoch == epoch && old.lease.deadline >= e.lease.deadline => Some(*old),
-            _ => {
-                table.insert(addr, e);
-                Some(e)
-            }
-        }
+        Some(self.leases.install(addr, e))
     }
 
     async fn record_access(&self, addr: GlobalAddr) -> Result<()> {
@@ -677,13 +590,12 @@ impl GengarClient {
     /// Forgets the leases that lapsed (once a window): a client that touched many objects
     /// once would otherwise keep an entry for each forever.
     fn prune_leases(&self) {
-        let now = self.clock.now();
-        self.table.lock().retain(|_, e| e.lease.is_valid(now));
+        self.leases.prune(self.clock.now());
     }
 
     /// Lease entries this client holds (valid or lapsed since the last window).
     pub fn lease_entries(&self) -> usize {
-        self.table.lock().len()
+        self.leases.len()
     }
 
     /// Sends each server this client's hot objects of the window that just ended.
@@ -734,13 +646,13 @@ impl GengarClient {
         self.wait_posted(addr).await;
         for _ in 0..8 {
             let e = self.entry(tags::READ, addr).await?;
-            check_range(addr, at, len, e.size)?;
+            check_range(addr, at, len, e.value.size)?;
             let Some(s) = self.current(addr, &e)? else {
                 continue;
             };
             // The header word precedes the payload: read it with the data, in one READ, and
             // check the generation so a freed or reused slot is never returned as the object.
-            let (remote, want_gen) = match e.location {
+            let (remote, want_gen) = match e.value.location {
                 Location::Nvm => (s.nvm.at(addr.offset - 8), addr.generation),
                 Location::Dram { offset, generation } => (s.dram.at(offset - 8), generation),
             };
@@ -760,9 +672,9 @@ impl GengarClient {
                 return Ok(res.read(data).to_vec());
             }
             // The lease was stale (it should not be: count it) — refresh and retry.
-            self.table.lock().remove(&addr);
+            self.leases.remove(&addr);
             metrics::counter!("dmkit_gengar_stale_reads_total").increment(1);
-            if e.location == Location::Nvm {
+            if e.value.location == Location::Nvm {
                 return Err(Error::Freed(addr));
             }
         }
@@ -776,7 +688,7 @@ impl GengarClient {
         if r.epoch == e.epoch {
             return Ok(Some(r));
         }
-        self.table.lock().remove(&addr);
+        self.leases.remove(&addr);
         Ok(None)
     }
 
@@ -788,7 +700,7 @@ impl GengarClient {
             .map(|s| s.regions.read().epoch)
             .unwrap_or(e.epoch);
         if now != e.epoch {
-            self.table.lock().remove(&addr);
+            self.leases.remove(&addr);
         }
         now != e.epoch
     }
@@ -819,13 +731,13 @@ impl GengarClient {
         data: &[u8],
         e: &Entry,
     ) -> Result<Option<Vec<(dmkit_verbs::RemoteAddr, bool)>>> {
-        check_range(addr, at, data.len(), e.size)?;
+        check_range(addr, at, data.len(), e.value.size)?;
         let Some(s) = self.current(addr, e)? else {
             return Ok(None);
         };
         // Write-through: the DRAM copy (if cached) and always the NVM copy, durably.
         let mut parts = Vec::with_capacity(2);
-        if let Location::Dram { offset, .. } = e.location {
+        if let Location::Dram { offset, .. } = e.value.location {
             parts.push((s.dram.at(offset + at as u64), false));
         }
         parts.push((s.nvm.at(addr.offset + at as u64), true));
@@ -1043,22 +955,18 @@ impl GengarClient {
 
     /// Whether this client holds a valid lease on `addr` (the next access is one round trip).
     pub fn has_lease(&self, addr: GlobalAddr) -> bool {
-        let epoch = self
-            .server(addr.server)
-            .ok()
-            .map(|s| s.regions.read().epoch);
-        self.table
-            .lock()
-            .get(&addr)
-            .is_some_and(|e| Some(e.epoch) == epoch && e.lease.is_valid(self.clock.now()))
+        let Ok(s) = self.server(addr.server) else {
+            return false;
+        };
+        let epoch = s.regions.read().epoch;
+        self.leases.valid(&addr, epoch, self.clock.now()).is_some()
     }
 
     /// Whether this client's lease on `addr` points at a DRAM copy.
     pub fn cached_in_dram(&self, addr: GlobalAddr) -> bool {
-        self.table
-            .lock()
+        self.leases
             .get(&addr)
-            .is_some_and(|e| matches!(e.location, Location::Dram { .. }))
+            .is_some_and(|e| matches!(e.value.location, Location::Dram { .. }))
     }
 }
 

@@ -9,6 +9,8 @@
 //!   (a bounded clock-skew allowance apart), the latest expiry of an object, blocking and
 //!   non-blocking waits for it, and [`Fence`]s that stop new grants while a server drains an
 //!   object. [`HeldLease`] is the holder's side.
+//! - [`LeaseCache`]: a holder's leases by key, each carrying what its grant said, valid in
+//!   the epoch (connection) it was granted in, renewed early off the callers' path.
 //! - [`LeaseTuner`]: per-object durations found by hill climbing — short for hot objects still
 //!   in NVM (promotion waits less), long for objects in DRAM (fewer re-grants).
 //! - [`ExclusiveLeases`]: one holder per key until its lease runs out — locks a crashed
@@ -45,6 +47,7 @@
 //! `examples/adaptive_leases.rs` runs a client and a server on virtual time and prints how the
 //! tuner's durations follow an object from cold to hot to promoted.
 
+mod cache;
 mod clock;
 mod error;
 mod exclusive;
@@ -52,6 +55,7 @@ mod standing;
 mod table;
 mod tuner;
 
+pub use cache::{CachedLease, LeaseCache, Renewed};
 pub use clock::{Clock, SystemClock, Timestamp, VirtualClock};
 pub use error::LeaseError;
 pub use exclusive::{ExclusiveHolder, ExclusiveLeases};
