@@ -13,6 +13,8 @@
 //!   [`should_bypass`](AddressCache::should_bypass) while its miss ratio is high.
 //! - [`DecayedHeat`] carries heat across windows (decayed) and splits what fits a budget into
 //!   hot and lukewarm objects.
+//! - [`Residency`] tracks which objects a DRAM buffer holds and plans, window by window, what
+//!   to promote and demote (heat, selection and admission together); the caller copies.
 //! - [`HotTier`] puts counting, selection, admission and the resident copies together, for a
 //!   process that keeps hot objects' bytes in its own DRAM.
 //!
@@ -49,6 +51,7 @@ mod admission;
 mod counter;
 mod error;
 mod heat;
+mod residency;
 mod selector;
 mod sketch;
 mod tier;
@@ -58,6 +61,7 @@ pub use admission::{AdmissionConfig, DramCachePolicy, Plan};
 pub use counter::{AccessCounter, AccessReport, CounterConfig, HotEntry};
 pub use error::CacheError;
 pub use heat::DecayedHeat;
+pub use residency::{Residency, ResidencyConfig};
 pub use selector::{GlobalSelector, HotObject, Selection};
 pub use sketch::CountMinSketch;
 pub use tier::HotTier;

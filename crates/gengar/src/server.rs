@@ -10,15 +10,11 @@
 //!   posted under a lease that arrive late: a client holding a valid lease never uses a stale
 //!   location, and a write posted under one never lands after its object moved.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use dmkit_cache::{
-    AccessReport, AdmissionConfig, DecayedHeat, DramCachePolicy, GlobalSelector, HotEntry,
-    HotObject,
-};
+use dmkit_cache::{AccessReport, AdmissionConfig, HotEntry, Residency, ResidencyConfig};
 use dmkit_lease::{
     Clock, ExclusiveLeases, LeaseConfig, LeaseError, LeaseTable, LeaseTuner, Tier, TunerConfig,
 };
@@ -112,11 +108,8 @@ pub struct GengarServer {
     dram_mem: RegionMemory,
     leases: LeaseTable<Arc<dyn Clock>>,
     tuner: LeaseTuner,
-    selector: GlobalSelector,
-    /// Decayed heat per object over past windows (see `ServerConfig::history_decay`).
-    heat: DecayedHeat,
-    policy: Mutex<DramCachePolicy>,
-    cached: Mutex<HashMap<u64, Cached>>,
+    /// Which objects have a DRAM copy, and where; which should, window by window.
+    cached: Residency<Cached>,
     /// Object locks: exclusive leases, so a crashed holder's lock runs out.
     locks: ExclusiveLeases<u64, (), Arc<dyn Clock>>,
     window: Mutex<()>,
@@ -169,29 +162,24 @@ impl GengarServer {
             .map_err(|e| setup(&e))?;
         let nvm_mem = node.memory(nvm_region.rkey).expect("just registered");
         let dram_mem = node.memory(dram_region.rkey).expect("just registered");
-        if !(0.0..1.0).contains(&cfg.history_decay) {
-            return Err(Error::Setup(format!(
-                "history_decay must be in [0, 1), not {}",
-                cfg.history_decay
-            )));
-        }
-        let policy = DramCachePolicy::new(AdmissionConfig {
-            capacity_bytes: dram.free_bytes(),
-            hysteresis: cfg.hysteresis,
-            // The heat handed to the policy is already smoothed over windows.
-            smoothing: 1.0,
-            ..AdmissionConfig::default()
+        let cached = Residency::new(ResidencyConfig {
+            admission: AdmissionConfig {
+                capacity_bytes: dram.free_bytes(),
+                hysteresis: cfg.hysteresis,
+                // The heat handed to the policy is already smoothed over windows.
+                smoothing: 1.0,
+                ..AdmissionConfig::default()
+            },
+            min_hot: cfg.min_hot_count,
+            history_decay: cfg.history_decay,
+            enabled: cfg.dram_bytes > 0,
         })
         .map_err(|e| setup(&e))?;
         let tuner = LeaseTuner::new(cfg.tuner).map_err(|e| setup(&e))?;
         let server = Arc::new(GengarServer {
             leases: LeaseTable::new(clock.clone(), cfg.lease),
             tuner,
-            // Every reported access counts towards the heat; `min_hot_count` applies to it.
-            selector: GlobalSelector::new(1),
-            heat: DecayedHeat::new(cfg.history_decay).map_err(|e| setup(&e))?,
-            policy: Mutex::new(policy),
-            cached: Mutex::new(HashMap::new()),
+            cached,
             locks: ExclusiveLeases::new(clock),
             window: Mutex::new(()),
             node: node.clone(),
@@ -229,12 +217,12 @@ impl GengarServer {
 
     /// Objects currently cached in DRAM.
     pub fn cached_objects(&self) -> usize {
-        self.cached.lock().len()
+        self.cached.len()
     }
 
     /// Whether the object whose NVM payload is at `offset` is cached in DRAM.
     pub fn is_cached(&self, offset: u64) -> bool {
-        self.cached.lock().contains_key(&offset)
+        self.cached.get(offset).is_some()
     }
 
     fn head(&self, st: Status) -> dmkit_verbs::wire::Writer {
@@ -363,7 +351,7 @@ impl GengarServer {
         // The location can only change after this lease expires (see the module invariants);
         // if this thread was delayed past that, the location read now could be newer than the
         // lease: check and let the client retry.
-        let location = match self.cached.lock().get(&off) {
+        let location = match self.cached.get(off) {
             Some(c) => Location::Dram {
                 offset: c.offset,
                 generation: c.generation,
@@ -391,9 +379,7 @@ impl GengarServer {
         let fence = self.leases.fence(off);
         fence.wait_until_expired();
         self.grace();
-        self.drop_cached(off);
-        self.policy.lock().remove(off);
-        self.heat.forget(off);
+        self.drop_cached(off, self.cached.forget(off));
         self.tuner.forget(off);
         self.locks.remove(&off);
         let r = self.nvm.free_object(off as usize);
@@ -408,7 +394,7 @@ impl GengarServer {
         for e in &report.entries {
             self.tuner.record_accesses(e.obj, e.count);
         }
-        self.selector.merge(&report);
+        self.cached.report(&report);
         self.head(Status::Ok)
     }
 
@@ -427,8 +413,9 @@ impl GengarServer {
         }
     }
 
-    fn drop_cached(&self, off: u64) -> bool {
-        let Some(c) = self.cached.lock().remove(&off) else {
+    /// Frees the DRAM copy of the object at `off` that was in `slot` (if it had one).
+    fn drop_cached(&self, off: u64, slot: Option<Cached>) -> bool {
+        let Some(c) = slot else {
             return false;
         };
         if let Err(e) = self.dram.free_object(c.offset as usize) {
@@ -455,20 +442,7 @@ impl GengarServer {
             }
             self.dram_footprint(h.size)
         };
-        // Every object reported this window (that still exists), with its merged count.
-        let reported = self.selector.finish_window(u64::MAX, size_of).hot;
-        let (hot, lukewarm) =
-            self.heat_window(&reported, self.dram.free_bytes() + self.cached_bytes());
-        let plan = if self.cfg.dram_bytes == 0 {
-            dmkit_cache::Plan::default()
-        } else {
-            // The hot objects first (they may displace colder residents); then what DRAM has
-            // free takes the lukewarm ones, which displace nothing.
-            let mut policy = self.policy.lock();
-            let mut plan = policy.plan(&hot);
-            plan.promote.extend(policy.fill(&lukewarm));
-            plan
-        };
+        let plan = self.cached.plan(self.dram.free_bytes(), size_of);
         // Fence every object that moves at once, so their leases drain together, then give
         // late operations their grace once.
         let fences: Vec<_> = plan
@@ -486,7 +460,7 @@ impl GengarServer {
         }
         let mut evicted = 0;
         for obj in &plan.evict {
-            if self.drop_cached(*obj) {
+            if self.drop_cached(*obj, self.cached.evict(*obj)) {
                 evicted += 1;
             }
         }
@@ -496,7 +470,7 @@ impl GengarServer {
                 Ok(()) => promoted += 1,
                 Err(e) => {
                     tracing::debug!(obj = h.obj, error = %e, "promotion skipped");
-                    self.policy.lock().remove(h.obj);
+                    self.cached.not_promoted(h.obj);
                     self.stats
                         .promotions_skipped
                         .fetch_add(1, Ordering::Relaxed);
@@ -519,33 +493,6 @@ impl GengarServer {
         (promoted, evicted)
     }
 
-    /// Folds one window's counts into the decayed heat and selects, hottest first, the hot
-    /// objects (heat at least `min_hot_count`) that fit `capacity` bytes, then the lukewarm
-    /// ones (heat of at least one access, under `min_hot_count`) that fit what is left.
-    fn heat_window(
-        &self,
-        reported: &[HotObject],
-        capacity: u64,
-    ) -> (Vec<HotObject>, Vec<HotObject>) {
-        self.heat.fold(reported);
-        let size: HashMap<u64, u64> = reported.iter().map(|r| (r.obj, r.size)).collect();
-        self.heat.select(capacity, self.cfg.min_hot_count, |obj| {
-            size.get(&obj).copied().or_else(|| {
-                let h = self.nvm.object_header(obj as usize).ok()?;
-                h.allocated.then_some(u64::from(h.size))
-            })
-        })
-    }
-
-    fn cached_bytes(&self) -> u64 {
-        let cached = self.cached.lock();
-        cached
-            .keys()
-            .filter_map(|o| self.nvm.object_header(*o as usize).ok())
-            .filter_map(|h| self.dram_footprint(h.size))
-            .sum()
-    }
-
     /// The bytes a DRAM copy of an object of `payload` bytes occupies (its slot), or `None`
     /// when no DRAM slot is that large.
     fn dram_footprint(&self, payload: u32) -> Option<u64> {
@@ -564,7 +511,7 @@ impl GengarServer {
     /// invariants say why that is safe). The caller holds the object's fence, its leases
     /// expired and the grace for late operations passed.
     fn promote(&self, obj: u64) -> std::result::Result<(), String> {
-        if self.cached.lock().contains_key(&obj) {
+        if self.cached.get(obj).is_some() {
             return Ok(());
         }
         let h = self
@@ -585,13 +532,12 @@ impl GengarServer {
             let _ = self.dram.free_object(slot.offset);
             return Err(f.to_string());
         }
-        self.cached.lock().insert(
-            obj,
-            Cached {
-                offset: slot.offset as u64,
-                generation: slot.generation,
-            },
-        );
+        let c = Cached {
+            offset: slot.offset as u64,
+            generation: slot.generation,
+        };
+        let footprint = self.dram_footprint(h.size).unwrap_or(0);
+        self.cached.promoted(obj, footprint, c);
         self.tuner.set_tier(obj, Tier::Dram);
         Ok(())
     }
