@@ -18,10 +18,10 @@ use dmkit_cache::{AccessReport, AdmissionConfig, HotEntry, Residency, ResidencyC
 use dmkit_lease::{
     Clock, ExclusiveLeases, LeaseConfig, LeaseError, LeaseTable, LeaseTuner, Tier, TunerConfig,
 };
-use dmkit_pmem_pool::verbs::verbs_backing;
+use dmkit_pmem_pool::verbs::PoolRegion;
 use dmkit_pmem_pool::{Pool, PoolOptions};
 use dmkit_verbs::wire::{Reader, WireError};
-use dmkit_verbs::{Access, MemoryNode, NodeId, Peer, RegionDesc, RegionMemory};
+use dmkit_verbs::{MemoryNode, NodeId, Peer, RegionDesc};
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
@@ -101,11 +101,8 @@ struct Cached {
 /// A Gengar server. Serve its [`GengarServer::node`] with any verbs backend.
 pub struct GengarServer {
     node: Arc<MemoryNode>,
-    nvm: Arc<Pool>,
-    nvm_region: RegionDesc,
-    nvm_mem: RegionMemory,
-    dram: Arc<Pool>,
-    dram_mem: RegionMemory,
+    nvm: PoolRegion,
+    dram: PoolRegion,
     leases: LeaseTable<Arc<dyn Clock>>,
     tuner: LeaseTuner,
     /// Which objects have a DRAM copy, and where; which should, window by window.
@@ -121,7 +118,7 @@ impl std::fmt::Debug for GengarServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GengarServer")
             .field("node", &self.node.id())
-            .field("nvm_free", &self.nvm.free_bytes())
+            .field("nvm_free", &self.nvm.pool().free_bytes())
             .finish()
     }
 }
@@ -141,30 +138,14 @@ impl GengarServer {
             PoolOptions::default().block_size(64 << 10),
         )
         .map_err(|e| setup(&e))?;
-        let nvm = Arc::new(nvm);
-        let dram = Arc::new(dram);
         let node = Arc::new(MemoryNode::new(id));
-        let nvm_region = node
-            .register_named(
-                NVM_REGION,
-                Arc::new(verbs_backing(&nvm)),
-                Access::ALL,
-                Some(NVM_BASE),
-            )
-            .map_err(|e| setup(&e))?;
-        let dram_region = node
-            .register_named(
-                DRAM_REGION,
-                Arc::new(verbs_backing(&dram)),
-                Access::ALL,
-                Some(DRAM_BASE),
-            )
-            .map_err(|e| setup(&e))?;
-        let nvm_mem = node.memory(nvm_region.rkey).expect("just registered");
-        let dram_mem = node.memory(dram_region.rkey).expect("just registered");
+        let nvm = PoolRegion::register(&node, NVM_REGION, Arc::new(nvm), Some(NVM_BASE));
+        let nvm = nvm.map_err(|e| setup(&e))?;
+        let dram = PoolRegion::register(&node, DRAM_REGION, Arc::new(dram), Some(DRAM_BASE));
+        let dram = dram.map_err(|e| setup(&e))?;
         let cached = Residency::new(ResidencyConfig {
             admission: AdmissionConfig {
-                capacity_bytes: dram.free_bytes(),
+                capacity_bytes: dram.pool().free_bytes(),
                 hysteresis: cfg.hysteresis,
                 // The heat handed to the policy is already smoothed over windows.
                 smoothing: 1.0,
@@ -184,10 +165,7 @@ impl GengarServer {
             window: Mutex::new(()),
             node: node.clone(),
             nvm,
-            nvm_region,
-            nvm_mem,
             dram,
-            dram_mem,
             cfg,
             stats: ServerStats::default(),
         });
@@ -212,7 +190,7 @@ impl GengarServer {
 
     /// Free NVM and DRAM bytes.
     pub fn free(&self) -> (u64, u64) {
-        (self.nvm.free_bytes(), self.dram.free_bytes())
+        (self.nvm.pool().free_bytes(), self.dram.pool().free_bytes())
     }
 
     /// Objects currently cached in DRAM.
@@ -303,8 +281,8 @@ impl GengarServer {
     }
 
     fn live(&self, off: u64, want_gen: u32) -> Option<u32> {
-        let h = self.nvm.object_header(off as usize).ok()?;
-        (h.allocated && h.generation == want_gen).then_some(h.size)
+        let h = self.nvm.pool().live_object(off as usize, want_gen)?;
+        Some(h.size)
     }
 
     fn alloc(&self, size: usize) -> dmkit_verbs::wire::Writer {
@@ -313,21 +291,8 @@ impl GengarServer {
                 .head(Status::Failed)
                 .bytes(b"objects must have at least one byte");
         }
-        match self.nvm.alloc_object(size) {
-            Ok(o) => {
-                // A reused slot holds an old object's bytes: clients must never see them.
-                let zeros = vec![0u8; size];
-                if let Err(e) = self
-                    .nvm_mem
-                    .write(o.offset, &zeros)
-                    .map_err(|f| f.to_string())
-                    .and_then(|()| self.nvm.persist(o.offset, size).map_err(|e| e.to_string()))
-                {
-                    let _ = self.nvm.free_object(o.offset);
-                    return self.head(Status::Failed).bytes(e.as_bytes());
-                }
-                proto::alloc_ok(self.head(Status::Ok), o.offset as u64, o.generation)
-            }
+        match self.nvm.alloc_zeroed(size) {
+            Ok(o) => proto::alloc_ok(self.head(Status::Ok), o.offset as u64, o.generation),
             Err(dmkit_pmem_pool::Error::OutOfBlocks { .. }) => self.head(Status::OutOfSpace),
             Err(e @ dmkit_pmem_pool::Error::ObjectTooLarge { .. }) => self
                 .head(Status::OutOfSpace)
@@ -382,7 +347,7 @@ impl GengarServer {
         self.drop_cached(off, self.cached.forget(off));
         self.tuner.forget(off);
         self.locks.remove(&off);
-        let r = self.nvm.free_object(off as usize);
+        let r = self.nvm.pool().free_object(off as usize);
         drop(fence);
         match r {
             Ok(()) => self.head(Status::Ok),
@@ -418,7 +383,7 @@ impl GengarServer {
         let Some(c) = slot else {
             return false;
         };
-        if let Err(e) = self.dram.free_object(c.offset as usize) {
+        if let Err(e) = self.dram.pool().free_object(c.offset as usize) {
             tracing::warn!(error = %e, "freeing a DRAM copy failed");
         }
         self.tuner.set_tier(off, Tier::Nvm);
@@ -436,13 +401,13 @@ impl GengarServer {
         // pool gives objects power-of-two slots). Objects too large for a DRAM slot are no
         // candidates.
         let size_of = |obj: u64| {
-            let h = self.nvm.object_header(obj as usize).ok()?;
+            let h = self.nvm.pool().object_header(obj as usize).ok()?;
             if !h.allocated {
                 return None;
             }
             self.dram_footprint(h.size)
         };
-        let plan = self.cached.plan(self.dram.free_bytes(), size_of);
+        let plan = self.cached.plan(self.dram.pool().free_bytes(), size_of);
         // Fence every object that moves at once, so their leases drain together, then give
         // late operations their grace once.
         let fences: Vec<_> = plan
@@ -496,7 +461,7 @@ impl GengarServer {
     /// The bytes a DRAM copy of an object of `payload` bytes occupies (its slot), or `None`
     /// when no DRAM slot is that large.
     fn dram_footprint(&self, payload: u32) -> Option<u64> {
-        let class = self.dram.size_class_for(payload as usize).ok()?;
+        let class = self.dram.pool().size_class_for(payload as usize).ok()?;
         Some(class.slot_size as u64)
     }
 
@@ -514,29 +479,13 @@ impl GengarServer {
         if self.cached.get(obj).is_some() {
             return Ok(());
         }
-        let h = self
-            .nvm
-            .object_header(obj as usize)
-            .map_err(|e| e.to_string())?;
-        if !h.allocated {
-            return Err("object freed".into());
-        }
-        let size = h.size as usize;
-        let slot = self.dram.alloc_object(size).map_err(|e| e.to_string())?;
-        let mut buf = vec![0u8; size];
-        let copied = self
-            .nvm_mem
-            .read(obj as usize, &mut buf)
-            .and_then(|()| self.dram_mem.write(slot.offset, &buf));
-        if let Err(f) = copied {
-            let _ = self.dram.free_object(slot.offset);
-            return Err(f.to_string());
-        }
+        let slot =
+            (self.dram.copy_object_from(&self.nvm, obj as usize)).map_err(|e| e.to_string())?;
         let c = Cached {
             offset: slot.offset as u64,
             generation: slot.generation,
         };
-        let footprint = self.dram_footprint(h.size).unwrap_or(0);
+        let footprint = self.dram_footprint(slot.size as u32).unwrap_or(0);
         self.cached.promoted(obj, footprint, c);
         self.tuner.set_tier(obj, Tier::Dram);
         Ok(())
@@ -569,7 +518,7 @@ impl GengarServer {
 
     /// The NVM region's descriptor.
     pub fn nvm_region(&self) -> RegionDesc {
-        self.nvm_region
+        self.nvm.region()
     }
 }
 

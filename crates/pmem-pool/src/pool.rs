@@ -800,6 +800,13 @@ impl Pool {
         Ok(())
     }
 
+    /// The header of the object whose payload is at `offset` if it is live at `generation`
+    /// (`None`: no object there, freed, or re-allocated since).
+    pub fn live_object(&self, offset: usize, generation: u32) -> Option<ObjectHeader> {
+        let h = self.object_header(offset).ok()?;
+        (h.allocated && h.generation == generation).then_some(h)
+    }
+
     /// The header of the object slot whose payload is at `offset` (live or free).
     pub fn object_header(&self, offset: usize) -> Result<ObjectHeader> {
         let st = self.state.lock();

@@ -1,11 +1,12 @@
 //! A pool's data area as verbs memory (feature `verbs`): what a memory node registers so
-//! that clients reach the pool's objects with one-sided verbs.
+//! that clients reach the pool's objects with one-sided verbs ([`verbs_backing`]), and a
+//! registered pool whose objects a server hands out ([`PoolRegion`]).
 
 use std::sync::Arc;
 
-use dmkit_verbs::{FnBacking, Media};
+use dmkit_verbs::{Access, FnBacking, Media, MemoryNode, RegionDesc, RegionMemory};
 
-use crate::Pool;
+use crate::{Error, ObjectRef, Pool, Result};
 
 /// The data area of `pool` as a verbs backing: NVM when the pool is persistent (a durable
 /// write or an atomic then persists what it changed before it completes), DRAM otherwise.
@@ -48,4 +49,157 @@ pub fn verbs_backing(pool: &Arc<Pool>) -> FnBacking {
         )
     };
     backing.with_write_hook(move |off, len| recorder.note_data_write(off, len))
+}
+
+/// A pool whose data area is registered as a region of a memory node: the region, its memory,
+/// and what a server that hands out the pool's objects to clients does with them — objects
+/// that come zero-filled (a reused slot's old bytes never show), and copies of objects
+/// between two pools (a DRAM copy of an NVM object, say).
+///
+/// ```
+/// use std::sync::Arc;
+/// use dmkit_pmem_pool::{Pool, PoolOptions, verbs::PoolRegion};
+/// use dmkit_verbs::{MemoryNode, NodeId};
+///
+/// let node = MemoryNode::new(NodeId(0));
+/// let opts = PoolOptions::default().block_size(64 << 10);
+/// let nvm = PoolRegion::register(&node, "nvm", Arc::new(Pool::create_dram(4 << 20, opts)?), None)?;
+/// let dram = PoolRegion::register(&node, "dram", Arc::new(Pool::create_dram(1 << 20, opts)?), None)?;
+///
+/// let obj = nvm.alloc_zeroed(100)?;
+/// nvm.memory().write(obj.offset, b"hot")?;
+/// let copy = dram.copy_object_from(&nvm, obj.offset)?;
+/// let mut buf = [0; 3];
+/// dram.memory().read(copy.offset, &mut buf)?;
+/// assert_eq!(&buf, b"hot");
+/// assert_eq!(nvm.pool().live_object(obj.offset, obj.generation).map(|h| h.size), Some(100));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct PoolRegion {
+    pool: Arc<Pool>,
+    region: RegionDesc,
+    mem: RegionMemory,
+}
+
+impl PoolRegion {
+    /// Registers `pool`'s data area on `node` as the region `name` (every access allowed), at
+    /// remote base `base` (or one the node picks).
+    pub fn register(
+        node: &MemoryNode,
+        name: &str,
+        pool: Arc<Pool>,
+        base: Option<u64>,
+    ) -> dmkit_verbs::Result<PoolRegion> {
+        let backing = Arc::new(verbs_backing(&pool));
+        let region = node.register_named(name, backing, Access::ALL, base)?;
+        let mem = node.memory(region.rkey).ok_or_else(|| {
+            dmkit_verbs::Error::Registration(format!("region {name} vanished once registered"))
+        })?;
+        Ok(PoolRegion { pool, region, mem })
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    /// The region's descriptor (what clients address).
+    pub fn region(&self) -> RegionDesc {
+        self.region
+    }
+
+    /// The region's memory, as the verbs layer accesses it.
+    pub fn memory(&self) -> &RegionMemory {
+        &self.mem
+    }
+
+    /// Allocates an object of `size` bytes, zero-filled and durable when it returns: a reused
+    /// slot holds an old object's bytes, which clients must never see.
+    pub fn alloc_zeroed(&self, size: usize) -> Result<ObjectRef> {
+        let o = self.pool.alloc_object(size)?;
+        let zeroed = self
+            .write(o.offset, &vec![0u8; size])
+            .and_then(|()| self.pool.persist(o.offset, size));
+        if let Err(e) = zeroed {
+            let _ = self.pool.free_object(o.offset);
+            return Err(e);
+        }
+        Ok(o)
+    }
+
+    /// Copies the live object whose payload is at `offset` in `from` into a new object of
+    /// this pool (not persisted: for a volatile copy). On failure nothing is left allocated.
+    pub fn copy_object_from(&self, from: &PoolRegion, offset: usize) -> Result<ObjectRef> {
+        let h = from.pool.object_header(offset)?;
+        if !h.allocated {
+            return Err(Error::ObjectNotAllocated {
+                offset,
+                generation: h.generation,
+            });
+        }
+        let size = h.size as usize;
+        let slot = self.pool.alloc_object(size)?;
+        let mut buf = vec![0u8; size];
+        let copied = from
+            .read(offset, &mut buf)
+            .and_then(|()| self.write(slot.offset, &buf));
+        if let Err(e) = copied {
+            let _ = self.pool.free_object(slot.offset);
+            return Err(e);
+        }
+        Ok(slot)
+    }
+
+    fn read(&self, offset: usize, buf: &mut [u8]) -> Result<()> {
+        let len = buf.len();
+        self.mem
+            .read(offset, buf)
+            .map_err(|_| self.out_of_bounds(offset, len))
+    }
+
+    fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.mem
+            .write(offset, data)
+            .map_err(|_| self.out_of_bounds(offset, data.len()))
+    }
+
+    fn out_of_bounds(&self, offset: usize, len: usize) -> Error {
+        Error::OutOfBounds {
+            offset,
+            len,
+            data_len: self.pool.data_len(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::PoolOptions;
+    use dmkit_verbs::NodeId;
+
+    #[test]
+    fn reused_slots_come_zeroed_and_failed_copies_leave_nothing() {
+        let node = MemoryNode::new(NodeId(0));
+        let opts = PoolOptions::default().block_size(64 << 10);
+        let pool = |size| Arc::new(Pool::create_dram(size, opts).unwrap());
+        let nvm = PoolRegion::register(&node, "nvm", pool(4 << 20), None).unwrap();
+        let dram = PoolRegion::register(&node, "dram", pool(1 << 20), None).unwrap();
+        let a = nvm.alloc_zeroed(100).unwrap();
+        nvm.memory().write(a.offset, &[7; 100]).unwrap();
+        nvm.pool().free_object(a.offset).unwrap();
+        assert!(nvm.pool().live_object(a.offset, a.generation).is_none());
+        let b = nvm.alloc_zeroed(100).unwrap();
+        assert_eq!(b.offset, a.offset, "the slot is reused");
+        let mut buf = [1; 100];
+        nvm.memory().read(b.offset, &mut buf).unwrap();
+        assert_eq!(buf, [0; 100]);
+        // A freed object is not copied, and no DRAM slot stays taken.
+        let live = dram.pool().stats().live_objects;
+        assert!(dram.copy_object_from(&nvm, a.offset + 128).is_err());
+        nvm.pool().free_object(b.offset).unwrap();
+        assert!(dram.copy_object_from(&nvm, b.offset).is_err());
+        assert_eq!(dram.pool().stats().live_objects, live);
+    }
 }
