@@ -1,7 +1,7 @@
 //! The Gengar client: a global address space over many servers, with leases on cached
 //! addresses, write-through, proxied writes with write confirms, and locks.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -10,7 +10,9 @@ use dmkit_cache::{AccessCounter, CounterConfig};
 use dmkit_lease::{CachedLease, Clock, LeaseCache, Renewed, Timestamp};
 use dmkit_pmem_pool::ObjectHeader;
 use dmkit_verbs::wire::Reader;
-use dmkit_verbs::{Connection, Endpoint, NodeId, ProxiedWrite, RegionDesc, Tag, WriteProxy};
+use dmkit_verbs::{
+    Connection, Endpoint, NodeId, OutstandingWrites, ProxiedWrite, RegionDesc, Tag, WriteProxy,
+};
 use parking_lot::{Mutex, RwLock};
 
 use crate::addr::GlobalAddr;
@@ -143,7 +145,7 @@ pub struct GengarClient {
     /// The leases this client holds, renewed early ([`ClientConfig::renew_early`]).
     leases: LeaseCache<GlobalAddr, LeaseGrant, dmkit_verbs::Pending<Vec<u8>>>,
     /// Outstanding proxied writes per object, oldest first.
-    confirms: Mutex<HashMap<GlobalAddr, VecDeque<Confirm>>>,
+    confirms: OutstandingWrites<GlobalAddr>,
     accesses: AtomicU64,
     /// Application locks are the client's (its id holds them at the server): among the
     /// threads and tasks sharing the client, the one holding the object's local lock is the
@@ -242,7 +244,7 @@ impl GengarClient {
             clock,
             servers,
             leases,
-            confirms: Mutex::new(HashMap::new()),
+            confirms: OutstandingWrites::default(),
             accesses: AtomicU64::new(0),
             local_locks: Mutex::new(HashMap::new()),
             held: Mutex::new(HashMap::new()),
@@ -453,7 +455,7 @@ impl GengarClient {
 
     /// [`GengarClient::free`], awaited.
     pub async fn free_async(&self, addr: GlobalAddr) -> Result<()> {
-        self.wait_confirms(addr).await?;
+        self.confirms.confirmed(&addr).await.map_err(node_error)?;
         let (st, rest) = self
             .call(
                 tags::FREE,
@@ -643,7 +645,7 @@ impl GengarClient {
     /// [`GengarClient::read_at`], awaited.
     pub async fn read_at_async(&self, addr: GlobalAddr, at: usize, len: usize) -> Result<Vec<u8>> {
         // Reads see this client's own proxied writes.
-        self.wait_posted(addr).await;
+        self.confirms.posted(&addr).await;
         for _ in 0..8 {
             let e = self.entry(tags::READ, addr).await?;
             check_range(addr, at, len, e.value.size)?;
@@ -753,7 +755,7 @@ impl GengarClient {
     /// [`GengarClient::write`], awaited.
     pub async fn write_async(&self, addr: GlobalAddr, at: usize, data: &[u8]) -> Result<()> {
         // After this client's earlier proxied writes to the object, never before.
-        self.wait_posted(addr).await;
+        self.confirms.posted(&addr).await;
         let (e, parts) = self.write_target(addr, at, data).await?;
         let mut b = self.ep.batch(addr.server);
         for (remote, durable) in parts {
@@ -795,17 +797,8 @@ impl GengarClient {
                 .await
                 .map_err(|e| self.verbs_error(addr.server, e))?,
         };
-        let c = Confirm(done);
-        let mut all = self.confirms.lock();
-        let list = all.entry(addr).or_default();
-        // Confirms mostly fire in posting order: dropping the confirmed ones at the front keeps
-        // the list short at O(1) per write (a scan of every outstanding one would make a fast
-        // writer's calls slower the more it has in flight).
-        while list.front().is_some_and(Confirm::is_confirmed) {
-            list.pop_front();
-        }
-        list.push_back(c.clone());
-        Ok(c)
+        self.confirms.push(addr, done.clone());
+        Ok(Confirm(done))
     }
 
     /// Waits until every proxied write so far is confirmed.
@@ -815,42 +808,9 @@ impl GengarClient {
 
     /// [`GengarClient::flush`], awaited.
     pub async fn flush_async(&self) -> Result<()> {
-        let pending: Vec<Confirm> = self.confirms.lock().drain().flat_map(|(_, l)| l).collect();
-        let mut first = None;
-        for c in pending {
-            if let Err(e) = c.confirmed().await {
-                first.get_or_insert(e);
-            }
-        }
+        let first = self.confirms.all_confirmed().await.map_err(node_error);
         let r = self.ep.flush_async().await.map_err(node_error);
-        match first {
-            Some(e) => Err(e),
-            None => r,
-        }
-    }
-
-    /// Waits until this client's queued proxied writes to `addr` are posted, so that what it
-    /// posts next on the connection (a read, a write) executes after them.
-    async fn wait_posted(&self, addr: GlobalAddr) {
-        if self.proxy.is_none() {
-            return;
-        }
-        let last = self
-            .confirms
-            .lock()
-            .get(&addr)
-            .and_then(|l| l.back().cloned());
-        if let Some(c) = last {
-            c.0.posted().await;
-        }
-    }
-
-    async fn wait_confirms(&self, addr: GlobalAddr) -> Result<()> {
-        let pending = self.confirms.lock().remove(&addr).unwrap_or_default();
-        for c in pending {
-            c.confirmed().await?;
-        }
-        Ok(())
+        first.and(r)
     }
 
     /// Takes the application lock of a shared object, waiting (up to the lock timeout) while
@@ -935,7 +895,7 @@ impl GengarClient {
     }
 
     async fn unlock_remote(&self, addr: GlobalAddr) -> Result<()> {
-        self.wait_confirms(addr).await?;
+        self.confirms.confirmed(&addr).await.map_err(node_error)?;
         let (st, rest) = self
             .call(
                 tags::LOCK,

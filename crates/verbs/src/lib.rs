@@ -132,6 +132,6 @@ pub use pending::timer::armed as armed_timeouts;
 /// An async sleep that needs no runtime (the verbs timer thread wakes the task).
 pub use pending::timer::sleep;
 pub use pending::{Completer, Pending, block_on, join_all};
-pub use proxy::{ProxiedWrite, WriteParts, WriteProxy};
+pub use proxy::{OutstandingWrites, ProxiedWrite, WriteParts, WriteProxy};
 pub use stats::{Stats, Tag, TagStats};
 pub use types::{Access, Media, NodeId, RKey, RegionDesc, RegionName, RemoteAddr};

@@ -7,7 +7,7 @@
 //!
 //! Each write may have several parts (the same bytes to several remote addresses, each
 //! durable or not); its [`ProxiedWrite`] says when every part is posted and when every part
-//! is confirmed.
+//! is confirmed. [`OutstandingWrites`] keeps a writer's writes per object until they are.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -34,10 +34,14 @@
 //! # Ok::<(), dmkit_verbs::Error>(())
 //! ```
 
+use std::collections::{HashMap, VecDeque};
+use std::hash::Hash;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use crate::endpoint::{Endpoint, WriteConfirm};
 use crate::error::{Error, Result};
@@ -219,6 +223,67 @@ impl WriteProxy {
     }
 }
 
+/// The proxied writes still outstanding per key (an object, say), oldest first: what a
+/// writer waits for before it reads its own writes back ([`OutstandingWrites::posted`]), or
+/// before it frees the object or hands its lock on ([`OutstandingWrites::confirmed`]).
+#[derive(Debug)]
+pub struct OutstandingWrites<K> {
+    writes: Mutex<HashMap<K, VecDeque<ProxiedWrite>>>,
+}
+
+impl<K: Hash + Eq> Default for OutstandingWrites<K> {
+    fn default() -> Self {
+        Self {
+            writes: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl<K: Hash + Eq> OutstandingWrites<K> {
+    /// Adds `w` to `key`'s writes.
+    pub fn push(&self, key: K, w: ProxiedWrite) {
+        let mut all = self.writes.lock();
+        let list = all.entry(key).or_default();
+        // Confirms mostly fire in posting order: dropping the confirmed ones at the front keeps
+        // the list short at O(1) per write (a scan of every outstanding one would make a fast
+        // writer's calls slower the more it has in flight).
+        while list.front().is_some_and(ProxiedWrite::is_confirmed) {
+            list.pop_front();
+        }
+        list.push_back(w);
+    }
+
+    /// Waits until `key`'s writes so far are posted, so that what the writer posts next on
+    /// the connection executes after them.
+    pub async fn posted(&self, key: &K) {
+        let last = self.writes.lock().get(key).and_then(|l| l.back().cloned());
+        if let Some(w) = last {
+            w.posted().await;
+        }
+    }
+
+    /// Takes `key`'s writes and waits until each is confirmed; the first failure.
+    pub async fn confirmed(&self, key: &K) -> Result<()> {
+        let pending = self.writes.lock().remove(key).unwrap_or_default();
+        for w in pending {
+            w.confirmed().await?;
+        }
+        Ok(())
+    }
+
+    /// Takes every key's writes and waits for all of them; the first failure.
+    pub async fn all_confirmed(&self) -> Result<()> {
+        let pending: Vec<_> = self.writes.lock().drain().flat_map(|(_, l)| l).collect();
+        let mut first = Ok(());
+        for w in pending {
+            if let Err(e) = w.confirmed().await {
+                first = first.and(Err(e));
+            }
+        }
+        first
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,6 +308,12 @@ mod tests {
             w.wait().unwrap();
         }
         assert_eq!(proxy.queued_bytes(), 0);
+        let outstanding = OutstandingWrites::default();
+        for w in &writes {
+            outstanding.push(7u64, w.clone());
+        }
+        crate::block_on(outstanding.posted(&7));
+        assert!(crate::block_on(outstanding.confirmed(&7)).is_ok());
         assert_eq!(ep.read("t", region.at(0), 8).unwrap(), vec![49; 8]);
         // A part out of the region: the write fails, and says so to every clone.
         let bad = crate::block_on(proxy.submit(vec![(region.at(1 << 20), false)], &[1; 8]));
@@ -250,5 +321,7 @@ mod tests {
         let copy = bad.clone();
         assert!(bad.wait().is_err());
         assert!(copy.is_confirmed() && copy.wait().is_err());
+        outstanding.push(8, copy);
+        assert!(crate::block_on(outstanding.all_confirmed()).is_err());
     }
 }
