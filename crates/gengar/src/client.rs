@@ -1,7 +1,7 @@
 //! The Gengar client: a global address space over many servers, with leases on cached
 //! addresses, write-through, proxied writes with write confirms, and locks.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -11,7 +11,8 @@ use dmkit_lease::{CachedLease, Clock, LeaseCache, Renewed, Timestamp};
 use dmkit_pmem_pool::ObjectHeader;
 use dmkit_verbs::wire::Reader;
 use dmkit_verbs::{
-    Connection, Endpoint, NodeId, OutstandingWrites, ProxiedWrite, RegionDesc, Tag, WriteProxy,
+    Backoff, Connection, Endpoint, NodeId, OutstandingWrites, ProxiedWrite, RegionDesc, Tag,
+    WriteProxy,
 };
 use parking_lot::{Mutex, RwLock};
 
@@ -150,8 +151,7 @@ pub struct GengarClient {
     /// Application locks are the client's (its id holds them at the server): among the
     /// threads and tasks sharing the client, the one holding the object's local lock is the
     /// holder.
-    local_locks: Mutex<HashMap<GlobalAddr, Arc<tokio::sync::Mutex<()>>>>,
-    held: Mutex<HashMap<GlobalAddr, tokio::sync::OwnedMutexGuard<()>>>,
+    held: Mutex<HashSet<GlobalAddr>>,
     reconnect: Mutex<Option<Reconnect>>,
     /// Gengar's write proxy ([`ClientConfig::proxy_thread`]).
     proxy: Option<WriteProxy>,
@@ -198,10 +198,33 @@ impl std::fmt::Debug for GengarClient {
     }
 }
 
-fn fail(node: NodeId, r: &mut Reader<'_>) -> String {
-    r.bytes()
+/// A server's refusal (a reply with a status that is no answer), with its message.
+fn refused(node: NodeId, rest: &[u8]) -> Error {
+    let reason = Reader::new(rest)
+        .bytes()
         .map(|b| String::from_utf8_lossy(b).into_owned())
-        .unwrap_or_else(|_| format!("server {node} refused"))
+        .unwrap_or_else(|_| format!("server {node} refused"));
+    Error::Server {
+        node: node.0,
+        reason,
+    }
+}
+
+/// A reply from `node` that does not decode.
+fn protocol_error(node: NodeId) -> impl Fn(dmkit_verbs::wire::WireError) -> Error {
+    move |e| Error::Protocol {
+        node: node.0,
+        reason: e.to_string(),
+    }
+}
+
+/// How `lock` paces its tries: from 50 µs, doubling up to 5 ms.
+fn lock_backoff(deadline: Instant) -> Backoff {
+    Backoff::new(
+        Duration::from_micros(50),
+        Duration::from_millis(5),
+        deadline,
+    )
 }
 
 impl GengarClient {
@@ -246,8 +269,7 @@ impl GengarClient {
             leases,
             confirms: OutstandingWrites::default(),
             accesses: AtomicU64::new(0),
-            local_locks: Mutex::new(HashMap::new()),
-            held: Mutex::new(HashMap::new()),
+            held: Mutex::new(HashSet::new()),
             reconnect: Mutex::new(None),
             proxy,
         };
@@ -374,10 +396,7 @@ impl GengarClient {
             status,
             free_nvm,
             free_dram,
-        } = proto::read_head(&mut r).map_err(|e| Error::Protocol {
-            node: node.0,
-            reason: e.to_string(),
-        })?;
+        } = proto::read_head(&mut r).map_err(protocol_error(node))?;
         s.free_nvm.store(free_nvm, Ordering::Relaxed);
         s.free_dram.store(free_dram, Ordering::Relaxed);
         let rest = reply[reply.len() - r.remaining()..].to_vec();
@@ -416,15 +435,10 @@ impl GengarClient {
                 }
                 Err(e) => return Err(e),
             };
-            let mut r = Reader::new(&rest);
             match st {
                 Status::Ok => {
-                    let bad = |e: dmkit_verbs::wire::WireError| Error::Protocol {
-                        node: node.0,
-                        reason: e.to_string(),
-                    };
-                    let offset = r.u64().map_err(bad)?;
-                    let generation = r.u32().map_err(bad)?;
+                    let (offset, generation) =
+                        proto::decode_alloc(&rest).map_err(protocol_error(node))?;
                     metrics::counter!("dmkit_gengar_allocs_total").increment(1);
                     return Ok(GlobalAddr {
                         server: node,
@@ -434,12 +448,7 @@ impl GengarClient {
                     });
                 }
                 Status::OutOfSpace => continue,
-                _ => {
-                    return Err(Error::Server {
-                        node: node.0,
-                        reason: fail(node, &mut r),
-                    });
-                }
+                _ => return Err(refused(node, &rest)),
             }
         }
         // No server had room: say so, unless one that might have had it is down.
@@ -467,10 +476,7 @@ impl GengarClient {
         match st {
             Status::Ok => Ok(()),
             Status::Freed => Err(Error::Freed(addr)),
-            _ => Err(Error::Server {
-                node: addr.server.0,
-                reason: fail(addr.server, &mut Reader::new(&rest)),
-            }),
+            _ => Err(refused(addr.server, &rest)),
         }
     }
 
@@ -516,10 +522,7 @@ impl GengarClient {
                     dmkit_verbs::sleep(self.cfg.busy_retry).await;
                 }
                 _ => {
-                    return Err(Error::Server {
-                        node: addr.server.0,
-                        reason: fail(addr.server, &mut Reader::new(&rest)),
-                    });
+                    return Err(refused(addr.server, &rest));
                 }
             }
         }
@@ -537,10 +540,7 @@ impl GengarClient {
         epoch: u64,
         rest: &[u8],
     ) -> Result<Entry> {
-        let g = proto::decode_grant(&mut Reader::new(rest)).map_err(|e| Error::Protocol {
-            node: addr.server.0,
-            reason: e.to_string(),
-        })?;
+        let g = proto::decode_grant(&mut Reader::new(rest)).map_err(protocol_error(addr.server))?;
         let duration = Duration::from_nanos(g.duration_ns);
         Ok(self.leases.from_grant(g, epoch, requested_at, duration))
     }
@@ -822,55 +822,31 @@ impl GengarClient {
     /// [`GengarClient::lock`], awaited (the waits between tries are awaited too).
     pub async fn lock_async(&self, addr: GlobalAddr) -> Result<()> {
         let deadline = Instant::now() + self.cfg.lock_timeout;
-        let mut backoff = Duration::from_micros(50);
         // First among the callers sharing this client.
-        let local = self
-            .local_locks
-            .lock()
-            .entry(addr)
-            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())))
-            .clone();
-        let guard = loop {
-            match local.clone().try_lock_owned() {
-                Ok(g) => break g,
-                Err(_) if Instant::now() < deadline => {
-                    dmkit_verbs::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_millis(5));
-                }
-                Err(_) => return Err(Error::LockTimeout(addr)),
+        let mut backoff = lock_backoff(deadline);
+        while !self.held.lock().insert(addr) {
+            if !backoff.wait().await {
+                return Err(Error::LockTimeout(addr));
             }
-        };
+        }
         let r = self.lock_remote(addr, deadline).await;
-        if r.is_ok() {
-            self.held.lock().insert(addr, guard);
+        if r.is_err() {
+            self.held.lock().remove(&addr);
         }
         r
     }
 
     /// The server's lock, for this client's id.
     async fn lock_remote(&self, addr: GlobalAddr, deadline: Instant) -> Result<()> {
-        let mut backoff = Duration::from_micros(50);
+        let mut backoff = lock_backoff(deadline);
         loop {
-            let (st, rest) = self
-                .call(
-                    tags::LOCK,
-                    addr.server,
-                    proto::lock_request(tag::LOCK, self.id, addr.offset),
-                )
-                .await?;
+            let req = proto::lock_request(tag::LOCK, self.id, addr.offset);
+            let (st, rest) = self.call(tags::LOCK, addr.server, req).await?;
             match st {
                 Status::Ok => return Ok(()),
-                Status::Busy if Instant::now() < deadline => {
-                    dmkit_verbs::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_millis(5));
-                }
+                Status::Busy if backoff.wait().await => {}
                 Status::Busy => return Err(Error::LockTimeout(addr)),
-                _ => {
-                    return Err(Error::Server {
-                        node: addr.server.0,
-                        reason: fail(addr.server, &mut Reader::new(&rest)),
-                    });
-                }
+                _ => return Err(refused(addr.server, &rest)),
             }
         }
     }
@@ -885,12 +861,7 @@ impl GengarClient {
     pub async fn unlock_async(&self, addr: GlobalAddr) -> Result<()> {
         let r = self.unlock_remote(addr).await;
         // Whatever the server said, the caller no longer holds it here.
-        if self.held.lock().remove(&addr).is_some() {
-            let mut locks = self.local_locks.lock();
-            if locks.get(&addr).is_some_and(|l| Arc::strong_count(l) == 1) {
-                locks.remove(&addr);
-            }
-        }
+        self.held.lock().remove(&addr);
         r
     }
 
@@ -906,10 +877,7 @@ impl GengarClient {
         match st {
             Status::Ok => Ok(()),
             Status::NotHolder => Err(Error::NotLockHolder(addr)),
-            _ => Err(Error::Server {
-                node: addr.server.0,
-                reason: fail(addr.server, &mut Reader::new(&rest)),
-            }),
+            _ => Err(refused(addr.server, &rest)),
         }
     }
 

@@ -106,6 +106,12 @@ pub(crate) fn alloc_ok(w: Writer, offset: u64, generation: u32) -> Writer {
     w.u64(offset).u32(generation)
 }
 
+/// ALLOC's answer, after the reply head: (offset, generation).
+pub(crate) fn decode_alloc(rest: &[u8]) -> Result<(u64, u32), WireError> {
+    let mut r = Reader::new(rest);
+    Ok((r.u64()?, r.u32()?))
+}
+
 pub(crate) fn read_head(r: &mut Reader<'_>) -> Result<ReplyHead, WireError> {
     Ok(ReplyHead {
         status: Status::from_u8(r.u8()?)?,

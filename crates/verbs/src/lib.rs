@@ -92,6 +92,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod backoff;
 mod batch;
 mod buf;
 mod conn;
@@ -118,6 +119,7 @@ pub mod wire;
 #[cfg_attr(docsrs, doc(cfg(feature = "test_utils")))]
 pub mod conformance;
 
+pub use backoff::Backoff;
 pub use batch::{Batch, BatchResult, OpIdx, WorkRequest};
 pub use buf::{BufAllocator, ChunkOwner, HeapAllocator, MemBuf};
 pub use conn::{Connection, Connector, PostCtx};
