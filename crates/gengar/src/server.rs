@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use dmkit_cache::{AccessReport, AdmissionConfig, HotEntry, Residency, ResidencyConfig};
 use dmkit_lease::{
-    Clock, ExclusiveLeases, LeaseConfig, LeaseError, LeaseTable, LeaseTuner, Tier, TunerConfig,
+    Clock, ExclusiveLeases, LeaseConfig, LeaseError, Tier, TunedLeases, TunerConfig,
 };
 use dmkit_pmem_pool::verbs::PoolRegion;
 use dmkit_pmem_pool::{Pool, PoolOptions};
@@ -103,8 +103,7 @@ pub struct GengarServer {
     node: Arc<MemoryNode>,
     nvm: PoolRegion,
     dram: PoolRegion,
-    leases: LeaseTable<Arc<dyn Clock>>,
-    tuner: LeaseTuner,
+    leases: TunedLeases<Arc<dyn Clock>>,
     /// Which objects have a DRAM copy, and where; which should, window by window.
     cached: Residency<Cached>,
     /// Object locks: exclusive leases, so a crashed holder's lock runs out.
@@ -156,10 +155,10 @@ impl GengarServer {
             enabled: cfg.dram_bytes > 0,
         })
         .map_err(|e| setup(&e))?;
-        let tuner = LeaseTuner::new(cfg.tuner).map_err(|e| setup(&e))?;
+        let leases = TunedLeases::new(clock.clone(), cfg.lease, cfg.tuner, cfg.late_op_grace);
+        let leases = leases.map_err(|e| setup(&e))?;
         let server = Arc::new(GengarServer {
-            leases: LeaseTable::new(clock.clone(), cfg.lease),
-            tuner,
+            leases,
             cached,
             locks: ExclusiveLeases::new(clock),
             window: Mutex::new(()),
@@ -305,13 +304,11 @@ impl GengarServer {
         let Some(size) = self.live(off, want_gen) else {
             return self.head(Status::Freed);
         };
-        let duration = self.tuner.duration_for(off);
-        match self.leases.grant(holder, off, duration) {
-            Ok(_) => {}
+        let duration = match self.leases.grant(holder, off) {
+            Ok(d) => d,
             Err(LeaseError::Fenced { .. }) => return self.head(Status::Busy),
             Err(e) => return self.head(Status::Failed).bytes(e.to_string().as_bytes()),
-        }
-        self.tuner.record_grants(off, 1);
+        };
         self.stats.leases.fetch_add(1, Ordering::Relaxed);
         // The location can only change after this lease expires (see the module invariants);
         // if this thread was delayed past that, the location read now could be newer than the
@@ -323,7 +320,7 @@ impl GengarServer {
             },
             None => Location::Nvm,
         };
-        if !self.leases.is_valid(holder, off, self.leases.clock().now()) {
+        if !self.leases.is_valid(holder, off) {
             return self.head(Status::Busy);
         }
         proto::encode_grant(
@@ -341,11 +338,9 @@ impl GengarServer {
         if self.live(off, want_gen).is_none() {
             return self.head(Status::Freed);
         }
-        let fence = self.leases.fence(off);
-        fence.wait_until_expired();
-        self.grace();
+        let fence = self.leases.drain([off]);
         self.drop_cached(off, self.cached.forget(off));
-        self.tuner.forget(off);
+        self.leases.forget(off);
         self.locks.remove(&off);
         let r = self.nvm.pool().free_object(off as usize);
         drop(fence);
@@ -357,7 +352,7 @@ impl GengarServer {
 
     fn report(&self, report: AccessReport) -> dmkit_verbs::wire::Writer {
         for e in &report.entries {
-            self.tuner.record_accesses(e.obj, e.count);
+            self.leases.record_accesses(e.obj, e.count);
         }
         self.cached.report(&report);
         self.head(Status::Ok)
@@ -386,7 +381,7 @@ impl GengarServer {
         if let Err(e) = self.dram.pool().free_object(c.offset as usize) {
             tracing::warn!(error = %e, "freeing a DRAM copy failed");
         }
-        self.tuner.set_tier(off, Tier::Nvm);
+        self.leases.set_tier(off, Tier::Nvm);
         true
     }
 
@@ -408,21 +403,9 @@ impl GengarServer {
             self.dram_footprint(h.size)
         };
         let plan = self.cached.plan(self.dram.pool().free_bytes(), size_of);
-        // Fence every object that moves at once, so their leases drain together, then give
-        // late operations their grace once.
-        let fences: Vec<_> = plan
-            .evict
-            .iter()
-            .copied()
-            .chain(plan.promote.iter().map(|h| h.obj))
-            .map(|o| self.leases.fence(o))
-            .collect();
-        for f in &fences {
-            f.wait_until_expired();
-        }
-        if !fences.is_empty() {
-            self.grace();
-        }
+        // Every object that moves, drained at once (see the module invariants).
+        let moving = plan.promote.iter().map(|h| h.obj);
+        let fences = self.leases.drain(plan.evict.iter().copied().chain(moving));
         let mut evicted = 0;
         for obj in &plan.evict {
             if self.drop_cached(*obj, self.cached.evict(*obj)) {
@@ -444,8 +427,7 @@ impl GengarServer {
             }
         }
         drop(fences);
-        self.tuner.end_window();
-        self.leases.prune();
+        self.leases.end_window();
         self.stats.windows.fetch_add(1, Ordering::Relaxed);
         self.stats
             .promotions
@@ -465,13 +447,6 @@ impl GengarServer {
         Some(class.slot_size as u64)
     }
 
-    /// Waits out `late_op_grace`.
-    fn grace(&self) {
-        if !self.cfg.late_op_grace.is_zero() {
-            std::thread::sleep(self.cfg.late_op_grace);
-        }
-    }
-
     /// Copies the object NVM → DRAM; the DRAM copy then holds the real data (the module
     /// invariants say why that is safe). The caller holds the object's fence, its leases
     /// expired and the grace for late operations passed.
@@ -487,7 +462,7 @@ impl GengarServer {
         };
         let footprint = self.dram_footprint(slot.size as u32).unwrap_or(0);
         self.cached.promoted(obj, footprint, c);
-        self.tuner.set_tier(obj, Tier::Dram);
+        self.leases.set_tier(obj, Tier::Dram);
         Ok(())
     }
 

@@ -13,6 +13,8 @@
 //!   the epoch (connection) it was granted in, renewed early off the callers' path.
 //! - [`LeaseTuner`]: per-object durations found by hill climbing — short for hot objects still
 //!   in NVM (promotion waits less), long for objects in DRAM (fewer re-grants).
+//! - [`TunedLeases`]: a server's object leases in one piece — tuned durations, and the drain
+//!   (fence, wait out the leases, then a grace for late operations) before an object moves.
 //! - [`ExclusiveLeases`]: one holder per key until its lease runs out — locks a crashed
 //!   holder cannot keep (Gengar's object locks, FUSEE's one-master-per-cluster claim).
 //! - [`ServingLease`]: a server's own lease on serving, renewed by a coordinator's heartbeats
@@ -53,6 +55,7 @@ mod error;
 mod exclusive;
 mod standing;
 mod table;
+mod tuned;
 mod tuner;
 
 pub use cache::{CachedLease, LeaseCache, Renewed};
@@ -61,4 +64,5 @@ pub use error::LeaseError;
 pub use exclusive::{ExclusiveHolder, ExclusiveLeases};
 pub use standing::{ServingLease, Standing};
 pub use table::{Fence, HeldLease, Lease, LeaseConfig, LeaseStats, LeaseTable};
+pub use tuned::TunedLeases;
 pub use tuner::{LeaseTuner, Tier, TunerConfig};
