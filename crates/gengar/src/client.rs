@@ -11,8 +11,8 @@ use dmkit_lease::{CachedLease, Clock, LeaseCache, Renewed, Timestamp};
 use dmkit_pmem_pool::ObjectHeader;
 use dmkit_verbs::wire::Reader;
 use dmkit_verbs::{
-    Backoff, Connection, Endpoint, NodeId, OutstandingWrites, ProxiedWrite, RegionDesc, Tag,
-    WriteProxy,
+    Backoff, Connection, Endpoint, NodeId, OutstandingWrites, ProxiedWrite, ReconnectError,
+    Reconnector, RegionDesc, Tag, WriteProxy,
 };
 use parking_lot::{Mutex, RwLock};
 
@@ -79,7 +79,7 @@ impl Default for ClientConfig {
 /// How a client makes a new connection to a Gengar server that restarted (or whose
 /// connection broke): the process that knows the servers' addresses supplies it
 /// ([`GengarClient::set_reconnect`]).
-pub type Reconnect = Arc<dyn Fn(NodeId) -> dmkit_verbs::Result<Arc<dyn Connection>> + Send + Sync>;
+pub type Reconnect = dmkit_verbs::Reconnect;
 
 /// A server's regions as this client knows them, and which connection (`epoch`: one more
 /// per reconnection) they came from. Leases carry the epoch they were granted in: a lease of
@@ -95,8 +95,6 @@ struct Regions {
 #[derive(Debug)]
 struct ServerState {
     regions: RwLock<Regions>,
-    /// Held while reconnecting, so that one caller reconnects and the others wait for it.
-    reconnecting: Mutex<()>,
     free_nvm: AtomicU64,
     free_dram: AtomicU64,
     counter: AccessCounter,
@@ -152,18 +150,10 @@ pub struct GengarClient {
     /// threads and tasks sharing the client, the one holding the object's local lock is the
     /// holder.
     held: Mutex<HashSet<GlobalAddr>>,
-    reconnect: Mutex<Option<Reconnect>>,
+    reconnect: Reconnector,
     /// Gengar's write proxy ([`ClientConfig::proxy_thread`]).
     proxy: Option<WriteProxy>,
 }
-
-impl std::fmt::Debug for ReconnectSlot<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() { "set" } else { "none" })
-    }
-}
-
-struct ReconnectSlot<'a>(&'a Option<Reconnect>);
 
 /// A verbs error as the client reports it: a lost server is [`Error::ServerDown`].
 fn node_error(e: dmkit_verbs::Error) -> Error {
@@ -193,7 +183,7 @@ impl std::fmt::Debug for GengarClient {
         f.debug_struct("GengarClient")
             .field("id", &self.id)
             .field("servers", &self.servers.keys().collect::<Vec<_>>())
-            .field("reconnect", &ReconnectSlot(&self.reconnect.lock()))
+            .field("reconnect", &self.reconnect)
             .finish_non_exhaustive()
     }
 }
@@ -242,7 +232,6 @@ impl GengarClient {
                         nvm,
                         dram,
                     }),
-                    reconnecting: Mutex::new(()),
                     free_nvm: AtomicU64::new(0),
                     free_dram: AtomicU64::new(0),
                     counter: AccessCounter::new(cfg.counter)
@@ -270,7 +259,7 @@ impl GengarClient {
             confirms: OutstandingWrites::default(),
             accesses: AtomicU64::new(0),
             held: Mutex::new(HashSet::new()),
-            reconnect: Mutex::new(None),
+            reconnect: Reconnector::default(),
             proxy,
         };
         for node in c.servers.keys().copied().collect::<Vec<_>>() {
@@ -296,7 +285,7 @@ impl GengarClient {
     /// server, a broken link). Without one, such a server's objects fail with
     /// [`Error::ServerDown`] for good.
     pub fn set_reconnect(&self, reconnect: Reconnect) {
-        *self.reconnect.lock() = Some(reconnect);
+        self.reconnect.set(reconnect);
     }
 
     /// The server's current regions, its connection checked first (see [`GengarClient::ensure`]).
@@ -308,49 +297,30 @@ impl GengarClient {
     /// Before using `node`: when its connection is known to be broken, connects again (with
     /// the reconnect function) or fails with [`Error::ServerDown`].
     fn ensure(&self, node: NodeId) -> Result<()> {
-        if self.ep.connection(node).is_ok_and(|c| c.is_alive()) {
-            return Ok(());
-        }
         let s = self.server(node)?;
-        let _one = s.reconnecting.lock();
-        if self.ep.connection(node).is_ok_and(|c| c.is_alive()) {
-            // Another caller reconnected meanwhile.
-            return Ok(());
+        let accept = |conn: &Arc<dyn Connection>| gengar_regions(node, &conn.regions());
+        let fresh = self.reconnect.ensure(&self.ep, node, accept);
+        if !matches!(fresh, Ok(None)) {
+            // Leases of the old connection (also those taken while this ran) are void.
+            self.forget_server(node);
         }
-        self.forget_server(node);
-        let Some(rc) = self.reconnect.lock().clone() else {
-            return Err(Error::ServerDown {
-                node: node.0,
-                reason: "its connection is lost (this client has no way to reconnect)".into(),
-            });
-        };
-        let conn = rc(node).map_err(|e| Error::ServerDown {
-            node: node.0,
-            reason: format!("reconnecting failed: {e}"),
-        })?;
-        if conn.node() != node {
-            let found = conn.node();
-            conn.close();
-            return Err(Error::ServerDown {
-                node: node.0,
-                reason: format!("its address now answers as server {found}"),
-            });
-        }
-        let (nvm, dram) = match gengar_regions(node, &conn.regions()) {
-            Ok(r) => r,
+        let (nvm, dram) = match fresh {
+            Ok(None) => return Ok(()),
+            Ok(Some(regions)) => regions,
+            Err(ReconnectError::Refused(e)) => return Err(e),
             Err(e) => {
-                conn.close();
-                return Err(e);
+                return Err(Error::ServerDown {
+                    node: node.0,
+                    reason: e.to_string(),
+                });
             }
         };
-        self.ep.add_connection(conn);
         {
             let mut r = s.regions.write();
             r.epoch += 1;
             r.nvm = nvm;
             r.dram = dram;
         }
-        // Leases taken while this ran belong to the old connection too.
         self.forget_server(node);
         metrics::counter!("dmkit_gengar_reconnects_total").increment(1);
         tracing::info!(server = %node, "reconnected to Gengar server");
