@@ -61,7 +61,7 @@ pub use admission::{AdmissionConfig, DramCachePolicy, Plan};
 pub use counter::{AccessCounter, AccessReport, CounterConfig, HotEntry};
 pub use error::CacheError;
 pub use heat::DecayedHeat;
-pub use residency::{Residency, ResidencyConfig};
+pub use residency::{Applied, Residency, ResidencyConfig};
 pub use selector::{GlobalSelector, HotObject, Selection};
 pub use sketch::CountMinSketch;
 pub use tier::HotTier;

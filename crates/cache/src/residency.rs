@@ -9,9 +9,9 @@
 //!    residents take) displace colder residents, and free room also takes lukewarm objects
 //!    ([`DramCachePolicy::plan`] and [`fill`](DramCachePolicy::fill), with hysteresis and a
 //!    minimum residency);
-//! 3. the caller applies the [`Plan`]: for each eviction it frees the slot
-//!    [`Residency::evict`] returns; for each promotion it copies the object and records the
-//!    copy's slot with [`Residency::promoted`] (or says it could not:
+//! 3. the caller applies the [`Plan`] with [`Residency::apply`], which hands it each evicted
+//!    resident's slot to free and asks it for a copy of each promoted object (the steps are
+//!    also there one by one: [`Residency::evict`], [`Residency::promoted`],
 //!    [`Residency::not_promoted`]).
 //!
 //! Gengar's servers keep their hot objects in a DRAM buffer this way; [`crate::HotTier`] is
@@ -87,6 +87,17 @@ struct Resident<S> {
     bytes: u64,
 }
 
+/// What [`Residency::apply`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Objects copied in (or already resident).
+    pub promoted: usize,
+    /// Residents whose slot was freed.
+    pub evicted: usize,
+    /// Planned promotions that got no copy.
+    pub skipped: usize,
+}
+
 /// Which objects are resident in a DRAM buffer, and which should be (see the module docs).
 /// `S` names a resident copy's slot (an offset, a generation).
 #[derive(Debug)]
@@ -139,6 +150,38 @@ impl<S: Copy> Residency<S> {
         let mut plan = policy.plan(&hot);
         plan.promote.extend(policy.fill(&lukewarm));
         plan
+    }
+
+    /// Applies `plan` (once whatever must come first is done — Gengar drains the objects'
+    /// leases): each planned eviction of a resident ends its residency and hands its slot to
+    /// `free`; each promotion of an object not resident yet asks `copy` for a copy, which
+    /// becomes resident with the bytes the plan counted for it — or, when `copy` gives none
+    /// (the object went away, no slot was free), is skipped and leaves the policy.
+    pub fn apply(
+        &self,
+        plan: &Plan,
+        mut free: impl FnMut(u64, S),
+        mut copy: impl FnMut(u64) -> Option<S>,
+    ) -> Applied {
+        let mut done = Applied::default();
+        for &obj in &plan.evict {
+            if let Some(slot) = self.evict(obj) {
+                free(obj, slot);
+                done.evicted += 1;
+            }
+        }
+        for h in &plan.promote {
+            if self.get(h.obj).is_none() {
+                let Some(slot) = copy(h.obj) else {
+                    self.not_promoted(h.obj);
+                    done.skipped += 1;
+                    continue;
+                };
+                self.promoted(h.obj, h.size, slot);
+            }
+            done.promoted += 1;
+        }
+        done
     }
 
     /// Records that `obj` was copied in: its copy, of `bytes`, is in `slot`.
@@ -228,16 +271,17 @@ mod tests {
         let plan = r.plan(200, |_| Some(100));
         let objs: Vec<_> = plan.promote.iter().map(|h| h.obj).collect();
         assert_eq!(objs, vec![1, 2]);
-        r.promoted(1, 100, 10);
-        r.not_promoted(2);
+        let done = r.apply(&plan, |_, _| unreachable!(), |o| (o == 1).then_some(10));
+        assert_eq!((done.promoted, done.skipped), (1, 1));
         assert_eq!((r.len(), r.resident_bytes(), r.get(1)), (1, 100, Some(10)));
         // Next window 3 and 4 are hot and 1 is cold: 1 makes room (the buffer's 100 free
         // bytes plus its 100), 3 and 4 come in.
         r.report(&report(&[(3, 90), (4, 80)]));
         let plan = r.plan(100, |_| Some(100));
         assert_eq!(plan.evict, vec![1]);
-        assert_eq!(r.evict(1), Some(10));
-        assert_eq!(plan.promote.len(), 2);
+        let mut freed = vec![];
+        let done = r.apply(&plan, |o, s| freed.push((o, s)), |o| Some(o as u32));
+        assert_eq!((done.evicted, done.promoted, freed), (1, 2, vec![(1, 10)]));
         // Gone objects are forgotten.
         r.report(&report(&[(5, 90)]));
         assert!(r.plan(200, |o| (o != 5).then_some(100)).promote.is_empty());

@@ -339,7 +339,9 @@ impl GengarServer {
             return self.head(Status::Freed);
         }
         let fence = self.leases.drain([off]);
-        self.drop_cached(off, self.cached.forget(off));
+        if let Some(copy) = self.cached.forget(off) {
+            self.free_copy(off, copy);
+        }
         self.leases.forget(off);
         self.locks.remove(&off);
         let r = self.nvm.pool().free_object(off as usize);
@@ -373,16 +375,12 @@ impl GengarServer {
         }
     }
 
-    /// Frees the DRAM copy of the object at `off` that was in `slot` (if it had one).
-    fn drop_cached(&self, off: u64, slot: Option<Cached>) -> bool {
-        let Some(c) = slot else {
-            return false;
-        };
-        if let Err(e) = self.dram.pool().free_object(c.offset as usize) {
+    /// Frees the DRAM copy of the object at `off`.
+    fn free_copy(&self, off: u64, copy: Cached) {
+        if let Err(e) = self.dram.pool().free_object(copy.offset as usize) {
             tracing::warn!(error = %e, "freeing a DRAM copy failed");
         }
         self.leases.set_tier(off, Tier::Nvm);
-        true
     }
 
     /// One window of the hot-object cache: merge the clients' reports, select the globally
@@ -406,26 +404,18 @@ impl GengarServer {
         // Every object that moves, drained at once (see the module invariants).
         let moving = plan.promote.iter().map(|h| h.obj);
         let fences = self.leases.drain(plan.evict.iter().copied().chain(moving));
-        let mut evicted = 0;
-        for obj in &plan.evict {
-            if self.drop_cached(*obj, self.cached.evict(*obj)) {
-                evicted += 1;
-            }
-        }
-        let mut promoted = 0;
-        for h in &plan.promote {
-            match self.promote(h.obj) {
-                Ok(()) => promoted += 1,
-                Err(e) => {
-                    tracing::debug!(obj = h.obj, error = %e, "promotion skipped");
-                    self.cached.not_promoted(h.obj);
-                    self.stats
-                        .promotions_skipped
-                        .fetch_add(1, Ordering::Relaxed);
-                    metrics::counter!("dmkit_gengar_promotions_skipped_total").increment(1);
-                }
-            }
-        }
+        let copy = |obj| {
+            let c = self.promote(obj);
+            c.inspect_err(|e| tracing::debug!(obj, error = %e, "promotion skipped"))
+                .ok()
+        };
+        let done = self.cached.apply(&plan, |o, c| self.free_copy(o, c), copy);
+        let (promoted, evicted) = (done.promoted, done.evicted);
+        let skipped = done.skipped as u64;
+        self.stats
+            .promotions_skipped
+            .fetch_add(skipped, Ordering::Relaxed);
+        metrics::counter!("dmkit_gengar_promotions_skipped_total").increment(skipped);
         drop(fences);
         self.leases.end_window();
         self.stats.windows.fetch_add(1, Ordering::Relaxed);
@@ -450,20 +440,14 @@ impl GengarServer {
     /// Copies the object NVM → DRAM; the DRAM copy then holds the real data (the module
     /// invariants say why that is safe). The caller holds the object's fence, its leases
     /// expired and the grace for late operations passed.
-    fn promote(&self, obj: u64) -> std::result::Result<(), String> {
-        if self.cached.get(obj).is_some() {
-            return Ok(());
-        }
-        let slot =
-            (self.dram.copy_object_from(&self.nvm, obj as usize)).map_err(|e| e.to_string())?;
-        let c = Cached {
+    fn promote(&self, obj: u64) -> std::result::Result<Cached, String> {
+        let slot = self.dram.copy_object_from(&self.nvm, obj as usize);
+        let slot = slot.map_err(|e| e.to_string())?;
+        self.leases.set_tier(obj, Tier::Dram);
+        Ok(Cached {
             offset: slot.offset as u64,
             generation: slot.generation,
-        };
-        let footprint = self.dram_footprint(slot.size as u32).unwrap_or(0);
-        self.cached.promoted(obj, footprint, c);
-        self.leases.set_tier(obj, Tier::Dram);
-        Ok(())
+        })
     }
 
     /// Runs [`GengarServer::run_window`] every `every` on a background thread until the
