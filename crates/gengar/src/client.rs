@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use dmkit_cache::{AccessCounter, CounterConfig};
 use dmkit_lease::{CachedLease, Clock, LeaseCache, Renewed, Timestamp};
-use dmkit_pmem_pool::ObjectHeader;
+use dmkit_pmem_pool::verbs::ObjectRead;
 use dmkit_verbs::wire::Reader;
 use dmkit_verbs::{
     Backoff, Connection, Endpoint, NodeId, OutstandingWrites, ProxiedWrite, ReconnectError,
@@ -622,26 +622,23 @@ impl GengarClient {
             let Some(s) = self.current(addr, &e)? else {
                 continue;
             };
-            // The header word precedes the payload: read it with the data, in one READ, and
-            // check the generation so a freed or reused slot is never returned as the object.
-            let (remote, want_gen) = match e.value.location {
-                Location::Nvm => (s.nvm.at(addr.offset - 8), addr.generation),
-                Location::Dram { offset, generation } => (s.dram.at(offset - 8), generation),
+            // The header word with the data, in one batch: a freed or reused slot (another
+            // generation) is never returned as the object.
+            let (payload, want_gen) = match e.value.location {
+                Location::Nvm => (s.nvm.at(addr.offset), addr.generation),
+                Location::Dram { offset, generation } => (s.dram.at(offset), generation),
             };
             let mut b = self.ep.batch(addr.server);
-            let hdr = b.read(remote, 8);
-            let data = b.read(remote.add(8 + at as u64), len);
+            let read = ObjectRead::post(&mut b, payload, at, len);
             let res = match self.ep.execute_async(tags::READ, b).await {
                 Ok(r) => r,
                 Err(dmkit_verbs::Error::RemoteAccess { .. }) if self.replaced(addr, &e) => continue,
                 Err(err) => return Err(self.verbs_error(addr.server, err)),
             };
-            let h = ObjectHeader::from_word(u64::from_le_bytes(
-                res.read(hdr).try_into().expect("8 bytes"),
-            ));
-            if h.allocated && h.generation == want_gen {
+            if let Some(data) = read.data(&res, want_gen) {
+                let data = data.to_vec();
                 self.record_access(addr).await?;
-                return Ok(res.read(data).to_vec());
+                return Ok(data);
             }
             // The lease was stale (it should not be: count it) — refresh and retry.
             self.leases.remove(&addr);

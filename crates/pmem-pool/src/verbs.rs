@@ -4,9 +4,12 @@
 
 use std::sync::Arc;
 
-use dmkit_verbs::{Access, FnBacking, Media, MemoryNode, RegionDesc, RegionMemory};
+use dmkit_verbs::{
+    Access, Batch, BatchResult, FnBacking, Media, MemoryNode, OpIdx, RegionDesc, RegionMemory,
+    RemoteAddr,
+};
 
-use crate::{Error, ObjectRef, Pool, Result};
+use crate::{Error, OBJECT_HEADER_LEN, ObjectHeader, ObjectRef, Pool, Result};
 
 /// The data area of `pool` as a verbs backing: NVM when the pool is persistent (a durable
 /// write or an atomic then persists what it changed before it completes), DRAM otherwise.
@@ -173,6 +176,43 @@ impl PoolRegion {
     }
 }
 
+/// A one-sided read of an object of the pool's allocator (feature `verbs`): the object's
+/// header word with the bytes asked for, in one batch, so that the reader can tell whether
+/// the slot still holds the object it means (allocated, at its generation) — a freed or
+/// re-allocated slot's bytes are never taken for the object's.
+#[derive(Debug, Clone, Copy)]
+pub struct ObjectRead {
+    header: OpIdx,
+    data: OpIdx,
+}
+
+impl ObjectRead {
+    /// Adds to `batch` the READs of `len` bytes at `at` inside the object whose payload is
+    /// at `payload` (remote), and of its header word.
+    pub fn post(batch: &mut Batch, payload: RemoteAddr, at: usize, len: usize) -> Self {
+        let header_at = RemoteAddr {
+            addr: payload.addr - OBJECT_HEADER_LEN as u64,
+            ..payload
+        };
+        ObjectRead {
+            header: batch.read(header_at, OBJECT_HEADER_LEN),
+            data: batch.read(payload.add(at as u64), len),
+        }
+    }
+
+    /// The object's header as the batch read it.
+    pub fn header(&self, done: &BatchResult) -> ObjectHeader {
+        let word: [u8; 8] = done.read(self.header).try_into().unwrap_or([0; 8]);
+        ObjectHeader::from_word(u64::from_le_bytes(word))
+    }
+
+    /// The bytes read, if the slot held a live object of `generation`.
+    pub fn data<'a>(&self, done: &'a BatchResult, generation: u32) -> Option<&'a [u8]> {
+        let h = self.header(done);
+        (h.allocated && h.generation == generation).then(|| done.read(self.data))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -201,5 +241,29 @@ mod tests {
         nvm.pool().free_object(b.offset).unwrap();
         assert!(dram.copy_object_from(&nvm, b.offset).is_err());
         assert_eq!(dram.pool().stats().live_objects, live);
+    }
+
+    #[test]
+    fn a_read_tells_a_live_object_from_a_reused_slot() {
+        let cluster = dmkit_verbs::sim::SimCluster::new(dmkit_verbs::sim::SimConfig::default());
+        let node = Arc::new(MemoryNode::new(NodeId(0)));
+        let opts = PoolOptions::default().block_size(64 << 10);
+        let pool = Arc::new(Pool::create_dram(1 << 20, opts).unwrap());
+        let nvm = PoolRegion::register(&node, "nvm", pool, None).unwrap();
+        cluster.add_node(node);
+        let ep = cluster.endpoint(1).unwrap();
+        let a = nvm.alloc_zeroed(16).unwrap();
+        nvm.memory().write(a.offset, b"0123456789abcdef").unwrap();
+        let read = |generation| {
+            let mut b = ep.batch(NodeId(0));
+            let r = ObjectRead::post(&mut b, nvm.region().at(a.offset as u64), 4, 4);
+            let done = ep.execute("t", b).unwrap();
+            r.data(&done, generation).map(<[u8]>::to_vec)
+        };
+        assert_eq!(read(a.generation).as_deref(), Some(&b"4567"[..]));
+        nvm.pool().free_object(a.offset).unwrap();
+        let b = nvm.alloc_zeroed(16).unwrap();
+        assert_ne!(b.generation, a.generation);
+        assert_eq!(read(a.generation), None);
     }
 }
