@@ -5,6 +5,8 @@
 //!
 //! - [`AccessCounter`] (a [`CountMinSketch`] plus a top-k set) counts a client's accesses per
 //!   window and produces an [`AccessReport`].
+//! - [`AccessReporter`] keeps a client's counters per server and ends a window every so many
+//!   accesses.
 //! - [`GlobalSelector`] merges many clients' reports and picks the hottest objects whose sizes
 //!   fit the DRAM buffer ([`Selection`]).
 //! - [`DramCachePolicy`] turns selections into a [`Plan`] (evict these, promote those), with
@@ -51,6 +53,7 @@ mod admission;
 mod counter;
 mod error;
 mod heat;
+mod reporter;
 mod residency;
 mod selector;
 mod sketch;
@@ -61,6 +64,7 @@ pub use admission::{AdmissionConfig, DramCachePolicy, Plan};
 pub use counter::{AccessCounter, AccessReport, CounterConfig, HotEntry};
 pub use error::CacheError;
 pub use heat::DecayedHeat;
+pub use reporter::AccessReporter;
 pub use residency::{Applied, Residency, ResidencyConfig};
 pub use selector::{GlobalSelector, HotObject, Selection};
 pub use sketch::CountMinSketch;

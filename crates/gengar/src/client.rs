@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use dmkit_cache::{AccessCounter, CounterConfig};
+use dmkit_cache::{AccessReporter, CounterConfig};
 use dmkit_lease::{CachedLease, Clock, LeaseCache, Renewed, Timestamp};
 use dmkit_pmem_pool::verbs::ObjectRead;
 use dmkit_verbs::wire::Reader;
@@ -97,7 +97,6 @@ struct ServerState {
     regions: RwLock<Regions>,
     free_nvm: AtomicU64,
     free_dram: AtomicU64,
-    counter: AccessCounter,
 }
 
 /// A lease this client holds: what the grant said (the object's size and where its current
@@ -145,7 +144,8 @@ pub struct GengarClient {
     leases: LeaseCache<GlobalAddr, LeaseGrant, dmkit_verbs::Pending<Vec<u8>>>,
     /// Outstanding proxied writes per object, oldest first.
     confirms: OutstandingWrites<GlobalAddr>,
-    accesses: AtomicU64,
+    /// Reads counted per server, reported every `report_every`.
+    accesses: AccessReporter<NodeId>,
     /// Application locks are the client's (its id holds them at the server): among the
     /// threads and tasks sharing the client, the one holding the object's local lock is the
     /// holder.
@@ -234,8 +234,6 @@ impl GengarClient {
                     }),
                     free_nvm: AtomicU64::new(0),
                     free_dram: AtomicU64::new(0),
-                    counter: AccessCounter::new(cfg.counter)
-                        .map_err(|e| Error::Setup(e.to_string()))?,
                 },
             );
         }
@@ -249,6 +247,8 @@ impl GengarClient {
             None
         };
         let leases = LeaseCache::new(cfg.lease_skew, cfg.renew_early);
+        let accesses = AccessReporter::new(servers.keys().copied(), cfg.counter, cfg.report_every);
+        let accesses = accesses.map_err(|e| Error::Setup(e.to_string()))?;
         let c = GengarClient {
             ep,
             id,
@@ -257,7 +257,7 @@ impl GengarClient {
             servers,
             leases,
             confirms: OutstandingWrites::default(),
-            accesses: AtomicU64::new(0),
+            accesses,
             held: Mutex::new(HashSet::new()),
             reconnect: Reconnector::default(),
             proxy,
@@ -548,11 +548,7 @@ impl GengarClient {
     }
 
     async fn record_access(&self, addr: GlobalAddr) -> Result<()> {
-        if let Ok(s) = self.server(addr.server) {
-            s.counter.record(addr.offset);
-        }
-        let n = self.accesses.fetch_add(1, Ordering::Relaxed) + 1;
-        if n % self.cfg.report_every == 0 {
+        if self.accesses.record(&addr.server, addr.offset) {
             self.prune_leases();
             self.report_hot_async().await?;
         }
@@ -577,13 +573,9 @@ impl GengarClient {
 
     /// [`GengarClient::report_hot`], awaited.
     pub async fn report_hot_async(&self) -> Result<()> {
-        for (node, s) in &self.servers {
-            let rep = s.counter.end_window(self.id);
-            if rep.entries.is_empty() {
-                continue;
-            }
+        for (node, rep) in self.accesses.end_window(self.id) {
             match self
-                .call(tags::REPORT, *node, proto::report_request(&rep))
+                .call(tags::REPORT, node, proto::report_request(&rep))
                 .await
             {
                 Ok(_) => {}
