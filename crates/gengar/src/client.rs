@@ -467,7 +467,9 @@ impl GengarClient {
                 }
             }
         }
-        let deadline = Instant::now() + self.cfg.lock_timeout;
+        // Fenced while the server promotes, evicts or frees the object: retried.
+        let retry = self.cfg.busy_retry;
+        let mut busy = Backoff::new(retry, retry, Instant::now() + self.cfg.lock_timeout);
         loop {
             let requested_at = self.clock.now();
             let epoch = self.regions(addr.server)?.epoch;
@@ -487,13 +489,8 @@ impl GengarClient {
                     self.leases.remove(&addr);
                     return Err(Error::Freed(addr));
                 }
-                Status::Busy if Instant::now() < deadline => {
-                    // Fenced while the server promotes, evicts or frees the object.
-                    dmkit_verbs::sleep(self.cfg.busy_retry).await;
-                }
-                _ => {
-                    return Err(refused(addr.server, &rest));
-                }
+                Status::Busy if busy.wait().await => {}
+                _ => return Err(refused(addr.server, &rest)),
             }
         }
     }
