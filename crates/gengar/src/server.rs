@@ -411,11 +411,13 @@ impl GengarServer {
         };
         let done = self.cached.apply(&plan, |o, c| self.free_copy(o, c), copy);
         let (promoted, evicted) = (done.promoted, done.evicted);
-        let skipped = done.skipped as u64;
-        self.stats
-            .promotions_skipped
-            .fetch_add(skipped, Ordering::Relaxed);
-        metrics::counter!("dmkit_gengar_promotions_skipped_total").increment(skipped);
+        if done.skipped > 0 {
+            // (Registered only once there is one: the metric names are pinned.)
+            let skipped = done.skipped as u64;
+            let stats = &self.stats.promotions_skipped;
+            stats.fetch_add(skipped, Ordering::Relaxed);
+            metrics::counter!("dmkit_gengar_promotions_skipped_total").increment(skipped);
+        }
         drop(fences);
         self.leases.end_window();
         self.stats.windows.fetch_add(1, Ordering::Relaxed);
