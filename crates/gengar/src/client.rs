@@ -12,7 +12,7 @@ use dmkit_pmem_pool::verbs::ObjectRead;
 use dmkit_verbs::wire::Reader;
 use dmkit_verbs::{
     Backoff, Connection, Endpoint, NodeId, OutstandingWrites, ProxiedWrite, ReconnectError,
-    Reconnector, RegionDesc, Tag, WriteProxy,
+    Reconnector, RegionDesc, Tag, WriteParts, WriteProxy,
 };
 use parking_lot::{Mutex, RwLock};
 
@@ -669,7 +669,7 @@ impl GengarClient {
         addr: GlobalAddr,
         at: usize,
         data: &[u8],
-    ) -> Result<(Entry, Vec<(dmkit_verbs::RemoteAddr, bool)>)> {
+    ) -> Result<(Entry, WriteParts)> {
         for _ in 0..8 {
             let e = self.entry(tags::WRITE, addr).await?;
             if let Some(parts) = self.write_batches(addr, at, data, &e)? {
@@ -688,7 +688,7 @@ impl GengarClient {
         at: usize,
         data: &[u8],
         e: &Entry,
-    ) -> Result<Option<Vec<(dmkit_verbs::RemoteAddr, bool)>>> {
+    ) -> Result<Option<WriteParts>> {
         check_range(addr, at, data.len(), e.value.size)?;
         let Some(s) = self.current(addr, e)? else {
             return Ok(None);
