@@ -203,6 +203,14 @@ impl Conn {
         self.stop.store(true, Ordering::SeqCst);
         self.id.disconnect();
         self.id.qp_to_error();
+        // Wake both workers (they block on their queues with no timeout): each sees `stop`.
+        for q in [&self.tx, &self.persist_tx] {
+            let _ = q.lock().send(Message {
+                kind: 0,
+                req: 0,
+                body: Vec::new(),
+            });
+        }
     }
 }
 
@@ -480,9 +488,16 @@ fn poll_loop(conn: &Conn, cq: &Cq) {
 fn worker(shared: &Shared, conn: &Conn, rx: &mpsc::Receiver<Message>) {
     let timeout = shared.cfg.op_timeout;
     while !conn.stop.load(Ordering::SeqCst) {
-        let Ok(m) = rx.recv_timeout(Duration::from_millis(100)) else {
-            continue;
+        // Blocks until a message comes or the connection closes (`Conn::close` wakes it): an
+        // idle worker takes no timer wake-ups (each reads the clock, which on a guest whose
+        // clock source is an emulated HPET is a slow system call, and steals a CPU the
+        // serving threads need).
+        let Ok(m) = rx.recv() else {
+            return;
         };
+        if conn.stop.load(Ordering::SeqCst) {
+            return;
+        }
         while shared.paused.load(Ordering::SeqCst) && !conn.stop.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(5));
         }
