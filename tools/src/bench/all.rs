@@ -79,67 +79,36 @@ pub fn run(args: AllArgs) -> Result<(), CliError> {
             "3",
         ])?;
     }
+    // `dmkit bench fusee --quick --json FILE [--plot FILE] ARGS…`
+    let fusee = |json: &str, plot: Option<&str>, rest: &str| {
+        let (json, plot) = (p(json), plot.map(p));
+        let mut a = vec!["fusee", "--quick", "--json", &json];
+        if let Some(plot) = &plot {
+            a.extend(["--plot", plot]);
+        }
+        a.extend(rest.split_whitespace());
+        bench(&a)
+    };
     eprintln!("dmkit bench all: fusee on sim");
-    let (json, plot) = (p("fusee-sim-quick.json"), p("fusee-sim-quick.svg"));
-    bench(&[
-        "fusee",
-        "--backend",
-        "sim",
-        "--quick",
-        "--json",
-        &json,
-        "--plot",
-        &plot,
-        "--clients",
-        "1,2,4",
-        "--workload",
-        "a",
-    ])?;
+    let plot = Some("fusee-sim-quick.svg");
+    fusee(
+        "fusee-sim-quick.json",
+        plot,
+        "--backend sim --clients 1,2,4 --workload a",
+    )?;
     eprintln!("dmkit bench all: fusee on tcp, one client with 1 and 32 operations in flight");
-    let json = p("fusee-tcp-inflight-quick.json");
-    bench(&[
-        "fusee",
-        "--backend",
-        "tcp",
-        "--quick",
-        "--json",
-        &json,
-        "--clients",
-        "1",
-        "--workload",
-        "c",
-        "--inflight",
-        "1,32",
-    ])?;
+    let inflight = "--backend tcp --clients 1 --workload c --inflight 1,32";
+    fusee("fusee-tcp-inflight-quick.json", None, inflight)?;
     eprintln!("dmkit bench all: fusee modeled latencies (sim latency model)");
-    let json = p("fusee-micro-quick.json");
-    bench(&[
-        "fusee",
-        "--backend",
-        "sim",
-        "--quick",
-        "--json",
-        &json,
-        "--clients",
-        "1",
-        "--workload",
-        "micro",
-    ])?;
+    let micro = "--clients 1 --workload micro";
+    fusee(
+        "fusee-micro-quick.json",
+        None,
+        &format!("--backend sim {micro}"),
+    )?;
     eprintln!("dmkit bench all: fusee measured latencies on tcp, beside their rounds replayed");
-    let json = p("fusee-micro-tcp-quick.json");
-    bench(&[
-        "fusee",
-        "--backend",
-        "tcp",
-        "--quick",
-        "--json",
-        &json,
-        "--clients",
-        "1",
-        "--workload",
-        "micro",
-        "--breakdown",
-    ])?;
+    let tcp = format!("--backend tcp {micro} --breakdown");
+    fusee("fusee-micro-tcp-quick.json", None, &tcp)?;
     if !args.skip_resp {
         eprintln!("dmkit bench all: resp gateway vs redis-server");
         let (json, plot) = (p("resp-quick.json"), p("resp-quick-latency.svg"));
