@@ -19,10 +19,13 @@
 //! its object back *before* returning, so a crash can never redo an operation whose outcome
 //! was already reported.
 
+use dmkit_verbs::background::Background;
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::Duration;
-use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+
+/// The background task's side of a client's job queue (see [`Client::start_worker`]).
+pub(crate) type JobRx = Arc<Background<Job>>;
 
 use dmkit_cache::{AddressCache, AddressCacheConfig};
 use dmkit_kv_index::{
@@ -284,7 +287,9 @@ pub(crate) struct Inner {
     pub(crate) nodes: Vec<NodeId>,
     pub free: Mutex<FreeLists>,
     cache: AddressCache<Vec<u8>, CachedAddr>,
-    jobs: Mutex<Option<UnboundedSender<Job>>>,
+    /// The background task's jobs. Those queued inside an operation wake the task when the
+    /// operation ends ([`op_timed`]), not in its middle.
+    jobs: Arc<Background<Job>>,
     /// Cleanups queued for the background task and not finished yet.
     backlog: std::sync::atomic::AtomicUsize,
     /// Wakes callers waiting for the background task to catch up.
@@ -417,13 +422,16 @@ impl WriteHooks for Hooks<'_> {
 
 /// Runs one client operation, recording its latency in `dmkit_fusee_op_seconds{op}` and a
 /// failure in `dmkit_fusee_op_errors_total{op}` (an upsert records the update and insert it
-/// is made of).
+/// is made of). When it is over, the jobs it queued for the background task wake the task
+/// (after the reply is ready, not in the middle of the operation).
 async fn op_timed<T>(
+    jobs: &Background<Job>,
     op: &'static str,
     f: impl std::future::Future<Output = Result<T>>,
 ) -> Result<T> {
     let t = std::time::Instant::now();
     let r = f.await;
+    jobs.kick();
     metrics::histogram!("dmkit_fusee_op_seconds", "op" => op).record(t.elapsed().as_secs_f64());
     if r.is_err() {
         metrics::counter!("dmkit_fusee_op_errors_total", "op" => op).increment(1);
@@ -443,7 +451,7 @@ impl Client {
         ep: Endpoint,
         nodes: &[NodeId],
         cfg: ClientConfig,
-    ) -> Result<(Client, UnboundedReceiver<Job>)> {
+    ) -> Result<(Client, JobRx)> {
         if cfg.id >= MAX_CLIENT_ID {
             return Err(Error::Config(format!(
                 "client id {} is reserved (use ids below {MAX_CLIENT_ID})",
@@ -485,7 +493,7 @@ impl Client {
         };
         let cache =
             AddressCache::new(cfg.cache.clone()).map_err(|e| Error::Config(e.to_string()))?;
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let jobs = Arc::new(Background::new());
         let reconnect = cfg.reconnect.clone();
         let inner = Arc::new(Inner {
             id: cfg.id,
@@ -494,7 +502,7 @@ impl Client {
             nodes: nodes.to_vec(),
             free: Mutex::new(FreeLists::default()),
             cache,
-            jobs: Mutex::new(Some(tx)),
+            jobs: jobs.clone(),
             backlog: std::sync::atomic::AtomicUsize::new(0),
             caught_up: tokio::sync::Notify::new(),
             allocs: std::sync::atomic::AtomicU64::new(0),
@@ -504,12 +512,12 @@ impl Client {
             large_seq: std::sync::atomic::AtomicU64::new(0),
             attempts: std::sync::atomic::AtomicU64::new(0),
         });
-        Ok((Client { inner }, rx))
+        Ok((Client { inner }, jobs))
     }
 
     /// Starts the background task (cleanup, prefetch, reclaim) on the I/O runtime: a client
     /// costs no thread of its own.
-    pub(crate) fn start_worker(&self, rx: UnboundedReceiver<Job>) {
+    pub(crate) fn start_worker(&self, rx: JobRx) {
         let weak = Arc::downgrade(&self.inner);
         dmkit_verbs::runtime::io_runtime().spawn(worker(weak, rx));
     }
@@ -575,6 +583,10 @@ impl Client {
 
     /// Waits until every background job queued so far (cleanups, reclaims) is done.
     pub fn flush(&self) -> Result<()> {
+        if self.inner.jobs.pending() == 0 {
+            // Nothing queued or running: no need to wake the task to hear it.
+            return Ok(());
+        }
         let (tx, rx) = mpsc::channel();
         if !self.inner.send(Job::Flush(tx)) {
             return Ok(());
@@ -592,7 +604,7 @@ impl Client {
     /// address-cache hit (the slot and the object read together), two otherwise (buckets,
     /// then object).
     pub(crate) async fn search_raw_async(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        op_timed("search", async move {
+        op_timed(&self.inner.jobs, "search", async move {
             self.with_failover_async(
                 || self.search_once_async(key),
                 Some(&|view: &ClusterView, index: &RaceIndex| {
@@ -662,7 +674,7 @@ impl Client {
 
     /// INSERT: `key → value` (stored bytes) unless the key is present (expired or not).
     pub(crate) async fn insert_raw_async(&self, key: &[u8], value: &[u8]) -> Result<InsertResult> {
-        op_timed("insert", async move {
+        op_timed(&self.inner.jobs, "insert", async move {
             let last = Mutex::new(None);
             self.with_failover_async(
                 || self.insert_once(key, value, &last),
@@ -730,7 +742,7 @@ impl Client {
         live: bool,
         replaced: &Mutex<Option<Vec<u8>>>,
     ) -> Result<UpdateResult> {
-        op_timed("update", async move {
+        op_timed(&self.inner.jobs, "update", async move {
             let expect = if live {
                 Expect::Live(self.inner.cfg.clock_skew_ms)
             } else {
@@ -785,6 +797,7 @@ impl Client {
     ) -> Result<CasResult> {
         let unused = Mutex::new(None);
         op_timed(
+            &self.inner.jobs,
             "update",
             self.update_until_done(key, value, Expect::Exactly(expected), &unused),
         )
@@ -897,7 +910,7 @@ impl Client {
         live: bool,
         replaced: &Mutex<Option<Vec<u8>>>,
     ) -> Result<DeleteResult> {
-        op_timed("delete", async move {
+        op_timed(&self.inner.jobs, "delete", async move {
             let last = Mutex::new(None);
             let expect = if live {
                 Expect::Live(self.inner.cfg.clock_skew_ms)
@@ -927,7 +940,7 @@ impl Client {
         key: &[u8],
         expected: &[u8],
     ) -> Result<CasResult> {
-        op_timed("delete", async move {
+        op_timed(&self.inner.jobs, "delete", async move {
             let last = Mutex::new(None);
             let unused = Mutex::new(None);
             self.with_failover_async(
@@ -1240,7 +1253,7 @@ impl Client {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        self.jobs.lock().take();
+        self.jobs.close();
     }
 }
 
@@ -1604,9 +1617,12 @@ impl Inner {
             self.backlog
                 .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         }
-        let sent = match self.jobs.lock().as_ref() {
-            Some(tx) => tx.send(j).is_ok(),
-            None => false,
+        // Cleanups, prefetches and reclaims are queued inside an operation: the task is woken
+        // when the operation ends. A flush is waited for: wake it now.
+        let sent = if matches!(j, Job::Flush(_)) {
+            self.jobs.push(j).is_ok()
+        } else {
+            self.jobs.push_deferred(j).is_ok()
         };
         if cleanup && !sent {
             self.cleaned(1);
@@ -1869,10 +1885,11 @@ impl Inner {
             let mut caught_up = std::pin::pin!(self.caught_up.notified());
             caught_up.as_mut().enable();
             if self.backlog.load(std::sync::atomic::Ordering::Acquire) <= MAX_BACKLOG / 2
-                || self.jobs.lock().is_none()
+                || self.jobs.is_closed()
             {
                 return;
             }
+            self.jobs.kick();
             caught_up.await;
         }
     }
@@ -1928,39 +1945,32 @@ const MAX_BACKLOG: usize = 4 * CLEANUP_BATCH;
 /// reclaims. Cleanups that queued up while it worked (operations from several tasks, or faster
 /// than their cleanups) run together: every free in one round trip, every log entry's finish
 /// mark in a second.
-async fn worker(inner: std::sync::Weak<Inner>, mut rx: UnboundedReceiver<Job>) {
-    let mut next = None;
-    loop {
-        let job = match next.take() {
-            Some(j) => j,
-            None => match rx.recv().await {
-                Some(j) => j,
-                None => return,
-            },
-        };
+async fn worker(inner: std::sync::Weak<Inner>, rx: JobRx) {
+    while let Some(jobs) = rx.take(usize::MAX).await {
+        let n = jobs.len();
         let Some(inner) = inner.upgrade() else { return };
-        if !matches!(job, Job::Cleanup(_)) {
-            inner.run_job(job).await;
-            continue;
-        }
-        let mut batch = vec![job];
-        while batch.len() < CLEANUP_BATCH {
-            match rx.try_recv() {
-                Ok(j @ Job::Cleanup(_)) => batch.push(j),
-                Ok(j) => {
-                    next = Some(j);
-                    break;
-                }
-                Err(_) => break,
+        let mut jobs = jobs.into_iter().peekable();
+        while let Some(job) = jobs.next() {
+            if !matches!(job, Job::Cleanup(_)) {
+                inner.run_job(job).await;
+                continue;
             }
+            let mut batch = vec![job];
+            while batch.len() < CLEANUP_BATCH {
+                match jobs.next_if(|j| matches!(j, Job::Cleanup(_))) {
+                    Some(j) => batch.push(j),
+                    None => break,
+                }
+            }
+            let k = batch.len();
+            if k == 1 {
+                inner.run_job(batch.pop().expect("one")).await;
+            } else {
+                inner.run_cleanups(batch).await;
+            }
+            inner.cleaned(k);
         }
-        let n = batch.len();
-        if n == 1 {
-            inner.run_job(batch.pop().expect("one")).await;
-        } else {
-            inner.run_cleanups(batch).await;
-        }
-        inner.cleaned(n);
+        rx.done(n);
     }
 }
 

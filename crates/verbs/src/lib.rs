@@ -92,6 +92,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod background;
 mod backoff;
 mod batch;
 mod buf;

@@ -1160,6 +1160,10 @@ fn poll_loop(weak: &std::sync::Weak<Shared>, cq: &Cq) {
     let mut dead_since: Option<Instant> = None;
     // Waiter polls last seen, and for how many rounds of this loop the count stood still.
     let (mut seen, mut still) = (0u64, u32::MAX);
+    // How long to sleep while waiters drive the CQ: doubles while they find everything
+    // (each wake-up of this thread takes a core from them: on a two-core emulated guest a
+    // millisecond tick per connection cost more than the waiters' own polling).
+    let mut backoff = Duration::from_millis(1);
     loop {
         let Some(s) = weak.upgrade() else { return };
         let n = {
@@ -1178,17 +1182,18 @@ fn poll_loop(weak: &std::sync::Weak<Shared>, cq: &Cq) {
         } else {
             (seen, still) = (polls, 0);
         }
-        // Waiters polled within the last few rounds (milliseconds).
+        // Waiters polled within the last few rounds (at most ~80 ms).
         let spinning = still < 5;
         drop(s);
-        if n == 0 {
-            if spinning {
-                // A waiter is driving the CQ: only back it up for completions nobody waits
-                // for (proxied writes), without waking on each event.
-                std::thread::sleep(Duration::from_millis(1));
-            } else {
-                cq.wait(Duration::from_millis(20));
-            }
+        if n > 0 {
+            backoff = Duration::from_millis(1);
+        } else if spinning {
+            // A waiter is driving the CQ: only back it up for completions nobody waits
+            // for (proxied writes), without waking on each event.
+            std::thread::sleep(backoff);
+            backoff = (backoff * 2).min(Duration::from_millis(16));
+        } else {
+            cq.wait(Duration::from_millis(20));
         }
     }
 }

@@ -1,0 +1,215 @@
+//! A queue of work for one background task, whose wake-ups the callers choose when to pay.
+//!
+//! A client's work that nobody waits for (frees, commit marks, prefetches) runs on a task of
+//! its own. Waking that task from inside an operation costs the operation: on a machine with
+//! few cores the woken worker thread preempts the caller, and a parked runtime worker is
+//! woken with a system call. [`Background::push_deferred`] queues a job without waking the
+//! task; the caller [`kick`](Background::kick)s once its operation is over (its reply is
+//! ready), and the jobs of several operations that ran meanwhile are taken together.
+//! [`Background::push`] queues and wakes at once, for callers that wait for the job.
+//!
+//! ```
+//! use dmkit_verbs::background::Background;
+//! use std::sync::Arc;
+//!
+//! let q = Arc::new(Background::new());
+//! let worker = {
+//!     let q = q.clone();
+//!     std::thread::spawn(move || {
+//!         dmkit_verbs::block_on(async {
+//!             let mut seen = 0;
+//!             while let Some(jobs) = q.take(16).await {
+//!                 seen += jobs.iter().sum::<u32>();
+//!                 q.done(jobs.len());
+//!             }
+//!             seen
+//!         })
+//!     })
+//! };
+//! q.push_deferred(1); // inside an operation: no wake-up yet
+//! q.push_deferred(2);
+//! q.kick(); // the operation is over: the task takes both
+//! q.close(); // the task drains what is queued, then ends
+//! assert_eq!(worker.join().unwrap(), 3);
+//! assert_eq!(q.pending(), 0);
+//! ```
+
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use tokio::sync::Notify;
+
+/// Jobs for one background task; see the [module docs](self).
+pub struct Background<T> {
+    state: Mutex<State<T>>,
+    wake: Notify,
+}
+
+struct State<T> {
+    jobs: VecDeque<T>,
+    /// Taken by the task and not [`Background::done`] yet.
+    running: usize,
+    closed: bool,
+}
+
+impl<T> Default for Background<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T> std::fmt::Debug for Background<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.state.lock();
+        f.debug_struct("Background")
+            .field("queued", &s.jobs.len())
+            .field("running", &s.running)
+            .field("closed", &s.closed)
+            .finish()
+    }
+}
+
+impl<T> Background<T> {
+    pub fn new() -> Self {
+        Self {
+            state: Mutex::new(State {
+                jobs: VecDeque::new(),
+                running: 0,
+                closed: false,
+            }),
+            wake: Notify::new(),
+        }
+    }
+
+    /// Queues `job` and wakes the task. `Err(job)` once the queue is closed.
+    pub fn push(&self, job: T) -> Result<(), T> {
+        self.push_deferred(job)?;
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    /// Queues `job` without waking the task: the caller [`kick`](Self::kick)s when its
+    /// operation is over. `Err(job)` once the queue is closed.
+    pub fn push_deferred(&self, job: T) -> Result<(), T> {
+        let mut s = self.state.lock();
+        if s.closed {
+            return Err(job);
+        }
+        s.jobs.push_back(job);
+        Ok(())
+    }
+
+    /// Wakes the task if jobs wait for it (cheap when none do, or when it is awake).
+    pub fn kick(&self) {
+        if !self.state.lock().jobs.is_empty() {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Jobs queued or being run.
+    pub fn pending(&self) -> usize {
+        let s = self.state.lock();
+        s.jobs.len() + s.running
+    }
+
+    /// Whether [`close`](Self::close) was called.
+    pub fn is_closed(&self) -> bool {
+        self.state.lock().closed
+    }
+
+    /// Takes no more jobs. The task still gets those queued, then [`take`](Self::take)
+    /// answers `None`.
+    pub fn close(&self) {
+        self.state.lock().closed = true;
+        self.wake.notify_one();
+    }
+
+    /// The task's side: waits until jobs are queued and takes up to `max` of them, oldest
+    /// first (at least one). `None` once the queue is closed and empty. The task reports
+    /// them [`done`](Self::done) when it has run them.
+    pub async fn take(&self, max: usize) -> Option<Vec<T>> {
+        loop {
+            let woken = self.wake.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            {
+                let mut s = self.state.lock();
+                if !s.jobs.is_empty() {
+                    let n = s.jobs.len().min(max.max(1));
+                    s.running += n;
+                    return Some(s.jobs.drain(..n).collect());
+                }
+                if s.closed {
+                    return None;
+                }
+            }
+            woken.await;
+        }
+    }
+
+    /// The task's side: `n` jobs it took are finished.
+    pub fn done(&self, n: usize) {
+        let mut s = self.state.lock();
+        s.running = s.running.saturating_sub(n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    #[test]
+    fn deferred_jobs_wait_for_a_kick_and_are_taken_together() {
+        let q = Arc::new(Background::new());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            q.push_deferred(1).unwrap();
+            q.push_deferred(2).unwrap();
+            // Queued jobs are taken even without a kick when the task looks (it is awake).
+            assert_eq!(q.take(8).await, Some(vec![1, 2]));
+            assert_eq!(q.pending(), 2);
+            q.done(2);
+            assert_eq!(q.pending(), 0);
+            // A task waiting for jobs is not woken by a deferred push...
+            let q2 = q.clone();
+            let t = tokio::spawn(async move { q2.take(8).await });
+            tokio::task::yield_now().await;
+            q.push_deferred(3).unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            assert!(!t.is_finished());
+            // ...but by the kick.
+            q.kick();
+            assert_eq!(t.await.unwrap(), Some(vec![3]));
+            q.done(1);
+        });
+    }
+
+    #[test]
+    fn push_wakes_and_close_drains_then_ends() {
+        let q = Arc::new(Background::new());
+        let q2 = q.clone();
+        let worker = std::thread::spawn(move || {
+            crate::block_on(async {
+                let mut got = Vec::new();
+                while let Some(jobs) = q2.take(2).await {
+                    q2.done(jobs.len());
+                    got.extend(jobs);
+                }
+                got
+            })
+        });
+        for i in 0..5 {
+            q.push(i).unwrap();
+        }
+        q.close();
+        assert_eq!(q.push(9), Err(9));
+        assert_eq!(q.push_deferred(9), Err(9));
+        assert_eq!(worker.join().unwrap(), vec![0, 1, 2, 3, 4]);
+        assert_eq!(q.pending(), 0);
+        assert!(q.is_closed());
+    }
+}
