@@ -101,6 +101,7 @@ mod doorbell;
 mod endpoint;
 mod error;
 mod memory;
+mod message;
 mod node;
 mod pending;
 mod proxy;

@@ -1,6 +1,10 @@
 //! A tiny little-endian codec for RPC messages: frontends encode their requests with
 //! [`Writer`] and decode replies with [`Reader`], which fails instead of panicking on short or
-//! malformed input (replies come from the network).
+//! malformed input (replies come from the network). Messages declared with
+//! [`wire_message!`](crate::wire_message) are [`Wire`]: encoded and decoded from one
+//! declaration.
+
+pub use crate::message::Wire;
 
 /// Appends little-endian values to a buffer.
 #[derive(Debug, Default, Clone)]
@@ -37,6 +41,16 @@ impl Writer {
     /// A length-prefixed (u32) byte string.
     pub fn bytes(mut self, v: &[u8]) -> Self {
         self.buf.extend_from_slice(&(v.len() as u32).to_le_bytes());
+        self.buf.extend_from_slice(v);
+        self
+    }
+    /// `v`'s wire format (see [`Wire`]).
+    pub fn put<T: Wire>(self, v: &T) -> Self {
+        v.put(self)
+    }
+    /// Bytes as they are (no length): an encoding that knows its own end, or the rest of a
+    /// message.
+    pub fn raw(mut self, v: &[u8]) -> Self {
         self.buf.extend_from_slice(v);
         self
     }
@@ -94,6 +108,16 @@ impl<'a> Reader<'a> {
     pub fn bytes(&mut self) -> Result<&'a [u8], WireError> {
         let n = self.u32()? as usize;
         self.take(n)
+    }
+    /// One value in its wire format (see [`Wire`]).
+    pub fn get<T: Wire>(&mut self) -> Result<T, WireError> {
+        T::get(self)
+    }
+    /// Everything not read yet (the reader is then at the end).
+    pub fn rest(&mut self) -> &'a [u8] {
+        let rest = &self.buf[self.pos..];
+        self.pos = self.buf.len();
+        rest
     }
     /// Bytes not read yet.
     pub fn remaining(&self) -> usize {
