@@ -30,6 +30,55 @@ pub struct AccessReport {
     pub entries: Vec<HotEntry>,
 }
 
+impl AccessReport {
+    /// Bytes of the fixed part: client, window, total accesses, entry count.
+    const HEAD: usize = 8 + 8 + 8 + 4;
+
+    /// The report's bytes, as clients send it to servers (the caller carries them): client,
+    /// window and total accesses (u64 each), the entry count (u32), then each entry's object
+    /// and count (u64 each), all little-endian.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(Self::HEAD + 16 * self.entries.len());
+        b.extend_from_slice(&self.client.to_le_bytes());
+        b.extend_from_slice(&self.window.to_le_bytes());
+        b.extend_from_slice(&self.total_accesses.to_le_bytes());
+        let n = u32::try_from(self.entries.len()).expect("at most u32::MAX entries");
+        b.extend_from_slice(&n.to_le_bytes());
+        for e in &self.entries {
+            b.extend_from_slice(&e.obj.to_le_bytes());
+            b.extend_from_slice(&e.count.to_le_bytes());
+        }
+        b
+    }
+
+    /// A report from exactly its [`AccessReport::to_bytes`] (the bytes come from the network:
+    /// short, long or lying input is an error, never a panic or a huge allocation).
+    pub fn from_bytes(b: &[u8]) -> Result<Self, CacheError> {
+        let malformed = |what| CacheError::Malformed { what };
+        let word = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
+        if b.len() < Self::HEAD {
+            return Err(malformed("truncated"));
+        }
+        let n = u32::from_le_bytes(b[24..28].try_into().expect("4 bytes")) as usize;
+        let body = b.len() - Self::HEAD;
+        if body % 16 != 0 || body / 16 != n {
+            return Err(malformed("entry count"));
+        }
+        let entries = (0..n)
+            .map(|i| HotEntry {
+                obj: word(Self::HEAD + 16 * i),
+                count: word(Self::HEAD + 16 * i + 8),
+            })
+            .collect();
+        Ok(AccessReport {
+            client: word(0),
+            window: word(8),
+            total_accesses: word(16),
+            entries,
+        })
+    }
+}
+
 /// Settings of an [`AccessCounter`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CounterConfig {
@@ -237,6 +286,44 @@ pub(crate) mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
+
+    #[test]
+    fn reports_round_trip_through_their_bytes() {
+        let rep = AccessReport {
+            client: 5,
+            window: 2,
+            total_accesses: 300,
+            entries: vec![
+                HotEntry {
+                    obj: 0x1000,
+                    count: 200,
+                },
+                HotEntry {
+                    obj: 0x2040,
+                    count: 100,
+                },
+            ],
+        };
+        let b = rep.to_bytes();
+        assert_eq!(b.len(), 28 + 2 * 16);
+        assert_eq!(&b[..8], &5u64.to_le_bytes());
+        assert_eq!(&b[24..28], &2u32.to_le_bytes());
+        assert_eq!(&b[28..36], &0x1000u64.to_le_bytes());
+        assert_eq!(AccessReport::from_bytes(&b), Ok(rep));
+        // Short, long, and a count that lies: errors.
+        let long = [b.as_slice(), &[0]].concat();
+        for bad in [&b[..27], &b[..b.len() - 1], &long[..]] {
+            assert!(AccessReport::from_bytes(bad).is_err());
+        }
+        let mut lying = b.clone();
+        lying[24..28].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(
+            AccessReport::from_bytes(&lying),
+            Err(CacheError::Malformed {
+                what: "entry count"
+            })
+        );
+    }
 
     /// Draws from a Zipf distribution over `0..n` with exponent `s`, by inverting its CDF.
     pub(crate) struct Zipf {

@@ -25,4 +25,10 @@ pub enum CacheError {
         /// The value given.
         value: f64,
     },
+    /// Bytes that are not a report (see [`crate::AccessReport::from_bytes`]).
+    #[error("malformed access report: {what}")]
+    Malformed {
+        /// What did not fit.
+        what: &'static str,
+    },
 }
