@@ -1,43 +1,33 @@
 use std::fmt;
 
 use dmkit_verbs::NodeId;
+use dmkit_verbs::wire::Wire;
 
-/// The global address of a Gengar object: which server, where in its NVM pool, and the
-/// generation of the allocation (so a freed and re-allocated slot is never mistaken for the
-/// object). Clients share objects by passing these around ([`GlobalAddr::to_bytes`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct GlobalAddr {
-    pub server: NodeId,
-    /// Offset of the payload in the server's NVM pool data area.
-    pub offset: u64,
-    pub generation: u32,
-    /// The object's size in bytes.
-    pub size: u32,
+dmkit_verbs::wire_message! {
+    /// The global address of a Gengar object: which server, where in its NVM pool, and the
+    /// generation of the allocation (so a freed and re-allocated slot is never mistaken for the
+    /// object). Clients share objects by passing these around ([`GlobalAddr::to_bytes`]).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    pub struct GlobalAddr {
+        pub server: NodeId,
+        /// Offset of the payload in the server's NVM pool data area.
+        pub offset: u64,
+        pub generation: u32,
+        /// The object's size in bytes.
+        pub size: u32,
+    }
 }
 
 impl GlobalAddr {
-    /// A fixed 18-byte encoding, for storing addresses inside objects.
+    /// A fixed 18-byte encoding, for storing addresses inside objects: its fields in order,
+    /// little-endian.
     pub fn to_bytes(&self) -> [u8; 18] {
-        let mut b = [0u8; 18];
-        b[..2].copy_from_slice(&self.server.0.to_le_bytes());
-        b[2..10].copy_from_slice(&self.offset.to_le_bytes());
-        b[10..14].copy_from_slice(&self.generation.to_le_bytes());
-        b[14..].copy_from_slice(&self.size.to_le_bytes());
-        b
+        let b = Wire::to_bytes(self);
+        b.try_into().expect("an address is 18 bytes")
     }
 
     pub fn from_bytes(b: &[u8; 18]) -> Self {
-        let u = |r: std::ops::Range<usize>| -> u64 {
-            let mut x = [0u8; 8];
-            x[..r.len()].copy_from_slice(&b[r]);
-            u64::from_le_bytes(x)
-        };
-        GlobalAddr {
-            server: NodeId(u(0..2) as u16),
-            offset: u(2..10),
-            generation: u(10..14) as u32,
-            size: u(14..18) as u32,
-        }
+        <Self as Wire>::from_bytes(b).expect("any 18 bytes are an address")
     }
 }
 
@@ -60,6 +50,7 @@ mod tests {
             size: 4096,
         };
         assert_eq!(GlobalAddr::from_bytes(&a.to_bytes()), a);
+        assert_eq!(&a.to_bytes()[..4], &[1, 2, 0xbc, 0x9a]);
         assert_eq!(a.to_string(), "513:0x123456789abc/g77");
     }
 }

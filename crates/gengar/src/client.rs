@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use dmkit_cache::{AccessReporter, CounterConfig};
 use dmkit_lease::{CachedLease, Clock, LeaseCache, Renewed, Timestamp};
 use dmkit_pmem_pool::verbs::ObjectRead;
-use dmkit_verbs::wire::Reader;
+use dmkit_verbs::wire::{Reader, Wire};
 use dmkit_verbs::{
     Backoff, Connection, Endpoint, NodeId, OutstandingWrites, ProxiedWrite, ReconnectError,
     Reconnector, RegionDesc, Tag, WriteParts, WriteProxy,
@@ -18,7 +18,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::addr::GlobalAddr;
 use crate::error::{Error, Result};
-use crate::proto::{self, LeaseGrant, Location, ReplyHead, Status, tag};
+use crate::proto::{self, Allocated, LeaseGrant, Location, ReplyHead, Request, Status};
 use crate::server::{DRAM_REGION, NVM_REGION};
 
 /// Operation tags (for `Endpoint::stats`): each counts the round trips of the whole call,
@@ -263,7 +263,7 @@ impl GengarClient {
             proxy,
         };
         for node in c.servers.keys().copied().collect::<Vec<_>>() {
-            dmkit_verbs::block_on(c.call(tags::ALLOC, node, proto::stat_request()))?;
+            dmkit_verbs::block_on(c.call(tags::ALLOC, node, Request::Stat))?;
         }
         Ok(c)
     }
@@ -347,12 +347,12 @@ impl GengarClient {
     }
 
     /// One RPC; returns the status and the rest of the reply, after noting free capacity.
-    async fn call(&self, t: Tag, node: NodeId, req: Vec<u8>) -> Result<(Status, Vec<u8>)> {
+    async fn call(&self, t: Tag, node: NodeId, req: Request) -> Result<(Status, Vec<u8>)> {
         self.server(node)?;
         self.ensure(node)?;
         let reply = self
             .ep
-            .rpc_async(t, node, &req)
+            .rpc_async(t, node, &req.to_bytes())
             .await
             .map_err(|e| self.verbs_error(node, e))?;
         self.reply_head(node, &reply)
@@ -362,15 +362,10 @@ impl GengarClient {
     fn reply_head(&self, node: NodeId, reply: &[u8]) -> Result<(Status, Vec<u8>)> {
         let s = self.server(node)?;
         let mut r = Reader::new(reply);
-        let ReplyHead {
-            status,
-            free_nvm,
-            free_dram,
-        } = proto::read_head(&mut r).map_err(protocol_error(node))?;
-        s.free_nvm.store(free_nvm, Ordering::Relaxed);
-        s.free_dram.store(free_dram, Ordering::Relaxed);
-        let rest = reply[reply.len() - r.remaining()..].to_vec();
-        Ok((status, rest))
+        let head: ReplyHead = r.get().map_err(protocol_error(node))?;
+        s.free_nvm.store(head.free_nvm, Ordering::Relaxed);
+        s.free_dram.store(head.free_dram, Ordering::Relaxed);
+        Ok((head.status, r.rest().to_vec()))
     }
 
     /// Free NVM bytes per server, as last reported.
@@ -394,7 +389,7 @@ impl GengarClient {
         let mut down = None;
         for (node, _) in order {
             let (st, rest) = match self
-                .call(tags::ALLOC, node, proto::alloc_request(size32))
+                .call(tags::ALLOC, node, Request::Alloc { size: size32 })
                 .await
             {
                 Ok(r) => r,
@@ -407,13 +402,13 @@ impl GengarClient {
             };
             match st {
                 Status::Ok => {
-                    let (offset, generation) =
-                        proto::decode_alloc(&rest).map_err(protocol_error(node))?;
+                    let a = Allocated::get(&mut Reader::new(&rest));
+                    let a = a.map_err(protocol_error(node))?;
                     metrics::counter!("dmkit_gengar_allocs_total").increment(1);
                     return Ok(GlobalAddr {
                         server: node,
-                        offset,
-                        generation,
+                        offset: a.offset,
+                        generation: a.generation,
                         size: size32,
                     });
                 }
@@ -439,7 +434,10 @@ impl GengarClient {
             .call(
                 tags::FREE,
                 addr.server,
-                proto::free_request(addr.offset, addr.generation),
+                Request::Free {
+                    offset: addr.offset,
+                    generation: addr.generation,
+                },
             )
             .await?;
         self.leases.remove(&addr);
@@ -495,8 +493,12 @@ impl GengarClient {
         }
     }
 
-    fn lease_request(&self, addr: GlobalAddr) -> Vec<u8> {
-        proto::lease_request(self.id, addr.offset, addr.generation)
+    fn lease_request(&self, addr: GlobalAddr) -> Request {
+        Request::Lease {
+            holder: self.id,
+            offset: addr.offset,
+            generation: addr.generation,
+        }
     }
 
     /// The lease a grant (the reply's rest) makes, counted from `requested_at`.
@@ -507,7 +509,7 @@ impl GengarClient {
         epoch: u64,
         rest: &[u8],
     ) -> Result<Entry> {
-        let g = proto::decode_grant(&mut Reader::new(rest)).map_err(protocol_error(addr.server))?;
+        let g = LeaseGrant::get(&mut Reader::new(rest)).map_err(protocol_error(addr.server))?;
         let duration = Duration::from_nanos(g.duration_ns);
         Ok(self.leases.from_grant(g, epoch, requested_at, duration))
     }
@@ -517,7 +519,7 @@ impl GengarClient {
     /// again by the access that needs it.
     fn renew_early(&self, addr: GlobalAddr, epoch: u64) {
         let post = || {
-            let req = self.lease_request(addr);
+            let req = self.lease_request(addr).to_bytes();
             self.ep.post_rpc(tags::RENEW, addr.server, &req).ok()
         };
         if let Some(r) = self.leases.renew(&addr, epoch, self.clock.now(), post) {
@@ -572,7 +574,13 @@ impl GengarClient {
     pub async fn report_hot_async(&self) -> Result<()> {
         for (node, rep) in self.accesses.end_window(self.id) {
             match self
-                .call(tags::REPORT, node, proto::report_request(&rep))
+                .call(
+                    tags::REPORT,
+                    node,
+                    Request::Report {
+                        report: proto::Report(rep),
+                    },
+                )
                 .await
             {
                 Ok(_) => {}
@@ -796,7 +804,10 @@ impl GengarClient {
     async fn lock_remote(&self, addr: GlobalAddr, deadline: Instant) -> Result<()> {
         let mut backoff = lock_backoff(deadline);
         loop {
-            let req = proto::lock_request(tag::LOCK, self.id, addr.offset);
+            let req = Request::Lock {
+                holder: self.id,
+                offset: addr.offset,
+            };
             let (st, rest) = self.call(tags::LOCK, addr.server, req).await?;
             match st {
                 Status::Ok => return Ok(()),
@@ -827,7 +838,10 @@ impl GengarClient {
             .call(
                 tags::LOCK,
                 addr.server,
-                proto::lock_request(tag::UNLOCK, self.id, addr.offset),
+                Request::Unlock {
+                    holder: self.id,
+                    offset: addr.offset,
+                },
             )
             .await?;
         match st {

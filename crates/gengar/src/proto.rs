@@ -1,168 +1,108 @@
 //! The Gengar RPCs (two-sided, served by the server's handler): alloc, free, lease,
 //! report-hot, lock, unlock, stat. Every reply starts with a status and the server's free NVM
-//! and DRAM bytes, which clients use for placement.
+//! and DRAM bytes, which clients use for placement. The messages are declared once
+//! ([`dmkit_verbs::wire_message!`]): the client encodes and the server decodes the same ones.
 
 use dmkit_cache::AccessReport;
-use dmkit_verbs::wire::{Reader, WireError, Writer};
+use dmkit_verbs::wire::{Reader, Wire, WireError, Writer};
+use dmkit_verbs::wire_message;
 
-pub(crate) mod tag {
-    pub const ALLOC: u8 = 1;
-    pub const FREE: u8 = 2;
-    pub const LEASE: u8 = 3;
-    pub const REPORT: u8 = 4;
-    pub const LOCK: u8 = 5;
-    pub const UNLOCK: u8 = 6;
-    pub const STAT: u8 = 7;
-}
-
-/// ALLOC: an object of `size` payload bytes.
-pub(crate) fn alloc_request(size: u32) -> Vec<u8> {
-    Writer::tagged(tag::ALLOC).u32(size).finish()
-}
-
-/// FREE: the object at `offset`, if it is still at `generation`.
-pub(crate) fn free_request(offset: u64, generation: u32) -> Vec<u8> {
-    Writer::tagged(tag::FREE)
-        .u64(offset)
-        .u32(generation)
-        .finish()
-}
-
-/// LEASE: a read lease for client `holder` on the object at `offset`, `generation`.
-pub(crate) fn lease_request(holder: u64, offset: u64, generation: u32) -> Vec<u8> {
-    Writer::tagged(tag::LEASE)
-        .u64(holder)
-        .u64(offset)
-        .u32(generation)
-        .finish()
-}
-
-/// REPORT: a client's access window (its hot objects and their counts).
-pub(crate) fn report_request(rep: &AccessReport) -> Vec<u8> {
-    let mut w = Writer::tagged(tag::REPORT)
-        .u64(rep.client)
-        .u64(rep.window)
-        .u64(rep.total_accesses)
-        .u32(rep.entries.len() as u32);
-    for e in &rep.entries {
-        w = w.u64(e.obj).u64(e.count);
-    }
-    w.finish()
-}
-
-/// LOCK or UNLOCK (`t`) of the object at `offset` for client `holder`.
-pub(crate) fn lock_request(t: u8, holder: u64, offset: u64) -> Vec<u8> {
-    debug_assert!(t == tag::LOCK || t == tag::UNLOCK);
-    Writer::tagged(t).u64(holder).u64(offset).finish()
-}
-
-/// STAT: the reply head alone (free bytes).
-pub(crate) fn stat_request() -> Vec<u8> {
-    Writer::tagged(tag::STAT).finish()
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub(crate) enum Status {
-    Ok = 0,
-    /// Try again shortly (a lease is fenced for a promotion, eviction or free; a lock is held).
-    Busy = 1,
-    /// The object is not allocated at that generation.
-    Freed = 2,
-    OutOfSpace = 3,
-    NotHolder = 4,
-    /// Anything else; a message follows.
-    Failed = 5,
-}
-
-impl Status {
-    fn from_u8(v: u8) -> Result<Status, WireError> {
-        Ok(match v {
-            0 => Status::Ok,
-            1 => Status::Busy,
-            2 => Status::Freed,
-            3 => Status::OutOfSpace,
-            4 => Status::NotHolder,
-            5 => Status::Failed,
-            _ => return Err(WireError("status")),
-        })
+wire_message! {
+    /// A request: its kind (the first byte), then its fields.
+    #[derive(Debug, Clone, PartialEq)]
+    pub(crate) enum Request: "request kind" {
+        /// An object of `size` payload bytes.
+        Alloc = 1 { size: u32 },
+        /// The object at `offset`, if it is still at `generation`.
+        Free = 2 { offset: u64, generation: u32 },
+        /// A read lease for client `holder` on the object at `offset`, `generation`.
+        Lease = 3 { holder: u64, offset: u64, generation: u32 },
+        /// A client's access window (its hot objects and their counts).
+        Report = 4 { report: Report },
+        /// The lock of the object at `offset`, for client `holder`.
+        Lock = 5 { holder: u64, offset: u64 },
+        Unlock = 6 { holder: u64, offset: u64 },
+        /// The reply head alone (free bytes).
+        Stat = 7,
     }
 }
 
-/// The common head of every reply.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct ReplyHead {
-    pub status: Status,
-    pub free_nvm: u64,
-    pub free_dram: u64,
+/// A REPORT's body: the access report in its own format (dmkit-cache's), to the message's end.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Report(pub AccessReport);
+
+impl Wire for Report {
+    fn put(&self, w: Writer) -> Writer {
+        w.raw(&self.0.to_bytes())
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        let rep = AccessReport::from_bytes(r.rest()).map_err(|_| WireError("report"))?;
+        Ok(Report(rep))
+    }
 }
 
+wire_message! {
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(crate) enum Status: "status" {
+        Ok = 0,
+        /// Try again shortly (a lease is fenced for a promotion, eviction or free; a lock is held).
+        Busy = 1,
+        /// The object is not allocated at that generation.
+        Freed = 2,
+        OutOfSpace = 3,
+        NotHolder = 4,
+        /// Anything else; a message follows.
+        Failed = 5,
+    }
+}
+
+wire_message! {
+    /// The common head of every reply.
+    #[derive(Debug, Clone, Copy)]
+    pub(crate) struct ReplyHead {
+        pub status: Status,
+        pub free_nvm: u64,
+        pub free_dram: u64,
+    }
+}
+
+/// A reply's head, for the body to follow.
 pub(crate) fn reply(status: Status, free_nvm: u64, free_dram: u64) -> Writer {
-    Writer::new().u8(status as u8).u64(free_nvm).u64(free_dram)
+    let head = ReplyHead {
+        status,
+        free_nvm,
+        free_dram,
+    };
+    Writer::new().put(&head)
 }
 
-/// ALLOC's answer: the reply head, then where the object is and its generation.
-pub(crate) fn alloc_ok(w: Writer, offset: u64, generation: u32) -> Writer {
-    w.u64(offset).u32(generation)
-}
-
-/// ALLOC's answer, after the reply head: (offset, generation).
-pub(crate) fn decode_alloc(rest: &[u8]) -> Result<(u64, u32), WireError> {
-    let mut r = Reader::new(rest);
-    Ok((r.u64()?, r.u32()?))
-}
-
-pub(crate) fn read_head(r: &mut Reader<'_>) -> Result<ReplyHead, WireError> {
-    Ok(ReplyHead {
-        status: Status::from_u8(r.u8()?)?,
-        free_nvm: r.u64()?,
-        free_dram: r.u64()?,
-    })
-}
-
-/// Where the lease says the object's current copy is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Location {
-    Nvm,
-    /// Cached in DRAM at this payload offset of the DRAM region, with that slot's generation.
-    Dram {
-        offset: u64,
-        generation: u32,
-    },
-}
-
-/// A granted lease as the server describes it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct LeaseGrant {
-    pub size: u32,
-    pub duration_ns: u64,
-    pub location: Location,
-}
-
-pub(crate) fn encode_grant(w: Writer, g: &LeaseGrant) -> Writer {
-    let w = w.u32(g.size).u64(g.duration_ns);
-    match g.location {
-        Location::Nvm => w.u8(0),
-        Location::Dram { offset, generation } => w.u8(1).u64(offset).u32(generation),
+wire_message! {
+    /// ALLOC's answer, after the reply head: where the object is and its generation.
+    #[derive(Debug, Clone, Copy)]
+    pub(crate) struct Allocated {
+        pub offset: u64,
+        pub generation: u32,
     }
 }
 
-pub(crate) fn decode_grant(r: &mut Reader<'_>) -> Result<LeaseGrant, WireError> {
-    let size = r.u32()?;
-    let duration_ns = r.u64()?;
-    let location = match r.u8()? {
-        0 => Location::Nvm,
-        1 => Location::Dram {
-            offset: r.u64()?,
-            generation: r.u32()?,
-        },
-        _ => return Err(WireError("location")),
-    };
-    Ok(LeaseGrant {
-        size,
-        duration_ns,
-        location,
-    })
+wire_message! {
+    /// Where the lease says the object's current copy is.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(crate) enum Location: "location" {
+        Nvm = 0,
+        /// Cached in DRAM at this payload offset of the DRAM region, with that slot's generation.
+        Dram = 1 { offset: u64, generation: u32 },
+    }
+}
+
+wire_message! {
+    /// A granted lease as the server describes it (LEASE's answer, after the reply head).
+    #[derive(Debug, Clone, Copy)]
+    pub(crate) struct LeaseGrant {
+        pub size: u32,
+        pub duration_ns: u64,
+        pub location: Location,
+    }
 }
 
 #[cfg(test)]
@@ -198,29 +138,70 @@ mod tests {
             location,
         };
         let messages: Vec<(&str, Vec<u8>)> = vec![
-            ("ALLOC request", alloc_request(4096)),
-            ("FREE request", free_request(0x1_0040, 3)),
-            ("LEASE request", lease_request(9, 0x1_0040, 3)),
-            ("REPORT request", report_request(&report)),
-            ("LOCK request", lock_request(tag::LOCK, 9, 0x1_0040)),
-            ("UNLOCK request", lock_request(tag::UNLOCK, 9, 0x1_0040)),
-            ("STAT request", stat_request()),
+            ("ALLOC request", Request::Alloc { size: 4096 }.to_bytes()),
+            (
+                "FREE request",
+                Request::Free {
+                    offset: 0x1_0040,
+                    generation: 3,
+                }
+                .to_bytes(),
+            ),
+            (
+                "LEASE request",
+                Request::Lease {
+                    holder: 9,
+                    offset: 0x1_0040,
+                    generation: 3,
+                }
+                .to_bytes(),
+            ),
+            (
+                "REPORT request",
+                Request::Report {
+                    report: Report(report.clone()),
+                }
+                .to_bytes(),
+            ),
+            (
+                "LOCK request",
+                Request::Lock {
+                    holder: 9,
+                    offset: 0x1_0040,
+                }
+                .to_bytes(),
+            ),
+            (
+                "UNLOCK request",
+                Request::Unlock {
+                    holder: 9,
+                    offset: 0x1_0040,
+                }
+                .to_bytes(),
+            ),
+            ("STAT request", Request::Stat.to_bytes()),
             ("reply head (STAT, Ok)", head().finish()),
-            ("ALLOC reply", alloc_ok(head(), 0x1_0040, 3).finish()),
+            (
+                "ALLOC reply",
+                head()
+                    .put(&Allocated {
+                        offset: 0x1_0040,
+                        generation: 3,
+                    })
+                    .finish(),
+            ),
             (
                 "LEASE reply, NVM",
-                encode_grant(head(), &grant(Location::Nvm)).finish(),
+                head().put(&grant(Location::Nvm)).finish(),
             ),
             (
                 "LEASE reply, DRAM",
-                encode_grant(
-                    head(),
-                    &grant(Location::Dram {
+                head()
+                    .put(&grant(Location::Dram {
                         offset: 0x8000,
                         generation: 4,
-                    }),
-                )
-                .finish(),
+                    }))
+                    .finish(),
             ),
             (
                 "Busy reply",
@@ -252,18 +233,20 @@ mod tests {
         }
         insta::assert_snapshot!(s);
         // The decoders read back what the encoders wrote.
-        let b = encode_grant(
-            head(),
-            &grant(Location::Dram {
+        for (_, bytes) in &messages[..7] {
+            let req = Request::from_bytes(bytes).unwrap();
+            assert_eq!(&req.to_bytes(), bytes);
+        }
+        let b = head()
+            .put(&grant(Location::Dram {
                 offset: 0x8000,
                 generation: 4,
-            }),
-        )
-        .finish();
+            }))
+            .finish();
         let mut r = Reader::new(&b);
-        assert_eq!(read_head(&mut r).unwrap().status, Status::Ok);
+        assert_eq!(r.get::<ReplyHead>().unwrap().status, Status::Ok);
         assert_eq!(
-            decode_grant(&mut r).unwrap().location,
+            r.get::<LeaseGrant>().unwrap().location,
             Location::Dram {
                 offset: 0x8000,
                 generation: 4

@@ -14,18 +14,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use dmkit_cache::{AccessReport, AdmissionConfig, HotEntry, Residency, ResidencyConfig};
+use dmkit_cache::{AccessReport, AdmissionConfig, Residency, ResidencyConfig};
 use dmkit_lease::{
     Clock, ExclusiveLeases, LeaseConfig, LeaseError, Tier, TunedLeases, TunerConfig,
 };
 use dmkit_pmem_pool::verbs::PoolRegion;
 use dmkit_pmem_pool::{Pool, PoolOptions};
-use dmkit_verbs::wire::{Reader, WireError};
+use dmkit_verbs::wire::{Wire, WireError};
 use dmkit_verbs::{MemoryNode, NodeId, Peer, RegionDesc};
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
-use crate::proto::{self, LeaseGrant, Location, Status, tag};
+use crate::proto::{self, Allocated, LeaseGrant, Location, Request, Status};
 
 /// The remote base of the DRAM buffer region (the same on every server and every start).
 pub const DRAM_BASE: u64 = 1 << 40;
@@ -220,61 +220,18 @@ impl GengarServer {
     }
 
     fn dispatch(&self, req: &[u8]) -> std::result::Result<Vec<u8>, WireError> {
-        let mut r = Reader::new(req);
-        let t = r.u8()?;
-        let out = match t {
-            tag::ALLOC => {
-                let size = r.u32()? as usize;
-                r.finish()?;
-                self.alloc(size)
-            }
-            tag::FREE => {
-                let (off, want_gen) = (r.u64()?, r.u32()?);
-                r.finish()?;
-                self.free_object(off, want_gen)
-            }
-            tag::LEASE => {
-                let (holder, off, want_gen) = (r.u64()?, r.u64()?, r.u32()?);
-                r.finish()?;
-                self.lease(holder, off, want_gen)
-            }
-            tag::REPORT => {
-                let client = r.u64()?;
-                let window = r.u64()?;
-                let total = r.u64()?;
-                let n = r.u32()? as usize;
-                if n > r.remaining() / 16 {
-                    return Err(WireError("report entry count"));
-                }
-                let mut entries = Vec::with_capacity(n);
-                for _ in 0..n {
-                    entries.push(HotEntry {
-                        obj: r.u64()?,
-                        count: r.u64()?,
-                    });
-                }
-                r.finish()?;
-                self.report(AccessReport {
-                    client,
-                    window,
-                    total_accesses: total,
-                    entries,
-                })
-            }
-            tag::LOCK | tag::UNLOCK => {
-                let (holder, off) = (r.u64()?, r.u64()?);
-                r.finish()?;
-                if t == tag::LOCK {
-                    self.lock(holder, off)
-                } else {
-                    self.unlock(holder, off)
-                }
-            }
-            tag::STAT => {
-                r.finish()?;
-                self.head(Status::Ok)
-            }
-            _ => return Err(WireError("request kind")),
+        let out = match Request::from_bytes(req)? {
+            Request::Alloc { size } => self.alloc(size as usize),
+            Request::Free { offset, generation } => self.free_object(offset, generation),
+            Request::Lease {
+                holder,
+                offset,
+                generation,
+            } => self.lease(holder, offset, generation),
+            Request::Report { report } => self.report(report.0),
+            Request::Lock { holder, offset } => self.lock(holder, offset),
+            Request::Unlock { holder, offset } => self.unlock(holder, offset),
+            Request::Stat => self.head(Status::Ok),
         };
         Ok(out.finish())
     }
@@ -291,7 +248,10 @@ impl GengarServer {
                 .bytes(b"objects must have at least one byte");
         }
         match self.nvm.alloc_zeroed(size) {
-            Ok(o) => proto::alloc_ok(self.head(Status::Ok), o.offset as u64, o.generation),
+            Ok(o) => self.head(Status::Ok).put(&Allocated {
+                offset: o.offset as u64,
+                generation: o.generation,
+            }),
             Err(dmkit_pmem_pool::Error::OutOfBlocks { .. }) => self.head(Status::OutOfSpace),
             Err(e @ dmkit_pmem_pool::Error::ObjectTooLarge { .. }) => self
                 .head(Status::OutOfSpace)
@@ -323,14 +283,11 @@ impl GengarServer {
         if !self.leases.is_valid(holder, off) {
             return self.head(Status::Busy);
         }
-        proto::encode_grant(
-            self.head(Status::Ok),
-            &LeaseGrant {
-                size,
-                duration_ns: duration.as_nanos() as u64,
-                location,
-            },
-        )
+        self.head(Status::Ok).put(&LeaseGrant {
+            size,
+            duration_ns: duration.as_nanos() as u64,
+            location,
+        })
     }
 
     fn free_object(&self, off: u64, want_gen: u32) -> dmkit_verbs::wire::Writer {
