@@ -51,7 +51,7 @@ impl AccessReport {
         b
     }
 
-    /// A report from exactly its [`AccessReport::to_bytes`] (the bytes come from the network:
+    /// The report of exactly these bytes, the form [`AccessReport::to_bytes`] writes (the bytes come from the network:
     /// short, long or lying input is an error, never a panic or a huge allocation).
     pub fn from_bytes(b: &[u8]) -> Result<Self, CacheError> {
         let malformed = |what| CacheError::Malformed { what };

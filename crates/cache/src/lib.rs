@@ -19,6 +19,8 @@
 //!   to promote and demote (heat, selection and admission together); the caller copies.
 //! - [`HotTier`] puts counting, selection, admission and the resident copies together, for a
 //!   process that keeps hot objects' bytes in its own DRAM.
+//! - [`WindowThread`] ends a window every period on a background thread, for as long as its
+//!   owner (a server) and the handle live.
 //!
 //! ```
 //! use dmkit_cache::{AccessCounter, AdmissionConfig, CounterConfig, DramCachePolicy, GlobalSelector};
@@ -58,6 +60,7 @@ mod residency;
 mod selector;
 mod sketch;
 mod tier;
+mod window;
 
 pub use address::{AddressCache, AddressCacheConfig, AddressCacheStats};
 pub use admission::{AdmissionConfig, DramCachePolicy, Plan};
@@ -69,3 +72,4 @@ pub use residency::{Applied, Residency, ResidencyConfig};
 pub use selector::{GlobalSelector, HotObject, Selection};
 pub use sketch::CountMinSketch;
 pub use tier::HotTier;
+pub use window::WindowThread;
