@@ -77,5 +77,7 @@ mod server;
 
 pub use addr::GlobalAddr;
 pub use client::{ClientConfig, Confirm, GengarClient, Reconnect, tags};
+/// The handle of a server's window thread ([`GengarServer::spawn_windows`]).
+pub use dmkit_cache::WindowThread;
 pub use error::{Error, Result};
-pub use server::{DRAM_BASE, GengarServer, NVM_BASE, ServerConfig, ServerStats, WindowThread};
+pub use server::{DRAM_BASE, GengarServer, NVM_BASE, ServerConfig, ServerStats};

@@ -11,10 +11,10 @@
 //!   location, and a write posted under one never lands after its object moved.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use dmkit_cache::{AccessReport, AdmissionConfig, Residency, ResidencyConfig};
+use dmkit_cache::{AccessReport, AdmissionConfig, Residency, ResidencyConfig, WindowThread};
 use dmkit_lease::{
     Clock, ExclusiveLeases, LeaseConfig, LeaseError, Tier, TunedLeases, TunerConfig,
 };
@@ -410,49 +410,18 @@ impl GengarServer {
     }
 
     /// Runs [`GengarServer::run_window`] every `every` on a background thread until the
-    /// returned handle is dropped.
+    /// returned handle (or the server) is dropped.
     pub fn spawn_windows(self: &Arc<Self>, every: Duration) -> WindowThread {
-        let stop = Arc::new(AtomicBool::new(false));
-        let (s, st) = (Arc::downgrade(self), stop.clone());
-        let handle = std::thread::Builder::new()
-            .name("gengar-window".into())
-            .spawn(move || {
-                while !st.load(Ordering::Relaxed) {
-                    std::thread::sleep(every);
-                    match s.upgrade() {
-                        Some(s) => {
-                            s.run_window();
-                        }
-                        None => return,
-                    }
-                }
-            })
-            .expect("spawn the Gengar window thread");
-        WindowThread {
-            stop,
-            handle: Some(handle),
-        }
+        let step = |s: &Self| {
+            s.run_window();
+        };
+        WindowThread::spawn("gengar-window", every, self, step)
+            .expect("spawn the Gengar window thread")
     }
 
     /// The NVM region's descriptor.
     pub fn nvm_region(&self) -> RegionDesc {
         self.nvm.region()
-    }
-}
-
-/// Stops the background window thread when dropped.
-#[derive(Debug)]
-pub struct WindowThread {
-    stop: Arc<AtomicBool>,
-    handle: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for WindowThread {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
     }
 }
 
