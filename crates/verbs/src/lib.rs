@@ -100,6 +100,7 @@ mod conn;
 mod doorbell;
 mod endpoint;
 mod error;
+mod facade;
 mod memory;
 mod message;
 mod node;
