@@ -113,10 +113,10 @@ impl Confirm {
         self.0.is_confirmed()
     }
 
-    /// Waits for every part; the first failure ([`Error::ServerDown`] when the server went
-    /// away before confirming: the write may or may not have landed).
-    pub fn wait(&self) -> Result<()> {
-        dmkit_verbs::block_on(self.confirmed())
+    dmkit_verbs::blocking_facade! {
+        /// Waits for every part; the first failure ([`Error::ServerDown`] when the server went
+        /// away before confirming: the write may or may not have landed).
+        pub fn wait(&self) -> Result<()> = confirmed;
     }
 
     /// [`Confirm::wait`], awaited.
@@ -376,9 +376,34 @@ impl GengarClient {
             .collect()
     }
 
-    /// Allocates an object of `size` bytes (zero-filled) on the server with the most free NVM.
-    pub fn alloc(&self, size: usize) -> Result<GlobalAddr> {
-        dmkit_verbs::block_on(self.alloc_async(size))
+    dmkit_verbs::blocking_facade! {
+        /// Allocates an object of `size` bytes (zero-filled) on the server with the most free NVM.
+        pub fn alloc(&self, size: usize) -> Result<GlobalAddr> = alloc_async;
+        /// Frees an object. The server waits until every lease on it expired, so no client reads it
+        /// through a cached address afterwards; reads through stale addresses fail with
+        /// [`Error::Freed`].
+        pub fn free(&self, addr: GlobalAddr) -> Result<()> = free_async;
+        /// Sends each server this client's hot objects of the window that just ended.
+        pub fn report_hot(&self) -> Result<()> = report_hot_async;
+        /// Reads `len` bytes at `at` inside the object.
+        pub fn read_at(&self, addr: GlobalAddr, at: usize, len: usize) -> Result<Vec<u8>>
+            = read_at_async;
+        /// Writes `data` at `at` inside the object and returns when every copy is updated (NVM
+        /// durably): one round trip with a valid lease, two without.
+        pub fn write(&self, addr: GlobalAddr, at: usize, data: &[u8]) -> Result<()> = write_async;
+        /// Proxied write: returns once the data is staged and posted; the confirm fires when the
+        /// server completed every copy. Staging is bounded (the endpoint's), so a fast writer waits
+        /// rather than growing memory.
+        pub fn write_proxied(&self, addr: GlobalAddr, at: usize, data: &[u8]) -> Result<Confirm>
+            = write_proxied_async;
+        /// Waits until every proxied write so far is confirmed.
+        pub fn flush(&self) -> Result<()> = flush_async;
+        /// Takes the application lock of a shared object, waiting (up to the lock timeout) while
+        /// another client — or another thread or task of this client — holds it.
+        pub fn lock(&self, addr: GlobalAddr) -> Result<()> = lock_async;
+        /// Releases the lock, after every proxied write this client made to the object is confirmed
+        /// — so the next holder sees them.
+        pub fn unlock(&self, addr: GlobalAddr) -> Result<()> = unlock_async;
     }
 
     /// [`GengarClient::alloc`], awaited.
@@ -418,13 +443,6 @@ impl GengarClient {
         }
         // No server had room: say so, unless one that might have had it is down.
         Err(down.unwrap_or(Error::OutOfSpace { size }))
-    }
-
-    /// Frees an object. The server waits until every lease on it expired, so no client reads
-    /// it through a cached address afterwards; reads through stale addresses fail with
-    /// [`Error::Freed`].
-    pub fn free(&self, addr: GlobalAddr) -> Result<()> {
-        dmkit_verbs::block_on(self.free_async(addr))
     }
 
     /// [`GengarClient::free`], awaited.
@@ -565,11 +583,6 @@ impl GengarClient {
         self.leases.len()
     }
 
-    /// Sends each server this client's hot objects of the window that just ended.
-    pub fn report_hot(&self) -> Result<()> {
-        dmkit_verbs::block_on(self.report_hot_async())
-    }
-
     /// [`GengarClient::report_hot`], awaited.
     pub async fn report_hot_async(&self) -> Result<()> {
         for (node, rep) in self.accesses.end_window(self.id) {
@@ -602,11 +615,6 @@ impl GengarClient {
     /// [`GengarClient::read`], awaited.
     pub async fn read_async(&self, addr: GlobalAddr) -> Result<Vec<u8>> {
         self.read_at_async(addr, 0, addr.size as usize).await
-    }
-
-    /// Reads `len` bytes at `at` inside the object.
-    pub fn read_at(&self, addr: GlobalAddr, at: usize, len: usize) -> Result<Vec<u8>> {
-        dmkit_verbs::block_on(self.read_at_async(addr, at, len))
     }
 
     /// [`GengarClient::read_at`], awaited.
@@ -710,12 +718,6 @@ impl GengarClient {
         Ok(Some(parts))
     }
 
-    /// Writes `data` at `at` inside the object and returns when every copy is updated (NVM
-    /// durably): one round trip with a valid lease, two without.
-    pub fn write(&self, addr: GlobalAddr, at: usize, data: &[u8]) -> Result<()> {
-        dmkit_verbs::block_on(self.write_async(addr, at, data))
-    }
-
     /// [`GengarClient::write`], awaited.
     pub async fn write_async(&self, addr: GlobalAddr, at: usize, data: &[u8]) -> Result<()> {
         // After this client's earlier proxied writes to the object, never before.
@@ -739,13 +741,6 @@ impl GengarClient {
         }
     }
 
-    /// Proxied write: returns once the data is staged and posted; the confirm fires when the
-    /// server completed every copy. Staging is bounded (the endpoint's), so a fast writer waits
-    /// rather than growing memory.
-    pub fn write_proxied(&self, addr: GlobalAddr, at: usize, data: &[u8]) -> Result<Confirm> {
-        dmkit_verbs::block_on(self.write_proxied_async(addr, at, data))
-    }
-
     /// [`GengarClient::write_proxied`], awaited: waiting for staging room is awaited too.
     pub async fn write_proxied_async(
         &self,
@@ -765,22 +760,11 @@ impl GengarClient {
         Ok(Confirm(done))
     }
 
-    /// Waits until every proxied write so far is confirmed.
-    pub fn flush(&self) -> Result<()> {
-        dmkit_verbs::block_on(self.flush_async())
-    }
-
     /// [`GengarClient::flush`], awaited.
     pub async fn flush_async(&self) -> Result<()> {
         let first = self.confirms.all_confirmed().await.map_err(node_error);
         let r = self.ep.flush_async().await.map_err(node_error);
         first.and(r)
-    }
-
-    /// Takes the application lock of a shared object, waiting (up to the lock timeout) while
-    /// another client — or another thread or task of this client — holds it.
-    pub fn lock(&self, addr: GlobalAddr) -> Result<()> {
-        dmkit_verbs::block_on(self.lock_async(addr))
     }
 
     /// [`GengarClient::lock`], awaited (the waits between tries are awaited too).
@@ -816,12 +800,6 @@ impl GengarClient {
                 _ => return Err(refused(addr.server, &rest)),
             }
         }
-    }
-
-    /// Releases the lock, after every proxied write this client made to the object is
-    /// confirmed — so the next holder sees them.
-    pub fn unlock(&self, addr: GlobalAddr) -> Result<()> {
-        dmkit_verbs::block_on(self.unlock_async(addr))
     }
 
     /// [`GengarClient::unlock`], awaited.
