@@ -110,6 +110,7 @@ mod reconnect;
 pub mod runtime;
 mod stats;
 mod types;
+mod views;
 
 #[cfg(feature = "rdma")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rdma")))]
@@ -142,3 +143,4 @@ pub use proxy::{OutstandingWrites, ProxiedWrite, WriteParts, WriteProxy};
 pub use reconnect::{Reconnect, ReconnectError, Reconnector};
 pub use stats::{Stats, Tag, TagStats};
 pub use types::{Access, Media, NodeId, RKey, RegionDesc, RegionName, RemoteAddr};
+pub use views::{NodeViews, View, ViewError};
