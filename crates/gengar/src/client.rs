@@ -11,10 +11,10 @@ use dmkit_lease::{CachedLease, Clock, LeaseCache, Renewed, Timestamp};
 use dmkit_pmem_pool::verbs::ObjectRead;
 use dmkit_verbs::wire::{Reader, Wire};
 use dmkit_verbs::{
-    Backoff, Connection, Endpoint, NodeId, OutstandingWrites, ProxiedWrite, ReconnectError,
-    Reconnector, RegionDesc, Tag, WriteParts, WriteProxy,
+    Backoff, Connection, Endpoint, NodeId, NodeViews, OutstandingWrites, ProxiedWrite,
+    ReconnectError, RegionDesc, Tag, View, ViewError, WriteParts, WriteProxy,
 };
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 
 use crate::addr::GlobalAddr;
 use crate::error::{Error, Result};
@@ -81,20 +81,19 @@ impl Default for ClientConfig {
 /// ([`GengarClient::set_reconnect`]).
 pub type Reconnect = dmkit_verbs::Reconnect;
 
-/// A server's regions as this client knows them, and which connection (`epoch`: one more
-/// per reconnection) they came from. Leases carry the epoch they were granted in: a lease of
-/// an earlier connection — granted by a server process that may since have restarted with an
-/// empty DRAM buffer — is never used.
+/// A server's regions as this client knows them, in the [`View`] of the connection they
+/// came from. Leases carry the epoch they were granted in: a lease of an earlier connection —
+/// granted by a server process that may since have restarted with an empty DRAM buffer — is
+/// never used.
 #[derive(Debug, Clone, Copy)]
 struct Regions {
-    epoch: u64,
     nvm: RegionDesc,
     dram: RegionDesc,
 }
 
-#[derive(Debug)]
+/// What a server's replies say of its free capacity (for placement).
+#[derive(Debug, Default)]
 struct ServerState {
-    regions: RwLock<Regions>,
     free_nvm: AtomicU64,
     free_dram: AtomicU64,
 }
@@ -140,6 +139,8 @@ pub struct GengarClient {
     cfg: ClientConfig,
     clock: Arc<dyn Clock>,
     servers: BTreeMap<NodeId, ServerState>,
+    /// The servers' regions by connection epoch; reconnects lost servers.
+    views: NodeViews<Regions>,
     /// The leases this client holds, renewed early ([`ClientConfig::renew_early`]).
     leases: LeaseCache<GlobalAddr, LeaseGrant, dmkit_verbs::Pending<Vec<u8>>>,
     /// Outstanding proxied writes per object, oldest first.
@@ -150,7 +151,6 @@ pub struct GengarClient {
     /// threads and tasks sharing the client, the one holding the object's local lock is the
     /// holder.
     held: Mutex<HashSet<GlobalAddr>>,
-    reconnect: Reconnector,
     /// Gengar's write proxy ([`ClientConfig::proxy_thread`]).
     proxy: Option<WriteProxy>,
 }
@@ -167,10 +167,10 @@ fn node_error(e: dmkit_verbs::Error) -> Error {
 }
 
 /// The NVM pool and DRAM buffer regions of a Gengar server's region table.
-fn gengar_regions(node: NodeId, regions: &[RegionDesc]) -> Result<(RegionDesc, RegionDesc)> {
+fn gengar_regions(node: NodeId, regions: &[RegionDesc]) -> Result<Regions> {
     let find = |name| regions.iter().find(|r| r.name.as_str() == name).copied();
     match (find(NVM_REGION), find(DRAM_REGION)) {
-        (Some(nvm), Some(dram)) => Ok((nvm, dram)),
+        (Some(nvm), Some(dram)) => Ok(Regions { nvm, dram }),
         _ => Err(Error::NotAServer {
             node: node.0,
             reason: "it has no NVM pool and DRAM buffer regions".into(),
@@ -182,8 +182,7 @@ impl std::fmt::Debug for GengarClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GengarClient")
             .field("id", &self.id)
-            .field("servers", &self.servers.keys().collect::<Vec<_>>())
-            .field("reconnect", &self.reconnect)
+            .field("servers", &self.views)
             .finish_non_exhaustive()
     }
 }
@@ -221,22 +220,8 @@ impl GengarClient {
     /// A client `id` (unique among clients: it holds leases and locks) over every Gengar
     /// server `ep` is connected to.
     pub fn new(ep: Endpoint, id: u64, cfg: ClientConfig, clock: Arc<dyn Clock>) -> Result<Self> {
-        let mut servers = BTreeMap::new();
-        for node in ep.nodes() {
-            let (nvm, dram) = gengar_regions(node, &ep.regions(node)?)?;
-            servers.insert(
-                node,
-                ServerState {
-                    regions: RwLock::new(Regions {
-                        epoch: 0,
-                        nvm,
-                        dram,
-                    }),
-                    free_nvm: AtomicU64::new(0),
-                    free_dram: AtomicU64::new(0),
-                },
-            );
-        }
+        let views = NodeViews::new(&ep, gengar_regions)?;
+        let servers: BTreeMap<_, _> = views.nodes().map(|n| (n, ServerState::default())).collect();
         if servers.is_empty() {
             return Err(Error::Setup("no Gengar servers to use".into()));
         }
@@ -255,11 +240,11 @@ impl GengarClient {
             cfg,
             clock,
             servers,
+            views,
             leases,
             confirms: OutstandingWrites::default(),
             accesses,
             held: Mutex::new(HashSet::new()),
-            reconnect: Reconnector::default(),
             proxy,
         };
         for node in c.servers.keys().copied().collect::<Vec<_>>() {
@@ -285,46 +270,34 @@ impl GengarClient {
     /// server, a broken link). Without one, such a server's objects fail with
     /// [`Error::ServerDown`] for good.
     pub fn set_reconnect(&self, reconnect: Reconnect) {
-        self.reconnect.set(reconnect);
+        self.views.set_reconnect(reconnect);
     }
 
-    /// The server's current regions, its connection checked first (see [`GengarClient::ensure`]).
-    fn regions(&self, node: NodeId) -> Result<Regions> {
-        self.ensure(node)?;
-        Ok(*self.server(node)?.regions.read())
-    }
-
-    /// Before using `node`: when its connection is known to be broken, connects again (with
-    /// the reconnect function) or fails with [`Error::ServerDown`].
-    fn ensure(&self, node: NodeId) -> Result<()> {
-        let s = self.server(node)?;
+    /// The server's current regions (and their epoch), its connection made sure of first:
+    /// when it is known to be broken, connects again (with the reconnect function) or fails
+    /// with [`Error::ServerDown`].
+    fn regions(&self, node: NodeId) -> Result<View<Regions>> {
         let accept = |conn: &Arc<dyn Connection>| gengar_regions(node, &conn.regions());
-        let fresh = self.reconnect.ensure(&self.ep, node, accept);
-        if !matches!(fresh, Ok(None)) {
+        let r = self.views.ensure(&self.ep, node, accept);
+        if !matches!(r, Ok((_, false)) | Err(ViewError::UnknownNode(_))) {
             // Leases of the old connection (also those taken while this ran) are void.
             self.forget_server(node);
         }
-        let (nvm, dram) = match fresh {
-            Ok(None) => return Ok(()),
-            Ok(Some(regions)) => regions,
-            Err(ReconnectError::Refused(e)) => return Err(e),
-            Err(e) => {
-                return Err(Error::ServerDown {
-                    node: node.0,
-                    reason: e.to_string(),
-                });
+        match r {
+            Ok((view, fresh)) => {
+                if fresh {
+                    metrics::counter!("dmkit_gengar_reconnects_total").increment(1);
+                    tracing::info!(server = %node, "reconnected to Gengar server");
+                }
+                Ok(view)
             }
-        };
-        {
-            let mut r = s.regions.write();
-            r.epoch += 1;
-            r.nvm = nvm;
-            r.dram = dram;
+            Err(ViewError::UnknownNode(_)) => Err(Error::UnknownServer(node.0)),
+            Err(ViewError::Lost(ReconnectError::Refused(e))) => Err(e),
+            Err(e) => Err(Error::ServerDown {
+                node: node.0,
+                reason: e.to_string(),
+            }),
         }
-        self.forget_server(node);
-        metrics::counter!("dmkit_gengar_reconnects_total").increment(1);
-        tracing::info!(server = %node, "reconnected to Gengar server");
-        Ok(())
     }
 
     /// Drops every lease this client holds on `node`'s objects.
@@ -348,8 +321,7 @@ impl GengarClient {
 
     /// One RPC; returns the status and the rest of the reply, after noting free capacity.
     async fn call(&self, t: Tag, node: NodeId, req: Request) -> Result<(Status, Vec<u8>)> {
-        self.server(node)?;
-        self.ensure(node)?;
+        self.regions(node)?;
         let reply = self
             .ep
             .rpc_async(t, node, &req.to_bytes())
@@ -495,7 +467,7 @@ impl GengarClient {
                     let took = self.clock.now().saturating_duration_since(requested_at);
                     self.leases.record_rtt(took);
                     let e = self.granted(addr, requested_at, epoch, &rest)?;
-                    if self.server(addr.server)?.regions.read().epoch != epoch {
+                    if self.views.epoch(addr.server) != Some(epoch) {
                         // Granted by a connection that has since been replaced: ask again.
                         continue;
                     }
@@ -558,7 +530,7 @@ impl GengarClient {
             return None;
         };
         let e = self.granted(addr, r.requested_at, r.epoch, &rest).ok()?;
-        if self.server(addr.server).ok()?.regions.read().epoch != r.epoch {
+        if self.views.epoch(addr.server)? != r.epoch {
             return None;
         }
         Some(self.leases.install(addr, e))
@@ -660,7 +632,7 @@ impl GengarClient {
     fn current(&self, addr: GlobalAddr, e: &Entry) -> Result<Option<Regions>> {
         let r = self.regions(addr.server)?;
         if r.epoch == e.epoch {
-            return Ok(Some(r));
+            return Ok(Some(r.value));
         }
         self.leases.remove(&addr);
         Ok(None)
@@ -669,10 +641,7 @@ impl GengarClient {
     /// After a remote access error: whether the lease `e` came from a connection that has
     /// been replaced meanwhile (its rkeys are the old server's: take a new lease and retry).
     fn replaced(&self, addr: GlobalAddr, e: &Entry) -> bool {
-        let now = self
-            .server(addr.server)
-            .map(|s| s.regions.read().epoch)
-            .unwrap_or(e.epoch);
+        let now = self.views.epoch(addr.server).unwrap_or(e.epoch);
         if now != e.epoch {
             self.leases.remove(&addr);
         }
@@ -831,10 +800,9 @@ impl GengarClient {
 
     /// Whether this client holds a valid lease on `addr` (the next access is one round trip).
     pub fn has_lease(&self, addr: GlobalAddr) -> bool {
-        let Ok(s) = self.server(addr.server) else {
+        let Some(epoch) = self.views.epoch(addr.server) else {
             return false;
         };
-        let epoch = s.regions.read().epoch;
         self.leases.valid(&addr, epoch, self.clock.now()).is_some()
     }
 
