@@ -10,7 +10,9 @@
 //!   non-blocking waits for it, and [`Fence`]s that stop new grants while a server drains an
 //!   object. [`HeldLease`] is the holder's side.
 //! - [`LeaseCache`]: a holder's leases by key, each carrying what its grant said, valid in
-//!   the epoch (connection) it was granted in, renewed early off the callers' path.
+//!   the epoch (connection) it was granted in, renewed early off the callers' path;
+//!   [`LeaseCache::acquire`] takes a valid one — cached, renewed or asked of the server
+//!   through the frontend's [`LeaseSource`].
 //! - [`LeaseTuner`]: per-object durations found by hill climbing — short for hot objects still
 //!   in NVM (promotion waits less), long for objects in DRAM (fewer re-grants).
 //! - [`TunedLeases`]: a server's object leases in one piece — tuned durations, and the drain
@@ -49,6 +51,7 @@
 //! `examples/adaptive_leases.rs` runs a client and a server on virtual time and prints how the
 //! tuner's durations follow an object from cold to hot to promoted.
 
+mod acquire;
 mod cache;
 mod clock;
 mod error;
@@ -58,6 +61,7 @@ mod table;
 mod tuned;
 mod tuner;
 
+pub use acquire::LeaseSource;
 pub use cache::{CachedLease, LeaseCache, Renewed};
 pub use clock::{Clock, SystemClock, Timestamp, VirtualClock};
 pub use error::LeaseError;
