@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use dmkit_cache::{AccessReporter, CounterConfig};
-use dmkit_lease::{CachedLease, Clock, LeaseCache, Renewed, Timestamp};
+use dmkit_lease::{CachedLease, Clock, LeaseCache, LeaseSource, Timestamp};
 use dmkit_pmem_pool::verbs::ObjectRead;
 use dmkit_verbs::wire::{Reader, Wire};
 use dmkit_verbs::{
@@ -438,49 +438,10 @@ impl GengarClient {
         }
     }
 
-    /// A valid lease for `addr`, from the table or (one more round trip) from its server.
+    /// A valid lease for `addr`, from the table or (one more round trip, counted under `t`)
+    /// from its server.
     async fn entry(&self, t: Tag, addr: GlobalAddr) -> Result<Entry> {
-        let epoch = self.regions(addr.server)?.epoch;
-        if let Some((e, renew)) = self.leases.valid(&addr, epoch, self.clock.now()) {
-            if renew {
-                self.renew_early(addr, epoch);
-            }
-            return Ok(e);
-        }
-        // Lapsed: a renewal whose reply is already in gives the new lease at once.
-        if let Some(r) = self.leases.take_renewed(&addr) {
-            if let Some(e) = self.install_renewal(addr, r) {
-                if e.epoch == epoch && e.is_valid(self.clock.now()) {
-                    return Ok(e);
-                }
-            }
-        }
-        // Fenced while the server promotes, evicts or frees the object: retried.
-        let retry = self.cfg.busy_retry;
-        let mut busy = Backoff::new(retry, retry, Instant::now() + self.cfg.lock_timeout);
-        loop {
-            let requested_at = self.clock.now();
-            let epoch = self.regions(addr.server)?.epoch;
-            let (st, rest) = self.call(t, addr.server, self.lease_request(addr)).await?;
-            match st {
-                Status::Ok => {
-                    let took = self.clock.now().saturating_duration_since(requested_at);
-                    self.leases.record_rtt(took);
-                    let e = self.granted(addr, requested_at, epoch, &rest)?;
-                    if self.views.epoch(addr.server) != Some(epoch) {
-                        // Granted by a connection that has since been replaced: ask again.
-                        continue;
-                    }
-                    return Ok(self.leases.install(addr, e));
-                }
-                Status::Freed => {
-                    self.leases.remove(&addr);
-                    return Err(Error::Freed(addr));
-                }
-                Status::Busy if busy.wait().await => {}
-                _ => return Err(refused(addr.server, &rest)),
-            }
-        }
+        self.leases.acquire(&LeaseRpc(self, t), &addr).await
     }
 
     fn lease_request(&self, addr: GlobalAddr) -> Request {
@@ -489,51 +450,6 @@ impl GengarClient {
             offset: addr.offset,
             generation: addr.generation,
         }
-    }
-
-    /// The lease a grant (the reply's rest) makes, counted from `requested_at`.
-    fn granted(
-        &self,
-        addr: GlobalAddr,
-        requested_at: Timestamp,
-        epoch: u64,
-        rest: &[u8],
-    ) -> Result<Entry> {
-        let g = LeaseGrant::get(&mut Reader::new(rest)).map_err(protocol_error(addr.server))?;
-        let duration = Duration::from_nanos(g.duration_ns);
-        Ok(self.leases.from_grant(g, epoch, requested_at, duration))
-    }
-
-    /// Past half of `addr`'s lease: installs the renewal in flight if its reply is in, or
-    /// posts one. Never waits; a renewal that fails leaves the lease to lapse and be taken
-    /// again by the access that needs it.
-    fn renew_early(&self, addr: GlobalAddr, epoch: u64) {
-        let post = || {
-            let req = self.lease_request(addr).to_bytes();
-            self.ep.post_rpc(tags::RENEW, addr.server, &req).ok()
-        };
-        if let Some(r) = self.leases.renew(&addr, epoch, self.clock.now(), post) {
-            self.install_renewal(addr, r);
-        }
-    }
-
-    /// Installs an early renewal's lease (unless the table holds a longer one, or the
-    /// connection it came from was replaced). Any failure is dropped: the access that finds
-    /// the lease lapsed takes a new one.
-    fn install_renewal(
-        &self,
-        addr: GlobalAddr,
-        r: Renewed<dmkit_verbs::Result<Vec<u8>>>,
-    ) -> Option<Entry> {
-        let reply = r.reply.ok()?;
-        let (Status::Ok, rest) = self.reply_head(addr.server, &reply).ok()? else {
-            return None;
-        };
-        let e = self.granted(addr, r.requested_at, r.epoch, &rest).ok()?;
-        if self.views.epoch(addr.server)? != r.epoch {
-            return None;
-        }
-        Some(self.leases.install(addr, e))
     }
 
     async fn record_access(&self, addr: GlobalAddr) -> Result<()> {
@@ -824,4 +740,68 @@ fn check_range(addr: GlobalAddr, at: usize, len: usize, size: u32) -> Result<()>
         });
     }
     Ok(())
+}
+
+/// How the client asks its servers for leases (the LEASE RPC, counted under the operation's
+/// tag), for [`LeaseCache::acquire`].
+struct LeaseRpc<'a>(&'a GengarClient, Tag);
+
+impl LeaseSource<GlobalAddr> for LeaseRpc<'_> {
+    type Value = LeaseGrant;
+    type Error = Error;
+    type Renewal = dmkit_verbs::Pending<Vec<u8>>;
+
+    fn epoch(&self, addr: &GlobalAddr) -> Result<u64> {
+        Ok(self.0.regions(addr.server)?.epoch)
+    }
+
+    fn known_epoch(&self, addr: &GlobalAddr) -> Option<u64> {
+        self.0.views.epoch(addr.server)
+    }
+
+    fn now(&self) -> Timestamp {
+        self.0.clock.now()
+    }
+
+    fn post_renewal(&self, addr: &GlobalAddr) -> Option<Self::Renewal> {
+        let req = self.0.lease_request(*addr).to_bytes();
+        self.0.ep.post_rpc(tags::RENEW, addr.server, &req).ok()
+    }
+
+    fn renewal_grant(
+        &self,
+        addr: &GlobalAddr,
+        reply: dmkit_verbs::Result<Vec<u8>>,
+    ) -> Option<(LeaseGrant, Duration)> {
+        let (Status::Ok, rest) = self.0.reply_head(addr.server, &reply.ok()?).ok()? else {
+            return None;
+        };
+        grant(addr.server, &rest).ok()
+    }
+
+    /// The LEASE RPC, retried while the object is fenced (the server promotes, evicts or
+    /// frees it).
+    async fn request(&self, addr: &GlobalAddr) -> Result<(LeaseGrant, Duration)> {
+        let (c, addr) = (self.0, *addr);
+        let retry = c.cfg.busy_retry;
+        let mut busy = Backoff::new(retry, retry, Instant::now() + c.cfg.lock_timeout);
+        loop {
+            let (st, rest) = c.call(self.1, addr.server, c.lease_request(addr)).await?;
+            match st {
+                Status::Ok => return grant(addr.server, &rest),
+                Status::Freed => {
+                    c.leases.remove(&addr);
+                    return Err(Error::Freed(addr));
+                }
+                Status::Busy if busy.wait().await => {}
+                _ => return Err(refused(addr.server, &rest)),
+            }
+        }
+    }
+}
+
+/// A grant (a LEASE reply's rest) from `node`: what it says and for how long.
+fn grant(node: NodeId, rest: &[u8]) -> Result<(LeaseGrant, Duration)> {
+    let g = LeaseGrant::get(&mut Reader::new(rest)).map_err(protocol_error(node))?;
+    Ok((g, Duration::from_nanos(g.duration_ns)))
 }
