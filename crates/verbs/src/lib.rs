@@ -108,6 +108,7 @@ mod pending;
 mod proxy;
 mod reconnect;
 pub mod runtime;
+mod serve;
 mod stats;
 mod types;
 mod views;
