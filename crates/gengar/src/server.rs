@@ -20,7 +20,7 @@ use dmkit_lease::{
 };
 use dmkit_pmem_pool::verbs::PoolRegion;
 use dmkit_pmem_pool::{Pool, PoolOptions};
-use dmkit_verbs::wire::{Wire, WireError};
+use dmkit_verbs::wire::WireError;
 use dmkit_verbs::{MemoryNode, NodeId, Peer, RegionDesc};
 use parking_lot::Mutex;
 
@@ -168,13 +168,7 @@ impl GengarServer {
             cfg,
             stats: ServerStats::default(),
         });
-        let weak = Arc::downgrade(&server);
-        node.set_rpc_handler(Arc::new(move |peer: &Peer, req: &[u8]| {
-            match weak.upgrade() {
-                Some(s) => Ok(s.handle(peer, req)),
-                None => Err("the Gengar server is shutting down".to_string()),
-            }
-        }));
+        node.serve_messages(&server, "the Gengar server", Self::handle);
         Ok(server)
     }
 
@@ -207,20 +201,18 @@ impl GengarServer {
         proto::reply(st, n, d)
     }
 
-    fn handle(&self, peer: &Peer, req: &[u8]) -> Vec<u8> {
-        match self.dispatch(req) {
-            Ok(v) => v,
+    fn handle(&self, peer: &Peer, req: std::result::Result<Request, WireError>) -> Vec<u8> {
+        let req = match req {
+            Ok(req) => req,
             Err(e) => {
                 tracing::warn!(peer = %peer.addr, error = %e, "malformed Gengar request");
-                self.head(Status::Failed)
+                return self
+                    .head(Status::Failed)
                     .bytes(e.to_string().as_bytes())
-                    .finish()
+                    .finish();
             }
-        }
-    }
-
-    fn dispatch(&self, req: &[u8]) -> std::result::Result<Vec<u8>, WireError> {
-        let out = match Request::from_bytes(req)? {
+        };
+        let out = match req {
             Request::Alloc { size } => self.alloc(size as usize),
             Request::Free { offset, generation } => self.free_object(offset, generation),
             Request::Lease {
@@ -233,7 +225,7 @@ impl GengarServer {
             Request::Unlock { holder, offset } => self.unlock(holder, offset),
             Request::Stat => self.head(Status::Ok),
         };
-        Ok(out.finish())
+        out.finish()
     }
 
     fn live(&self, off: u64, want_gen: u32) -> Option<u32> {
