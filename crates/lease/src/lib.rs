@@ -19,6 +19,8 @@
 //!   (fence, wait out the leases, then a grace for late operations) before an object moves.
 //! - [`ExclusiveLeases`]: one holder per key until its lease runs out — locks a crashed
 //!   holder cannot keep (Gengar's object locks, FUSEE's one-master-per-cluster claim).
+//!   [`HeldLocks`] is the holder's side of such locks granted by RPC: one caller of a client
+//!   at a time, paced tries through the frontend's [`LockSource`].
 //! - [`ServingLease`]: a server's own lease on serving, renewed by a coordinator's heartbeats
 //!   or a majority of its peers, and self-fencing when it runs out (FUSEE's memory nodes).
 //!
@@ -56,6 +58,7 @@ mod cache;
 mod clock;
 mod error;
 mod exclusive;
+mod locks;
 mod standing;
 mod table;
 mod tuned;
@@ -66,6 +69,7 @@ pub use cache::{CachedLease, LeaseCache, Renewed};
 pub use clock::{Clock, SystemClock, Timestamp, VirtualClock};
 pub use error::LeaseError;
 pub use exclusive::{ExclusiveHolder, ExclusiveLeases};
+pub use locks::{HeldLocks, LockSource};
 pub use standing::{ServingLease, Standing};
 pub use table::{Fence, HeldLease, Lease, LeaseConfig, LeaseStats, LeaseTable};
 pub use tuned::TunedLeases;
