@@ -1,20 +1,19 @@
 //! The Gengar client: a global address space over many servers, with leases on cached
 //! addresses, write-through, proxied writes with write confirms, and locks.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use dmkit_cache::{AccessReporter, CounterConfig};
-use dmkit_lease::{CachedLease, Clock, LeaseCache, LeaseSource, Timestamp};
+use dmkit_lease::{CachedLease, Clock, HeldLocks, LeaseCache, LeaseSource, LockSource, Timestamp};
 use dmkit_pmem_pool::verbs::ObjectRead;
 use dmkit_verbs::wire::{Reader, Wire};
 use dmkit_verbs::{
     Backoff, Connection, Endpoint, NodeId, NodeViews, OutstandingWrites, ProxiedWrite,
     ReconnectError, RegionDesc, Tag, View, ViewError, WriteParts, WriteProxy,
 };
-use parking_lot::Mutex;
 
 use crate::addr::GlobalAddr;
 use crate::error::{Error, Result};
@@ -150,7 +149,7 @@ pub struct GengarClient {
     /// Application locks are the client's (its id holds them at the server): among the
     /// threads and tasks sharing the client, the one holding the object's local lock is the
     /// holder.
-    held: Mutex<HashSet<GlobalAddr>>,
+    locks: HeldLocks<GlobalAddr>,
     /// Gengar's write proxy ([`ClientConfig::proxy_thread`]).
     proxy: Option<WriteProxy>,
 }
@@ -207,15 +206,6 @@ fn protocol_error(node: NodeId) -> impl Fn(dmkit_verbs::wire::WireError) -> Erro
     }
 }
 
-/// How `lock` paces its tries: from 50 µs, doubling up to 5 ms.
-fn lock_backoff(deadline: Instant) -> Backoff {
-    Backoff::new(
-        Duration::from_micros(50),
-        Duration::from_millis(5),
-        deadline,
-    )
-}
-
 impl GengarClient {
     /// A client `id` (unique among clients: it holds leases and locks) over every Gengar
     /// server `ep` is connected to.
@@ -244,7 +234,7 @@ impl GengarClient {
             leases,
             confirms: OutstandingWrites::default(),
             accesses,
-            held: Mutex::new(HashSet::new()),
+            locks: HeldLocks::default(),
             proxy,
         };
         for node in c.servers.keys().copied().collect::<Vec<_>>() {
@@ -654,64 +644,12 @@ impl GengarClient {
 
     /// [`GengarClient::lock`], awaited (the waits between tries are awaited too).
     pub async fn lock_async(&self, addr: GlobalAddr) -> Result<()> {
-        let deadline = Instant::now() + self.cfg.lock_timeout;
-        // First among the callers sharing this client.
-        let mut backoff = lock_backoff(deadline);
-        while !self.held.lock().insert(addr) {
-            if !backoff.wait().await {
-                return Err(Error::LockTimeout(addr));
-            }
-        }
-        let r = self.lock_remote(addr, deadline).await;
-        if r.is_err() {
-            self.held.lock().remove(&addr);
-        }
-        r
-    }
-
-    /// The server's lock, for this client's id.
-    async fn lock_remote(&self, addr: GlobalAddr, deadline: Instant) -> Result<()> {
-        let mut backoff = lock_backoff(deadline);
-        loop {
-            let req = Request::Lock {
-                holder: self.id,
-                offset: addr.offset,
-            };
-            let (st, rest) = self.call(tags::LOCK, addr.server, req).await?;
-            match st {
-                Status::Ok => return Ok(()),
-                Status::Busy if backoff.wait().await => {}
-                Status::Busy => return Err(Error::LockTimeout(addr)),
-                _ => return Err(refused(addr.server, &rest)),
-            }
-        }
+        self.locks.lock(&LockRpc(self), addr).await
     }
 
     /// [`GengarClient::unlock`], awaited.
     pub async fn unlock_async(&self, addr: GlobalAddr) -> Result<()> {
-        let r = self.unlock_remote(addr).await;
-        // Whatever the server said, the caller no longer holds it here.
-        self.held.lock().remove(&addr);
-        r
-    }
-
-    async fn unlock_remote(&self, addr: GlobalAddr) -> Result<()> {
-        self.confirms.confirmed(&addr).await.map_err(node_error)?;
-        let (st, rest) = self
-            .call(
-                tags::LOCK,
-                addr.server,
-                Request::Unlock {
-                    holder: self.id,
-                    offset: addr.offset,
-                },
-            )
-            .await?;
-        match st {
-            Status::Ok => Ok(()),
-            Status::NotHolder => Err(Error::NotLockHolder(addr)),
-            _ => Err(refused(addr.server, &rest)),
-        }
+        self.locks.unlock(&LockRpc(self), addr).await
     }
 
     /// Whether this client holds a valid lease on `addr` (the next access is one round trip).
@@ -804,4 +742,59 @@ impl LeaseSource<GlobalAddr> for LeaseRpc<'_> {
 fn grant(node: NodeId, rest: &[u8]) -> Result<(LeaseGrant, Duration)> {
     let g = LeaseGrant::get(&mut Reader::new(rest)).map_err(protocol_error(node))?;
     Ok((g, Duration::from_nanos(g.duration_ns)))
+}
+
+/// How the client takes and releases its servers' object locks (LOCK and UNLOCK, for its
+/// id), for [`HeldLocks`].
+struct LockRpc<'a>(&'a GengarClient);
+
+impl LockSource<GlobalAddr> for LockRpc<'_> {
+    type Error = Error;
+    type Pace = Backoff;
+
+    /// From 50 µs, doubling up to 5 ms, until the lock timeout.
+    fn pace(&self) -> Backoff {
+        let deadline = Instant::now() + self.0.cfg.lock_timeout;
+        Backoff::new(
+            Duration::from_micros(50),
+            Duration::from_millis(5),
+            deadline,
+        )
+    }
+
+    async fn pause(&self, pace: &mut Backoff) -> bool {
+        pace.wait().await
+    }
+
+    fn timed_out(&self, addr: &GlobalAddr) -> Error {
+        Error::LockTimeout(*addr)
+    }
+
+    async fn try_lock(&self, addr: &GlobalAddr) -> Result<bool> {
+        let (holder, offset) = (self.0.id, addr.offset);
+        match self
+            .0
+            .call(tags::LOCK, addr.server, Request::Lock { holder, offset })
+            .await?
+        {
+            (Status::Ok, _) => Ok(true),
+            (Status::Busy, _) => Ok(false),
+            (_, rest) => Err(refused(addr.server, &rest)),
+        }
+    }
+
+    /// After every proxied write this client made to the object is confirmed.
+    async fn unlock(&self, addr: &GlobalAddr) -> Result<()> {
+        let c = self.0;
+        c.confirms.confirmed(addr).await.map_err(node_error)?;
+        let (holder, offset) = (c.id, addr.offset);
+        match c
+            .call(tags::LOCK, addr.server, Request::Unlock { holder, offset })
+            .await?
+        {
+            (Status::Ok, _) => Ok(()),
+            (Status::NotHolder, _) => Err(Error::NotLockHolder(*addr)),
+            (_, rest) => Err(refused(addr.server, &rest)),
+        }
+    }
 }
