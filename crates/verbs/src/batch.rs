@@ -147,6 +147,35 @@ impl Batch {
         self.write_impl(remote, data, true)
     }
 
+    /// WRITE `data` to each part of a [`WriteParts`](crate::WriteParts) — the copies of one
+    /// write, durable where the part says so — in order: the synchronous counterpart of a
+    /// proxied write to them. Returns the last part's index (`None`: no parts).
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use dmkit_verbs::sim::{SimCluster, SimConfig};
+    /// # use dmkit_verbs::{Access, DramBacking, MemoryNode, NodeId};
+    /// # let cluster = SimCluster::new(SimConfig::default());
+    /// # let node = Arc::new(MemoryNode::new(NodeId(0)));
+    /// # let region = node.register(Arc::new(DramBacking::new(1 << 20)), Access::ALL, None)?;
+    /// # cluster.add_node(node);
+    /// # let ep = cluster.endpoint(1)?;
+    /// let parts = vec![(region.at(0), false), (region.at(64), true)];
+    /// let mut b = ep.batch(NodeId(0));
+    /// b.write_parts(&parts, b"twice");
+    /// ep.execute("write", b)?;
+    /// assert_eq!(ep.read("check", region.at(0), 5)?, b"twice");
+    /// assert_eq!(ep.read("check", region.at(64), 5)?, b"twice");
+    /// # Ok::<(), dmkit_verbs::Error>(())
+    /// ```
+    pub fn write_parts(&mut self, parts: &[(RemoteAddr, bool)], data: &[u8]) -> Option<OpIdx> {
+        let mut last = None;
+        for &(remote, durable) in parts {
+            last = Some(self.write_impl(remote, data, durable));
+        }
+        last
+    }
+
     fn write_impl(&mut self, remote: RemoteAddr, data: &[u8], durable: bool) -> OpIdx {
         let l = self.check(remote, data.len()).unwrap_or(0);
         let buf = self.alloc(data.len()).map(|mut b| {
