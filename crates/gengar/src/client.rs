@@ -300,13 +300,8 @@ impl GengarClient {
     fn verbs_error(&self, node: NodeId, e: dmkit_verbs::Error) -> Error {
         if e.is_node_failure() {
             self.forget_server(node);
-            Error::ServerDown {
-                node: node.0,
-                reason: e.to_string(),
-            }
-        } else {
-            Error::Verbs(e)
         }
+        node_error(e)
     }
 
     /// One RPC; returns the status and the rest of the reply, after noting free capacity.
@@ -599,13 +594,7 @@ impl GengarClient {
         self.confirms.posted(&addr).await;
         let (e, parts) = self.write_target(addr, at, data).await?;
         let mut b = self.ep.batch(addr.server);
-        for (remote, durable) in parts {
-            if durable {
-                b.write_durable(remote, data);
-            } else {
-                b.write(remote, data);
-            }
-        }
+        b.write_parts(&parts, data);
         match self.ep.execute_async(tags::WRITE, b).await {
             Ok(_) => Ok(()),
             // The old server's rkeys on a new connection: nothing was written; once more.
