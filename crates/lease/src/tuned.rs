@@ -73,6 +73,24 @@ impl<C: Clock> TunedLeases<C> {
         Ok(duration)
     }
 
+    /// [`TunedLeases::grant`], then `read` what the lease protects (where the object is, say)
+    /// and check that the lease still holds: a thread delayed past the lease's expiry could
+    /// otherwise hand out a state newer than the lease (the object may have moved once it
+    /// expired). A lease that lapsed meanwhile is [`LeaseError::NotHeld`]: ask again.
+    pub fn grant_reading<T>(
+        &self,
+        holder: u64,
+        obj: u64,
+        read: impl FnOnce() -> T,
+    ) -> Result<(Duration, T), LeaseError> {
+        let duration = self.grant(holder, obj)?;
+        let value = read();
+        if !self.is_valid(holder, obj) {
+            return Err(LeaseError::NotHeld { holder, obj });
+        }
+        Ok((duration, value))
+    }
+
     /// Whether `holder`'s lease on `obj` is valid now (the server's view).
     pub fn is_valid(&self, holder: u64, obj: u64) -> bool {
         self.table.is_valid(holder, obj, self.table.clock().now())
@@ -138,5 +156,23 @@ mod tests {
         assert!(leases.grant(3, 8).is_ok());
         assert!(leases.drain([]).is_empty());
         leases.end_window();
+    }
+
+    #[test]
+    fn a_state_read_after_the_lease_lapsed_is_not_handed_out() {
+        let clock = crate::VirtualClock::new();
+        let cfg = LeaseConfig::default();
+        let leases = TunedLeases::new(clock.clone(), cfg, TunerConfig::default(), Duration::ZERO);
+        let leases = leases.unwrap();
+        let (d, v) = leases.grant_reading(1, 7, || "dram").unwrap();
+        assert_eq!((v, d), ("dram", leases.tuner().duration_for(7)));
+        // Delayed past the lease's expiry between the grant and the read.
+        let late = leases.grant_reading(2, 7, || clock.advance(Duration::from_secs(3600)));
+        assert_eq!(late, Err(LeaseError::NotHeld { holder: 2, obj: 7 }));
+        let _fence = leases.table().fence(7);
+        assert!(matches!(
+            leases.grant_reading(3, 7, || unreachable!("fenced: nothing is read")),
+            Err(LeaseError::Fenced { .. })
+        ));
     }
 }
