@@ -256,25 +256,23 @@ impl GengarServer {
         let Some(size) = self.live(off, want_gen) else {
             return self.head(Status::Freed);
         };
-        let duration = match self.leases.grant(holder, off) {
-            Ok(d) => d,
-            Err(LeaseError::Fenced { .. }) => return self.head(Status::Busy),
-            Err(e) => return self.head(Status::Failed).bytes(e.to_string().as_bytes()),
-        };
-        self.stats.leases.fetch_add(1, Ordering::Relaxed);
         // The location can only change after this lease expires (see the module invariants);
-        // if this thread was delayed past that, the location read now could be newer than the
-        // lease: check and let the client retry.
-        let location = match self.cached.get(off) {
+        // a location read after it expired is not handed out: the client retries.
+        let location = || match self.cached.get(off) {
             Some(c) => Location::Dram {
                 offset: c.offset,
                 generation: c.generation,
             },
             None => Location::Nvm,
         };
-        if !self.leases.is_valid(holder, off) {
-            return self.head(Status::Busy);
-        }
+        let (duration, location) = match self.leases.grant_reading(holder, off, location) {
+            Ok(granted) => granted,
+            Err(LeaseError::Fenced { .. } | LeaseError::NotHeld { .. }) => {
+                return self.head(Status::Busy);
+            }
+            Err(e) => return self.head(Status::Failed).bytes(e.to_string().as_bytes()),
+        };
+        self.stats.leases.fetch_add(1, Ordering::Relaxed);
         self.head(Status::Ok).put(&LeaseGrant {
             size,
             duration_ns: duration.as_nanos() as u64,
