@@ -4,7 +4,8 @@
 //! decodes it — use the same declaration.
 //!
 //! - Integers are little-endian, [`NodeId`] is its `u16`, `Vec<T>` is a `u32` count then the
-//!   elements (so `Vec<u8>` is the same bytes as [`Writer::bytes`]).
+//!   elements (so `Vec<u8>` is the same bytes as [`Writer::bytes`]), and a `String` is its
+//!   UTF-8 bytes so (a server's message: decoding refuses bytes that are not UTF-8).
 //! - [`wire_message!`](crate::wire_message) declares a struct (its fields in order) or an
 //!   enum whose first byte is the variant's tag (then the variant's fields in order); an
 //!   unknown tag is a [`WireError`] naming what was expected.
@@ -89,6 +90,16 @@ impl Wire for NodeId {
     }
     fn get(r: &mut Reader<'_>) -> Result<Self, WireError> {
         r.u16().map(NodeId)
+    }
+}
+
+impl Wire for String {
+    fn put(&self, w: Writer) -> Writer {
+        w.bytes(self.as_bytes())
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        let b = r.bytes()?;
+        String::from_utf8(b.to_vec()).map_err(|_| WireError("utf-8"))
     }
 }
 
@@ -212,9 +223,14 @@ mod tests {
         assert_eq!(b.len(), 1 + 4 + 2 * 7);
         assert_eq!(&b[..5], [9, 2, 0, 0, 0]);
         assert_eq!(Shape::from_bytes(&b), Ok(many));
-        // Vec<u8> is a length-prefixed byte string.
+        // Vec<u8> and String are length-prefixed byte strings.
         let v = vec![1u8, 2, 3];
         assert_eq!(v.to_bytes(), Writer::new().bytes(&[1, 2, 3]).finish());
+        let s = "déjà".to_string();
+        assert_eq!(s.to_bytes(), Writer::new().bytes(s.as_bytes()).finish());
+        assert_eq!(String::from_bytes(&s.to_bytes()), Ok(s));
+        let bad = Writer::new().bytes(&[0xff]).finish();
+        assert_eq!(String::from_bytes(&bad), Err(WireError("utf-8")));
     }
 
     #[test]
