@@ -188,10 +188,8 @@ impl std::fmt::Debug for GengarClient {
 
 /// A server's refusal (a reply with a status that is no answer), with its message.
 fn refused(node: NodeId, rest: &[u8]) -> Error {
-    let reason = Reader::new(rest)
-        .bytes()
-        .map(|b| String::from_utf8_lossy(b).into_owned())
-        .unwrap_or_else(|_| format!("server {node} refused"));
+    let reason = Reader::new(rest).get::<String>();
+    let reason = reason.unwrap_or_else(|_| format!("server {node} refused"));
     Error::Server {
         node: node.0,
         reason,

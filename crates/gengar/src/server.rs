@@ -201,15 +201,17 @@ impl GengarServer {
         proto::reply(st, n, d)
     }
 
+    /// A reply that is no answer: the status, then why (a message).
+    fn refuse(&self, st: Status, why: impl std::fmt::Display) -> dmkit_verbs::wire::Writer {
+        self.head(st).put(&why.to_string())
+    }
+
     fn handle(&self, peer: &Peer, req: std::result::Result<Request, WireError>) -> Vec<u8> {
         let req = match req {
             Ok(req) => req,
             Err(e) => {
                 tracing::warn!(peer = %peer.addr, error = %e, "malformed Gengar request");
-                return self
-                    .head(Status::Failed)
-                    .bytes(e.to_string().as_bytes())
-                    .finish();
+                return self.refuse(Status::Failed, e).finish();
             }
         };
         let out = match req {
@@ -235,9 +237,7 @@ impl GengarServer {
 
     fn alloc(&self, size: usize) -> dmkit_verbs::wire::Writer {
         if size == 0 {
-            return self
-                .head(Status::Failed)
-                .bytes(b"objects must have at least one byte");
+            return self.refuse(Status::Failed, "objects must have at least one byte");
         }
         match self.nvm.alloc_zeroed(size) {
             Ok(o) => self.head(Status::Ok).put(&Allocated {
@@ -245,10 +245,10 @@ impl GengarServer {
                 generation: o.generation,
             }),
             Err(dmkit_pmem_pool::Error::OutOfBlocks { .. }) => self.head(Status::OutOfSpace),
-            Err(e @ dmkit_pmem_pool::Error::ObjectTooLarge { .. }) => self
-                .head(Status::OutOfSpace)
-                .bytes(e.to_string().as_bytes()),
-            Err(e) => self.head(Status::Failed).bytes(e.to_string().as_bytes()),
+            Err(e @ dmkit_pmem_pool::Error::ObjectTooLarge { .. }) => {
+                self.refuse(Status::OutOfSpace, e)
+            }
+            Err(e) => self.refuse(Status::Failed, e),
         }
     }
 
@@ -270,7 +270,7 @@ impl GengarServer {
             Err(LeaseError::Fenced { .. } | LeaseError::NotHeld { .. }) => {
                 return self.head(Status::Busy);
             }
-            Err(e) => return self.head(Status::Failed).bytes(e.to_string().as_bytes()),
+            Err(e) => return self.refuse(Status::Failed, e),
         };
         self.stats.leases.fetch_add(1, Ordering::Relaxed);
         self.head(Status::Ok).put(&LeaseGrant {
@@ -295,7 +295,7 @@ impl GengarServer {
         drop(fence);
         match r {
             Ok(()) => self.head(Status::Ok),
-            Err(e) => self.head(Status::Failed).bytes(e.to_string().as_bytes()),
+            Err(e) => self.refuse(Status::Failed, e),
         }
     }
 
