@@ -81,3 +81,25 @@ pub use client::{ClientConfig, Confirm, GengarClient, Reconnect, tags};
 pub use dmkit_cache::WindowThread;
 pub use error::{Error, Result};
 pub use server::{DRAM_BASE, GengarServer, NVM_BASE, ServerConfig, ServerStats};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn send<T: Send>(_: T) {}
+
+    /// Every operation's future can be spawned on a multi-threaded executor (tokio): the
+    /// layers' generic drivers (lease acquisition, locks) keep them `Send`.
+    #[allow(dead_code)]
+    fn operations_are_send(c: &GengarClient, a: GlobalAddr) {
+        send(c.alloc_async(8));
+        send(c.read_async(a));
+        send(c.write_async(a, 0, b""));
+        send(c.write_proxied_async(a, 0, b""));
+        send(c.lock_async(a));
+        send(c.unlock_async(a));
+        send(c.free_async(a));
+        send(c.flush_async());
+        send(c.report_hot_async());
+    }
+}
