@@ -16,8 +16,8 @@ use dmkit_verbs::wire::{Reader, Writer};
 use dmkit_verbs::{Endpoint, NodeId, RKey, RegionDesc, RemoteAddr};
 
 use crate::error::{Error, Result};
-use crate::memnode::{POOL_BASE, status};
-use dmkit_pmem_pool::remote::BlockRequest;
+use crate::memnode::POOL_BASE;
+use dmkit_pmem_pool::remote::{BlockClient, BlockRequest};
 
 /// Owner id of block 0 (the superblock) in every node's block table.
 pub const SUPER_OWNER: u64 = MAX_OWNER;
@@ -215,23 +215,6 @@ fn pool_region(ep: &Endpoint, node: NodeId) -> Result<RegionDesc> {
         })
 }
 
-fn rpc(ep: &Endpoint, node: NodeId, req: Vec<u8>) -> Result<Vec<u8>> {
-    let reply = ep.rpc(TAG, node, &req)?;
-    let mut r = Reader::new(&reply);
-    let st = r.u8().map_err(|e| Error::Node {
-        node,
-        reason: e.to_string(),
-    })?;
-    if st != status::OK {
-        let msg = r
-            .bytes()
-            .map(|b| String::from_utf8_lossy(b).into_owned())
-            .unwrap_or_else(|_| format!("status {st}"));
-        return Err(Error::Node { node, reason: msg });
-    }
-    Ok(reply[1..].to_vec())
-}
-
 /// A fresh random cluster uuid (never zero), from the process's random hasher keys, the
 /// time and the pid.
 fn new_uuid() -> u128 {
@@ -274,14 +257,10 @@ fn encode_super(cfg: &ClusterConfig, uuid: u128, block_size: u64, index_blocks: 
 /// index blocks on every node, formats the index, then writes the superblocks (durably, last).
 pub fn format(ep: &Endpoint, cfg: &ClusterConfig) -> Result<ClusterView> {
     cfg.validate()?;
+    let blocks = BlockClient::new(ep, TAG);
     let mut block_size = 0;
     for node in &cfg.nodes {
-        let st = rpc(ep, *node, BlockRequest::Stat.encode())?;
-        let mut r = Reader::new(&st);
-        let bs = r.u64().map_err(|e| Error::Node {
-            node: *node,
-            reason: e.to_string(),
-        })?;
+        let (bs, _, _) = blocks.stat(*node).map_err(|e| Error::block(*node, e))?;
         if block_size != 0 && bs != block_size {
             return Err(Error::Config(format!(
                 "memory node {node} has {bs}-byte blocks, others {block_size}: pools must share a block size"
@@ -292,16 +271,12 @@ pub fn format(ep: &Endpoint, cfg: &ClusterConfig) -> Result<ClusterView> {
     let index_blocks = cfg.index_bytes.div_ceil(block_size).max(1);
     for node in &cfg.nodes {
         let reserve = |owner: u64, first: u64, count: u64| {
-            rpc(
-                ep,
-                *node,
-                BlockRequest::Reserve {
-                    owner,
-                    first,
-                    count,
-                }
-                .encode(),
-            )
+            let req = BlockRequest::Reserve {
+                owner,
+                first,
+                count,
+            };
+            blocks.done(*node, &req).map_err(|e| Error::block(*node, e))
         };
         reserve(SUPER_OWNER, 0, 1)?;
         reserve(INDEX_OWNER, 1, index_blocks)?;

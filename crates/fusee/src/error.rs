@@ -1,3 +1,4 @@
+use dmkit_pmem_pool::remote::{RequestError, status};
 use dmkit_verbs::NodeId;
 
 /// What can go wrong in FUSEE.
@@ -51,3 +52,19 @@ pub enum Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// A block request to `node` that failed: refused while the membership changes is
+    /// [`Error::Refused`] (retry in the next epoch), any other status or a malformed reply
+    /// is [`Error::Node`].
+    pub(crate) fn block(node: NodeId, e: RequestError) -> Error {
+        match e {
+            RequestError::Verbs(e) => Error::Verbs(e),
+            e if e.refusal().is_some_and(|r| r.status == status::REFUSED) => Error::Refused(node),
+            e => Error::Node {
+                node,
+                reason: e.to_string(),
+            },
+        }
+    }
+}

@@ -43,7 +43,7 @@ use crate::membership::{self, Membership};
 use crate::memnode::{NO_OWNER, status, tag};
 use crate::object::{self, Commit, Op};
 use crate::verifier::slot_addr;
-use dmkit_pmem_pool::remote::BlockRequest;
+use dmkit_pmem_pool::remote::{self, BlockClient, BlockRequest};
 
 /// Opens a fresh connection to a memory node (one that restarted, or was unreachable).
 pub type Reconnect =
@@ -760,65 +760,35 @@ impl Master {
         Ok(reply)
     }
 
-    /// A block RPC to `node` whose reply must say OK; its body, and how to report a bad one.
-    fn block_rpc(&self, node: NodeId, req: &[u8], what: &str) -> Result<Vec<u8>> {
-        let reply = self.ep.rpc(TAG, node, req)?;
-        match reply.split_first() {
-            Some((&status::OK, body)) => Ok(body.to_vec()),
-            _ => Err(Error::Node {
-                node,
-                reason: format!("cannot {what}"),
-            }),
-        }
+    /// The memory nodes' block services, as the master asks them.
+    fn blocks(&self) -> BlockClient<'_> {
+        BlockClient::new(&self.ep, TAG)
     }
 
     fn block_count(&self, node: NodeId) -> Result<u64> {
-        let body = self.block_rpc(node, &BlockRequest::Stat.encode(), "report its size")?;
-        let mut r = Reader::new(&body);
-        let bad = |e: dmkit_verbs::wire::WireError| Error::Node {
-            node,
-            reason: e.to_string(),
-        };
-        let _block_size = r.u64().map_err(bad)?;
-        r.u64().map_err(bad)
+        let (_, count, _) = self
+            .blocks()
+            .stat(node)
+            .map_err(|e| Error::block(node, e))?;
+        Ok(count)
     }
 
     fn block_table(&self, node: NodeId) -> Result<HashMap<u64, u64>> {
-        let body = self.block_rpc(
-            node,
-            &BlockRequest::BlockTable.encode(),
-            "list its block table",
-        )?;
-        let mut r = Reader::new(&body);
-        let bad = |e: dmkit_verbs::wire::WireError| Error::Node {
-            node,
-            reason: e.to_string(),
-        };
-        let n = r.u32().map_err(bad)?;
-        let mut t = HashMap::new();
-        for _ in 0..n {
-            let b = r.u64().map_err(bad)?;
-            t.insert(b, r.u64().map_err(bad)?);
-        }
-        Ok(t)
+        let table = self.blocks().block_table(node);
+        Ok(table
+            .map_err(|e| Error::block(node, e))?
+            .into_iter()
+            .collect())
     }
 
+    /// Makes `owner` the owner of `block` on `node` (under this master's claim).
     fn set_block(&self, node: NodeId, block: u64, owner: Option<u64>) -> Result<()> {
-        let reply = self.master_rpc(
-            node,
-            BlockRequest::SetBlock {
-                block,
-                owner: owner.unwrap_or(NO_OWNER),
-            }
-            .encode(),
-        )?;
-        match reply.first() {
-            Some(&status::OK) => Ok(()),
-            _ => Err(Error::Node {
-                node,
-                reason: format!("cannot set the owner of block {block}"),
-            }),
-        }
+        let req = BlockRequest::SetBlock {
+            block,
+            owner: owner.unwrap_or(NO_OWNER),
+        };
+        let reply = self.master_rpc(node, req.encode())?;
+        remote::decode_ok(&reply).map_err(|e| Error::block(node, e.into()))
     }
 
     /// Runs the failure detector until `stop` is set: heartbeats every node (a task of its

@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 
 use dmkit_kv_index::Slot;
-use dmkit_verbs::wire::Reader;
 use dmkit_verbs::{Batch, NodeId};
 
 use crate::alloc::{self, BlockGeometry, FreeObject, OwnedBlock};
@@ -14,29 +13,12 @@ use crate::error::{Error, Result};
 use crate::memnode::status;
 use crate::object::{self, Addr, Op};
 use crate::verifier::slot_addr;
-use dmkit_pmem_pool::remote::BlockRequest;
+use dmkit_pmem_pool::remote::{BlockClient, BlockRequest, ReplyError, RequestError};
 
 impl Inner {
-    pub(crate) fn block_rpc(&self, node: NodeId, req: Vec<u8>) -> Result<(u8, Vec<u8>)> {
-        dmkit_verbs::block_on(self.block_rpc_async(node, req))
-    }
-
-    pub(crate) async fn block_rpc_async(
-        &self,
-        node: NodeId,
-        req: Vec<u8>,
-    ) -> Result<(u8, Vec<u8>)> {
-        let reply = self.ep.rpc_async(tags::BLOCKS, node, &req).await?;
-        let Some((&st, rest)) = reply.split_first() else {
-            return Err(Error::Node {
-                node,
-                reason: "empty reply".into(),
-            });
-        };
-        if st == status::REFUSED {
-            return Err(Error::Refused(node));
-        }
-        Ok((st, rest.to_vec()))
+    /// The memory nodes' block services, as this client asks them.
+    pub(crate) fn blocks(&self) -> BlockClient<'_> {
+        BlockClient::new(&self.ep, tags::BLOCKS)
     }
 
     /// Fetches a block for `class` (stripe of the next node in turn), mirrors it on the data
@@ -70,29 +52,25 @@ impl Inner {
                 rem: pos as u16,
                 min: view.first_data_block(),
                 reserve,
-            }
-            .encode();
-            let (st, rest) = match self.block_rpc_async(node, req).await {
-                Ok(r) => r,
+            };
+            let block = match self.blocks().alloc_async(node, &req).await {
+                Ok(b) => b,
+                // Out of blocks (or refused otherwise): the next node in turn may have some.
+                Err(RequestError::Reply(ReplyError::Refused(r))) if r.status != status::REFUSED => {
+                    last_err = Some(Error::OutOfMemory(format!(
+                        "memory node {node}: {}",
+                        r.message
+                    )));
+                    continue;
+                }
+                Err(e @ RequestError::Reply(ReplyError::Malformed(_))) => {
+                    return Err(Error::block(node, e));
+                }
                 Err(e) => {
-                    last_err = Some(e);
+                    last_err = Some(Error::block(node, e));
                     continue;
                 }
             };
-            if st != status::OK {
-                last_err = Some(Error::OutOfMemory(format!(
-                    "memory node {node}: {}",
-                    Reader::new(&rest)
-                        .bytes()
-                        .map(|b| String::from_utf8_lossy(b).into_owned())
-                        .unwrap_or_else(|_| format!("status {st}"))
-                )));
-                continue;
-            }
-            let block = Reader::new(&rest).u64().map_err(|e| Error::Node {
-                node,
-                reason: e.to_string(),
-            })?;
             *turn += 1;
             return self.install_block(block, class, reserve).await;
         }
@@ -113,30 +91,25 @@ impl Inner {
                 owner: self.id,
                 block,
                 reserve,
-            }
-            .encode();
-            let (st, _) = self.block_rpc_async(*node, req).await?;
-            if st == status::TAKEN {
-                // The replica's table holds the block for another owner: a node that came
-                // back with an older table (restarted, being refilled), seen in an epoch
-                // that is ending. Give the block back where this client took it, and let the
-                // operation retry in the next membership.
-                for n in &replicas[..k] {
-                    let req = BlockRequest::FreeBlock {
-                        owner: self.id,
-                        block,
+            };
+            match self.blocks().done_async(*node, &req).await {
+                Ok(()) => {}
+                Err(e) if e.refusal().is_some_and(|r| r.status == status::TAKEN) => {
+                    // The replica's table holds the block for another owner: a node that came
+                    // back with an older table (restarted, being refilled), seen in an epoch
+                    // that is ending. Give the block back where this client took it, and let
+                    // the operation retry in the next membership.
+                    for n in &replicas[..k] {
+                        let req = BlockRequest::FreeBlock {
+                            owner: self.id,
+                            block,
+                        };
+                        let _ = self.blocks().done_async(*n, &req).await;
                     }
-                    .encode();
-                    let _ = self.block_rpc_async(*n, req).await;
+                    tracing::debug!(node = %node, block, "mirror taken on a replica; retrying in the next membership");
+                    return Err(Error::Refused(*node));
                 }
-                tracing::debug!(node = %node, block, "mirror taken on a replica; retrying in the next membership");
-                return Err(Error::Refused(*node));
-            }
-            if st != status::OK {
-                return Err(Error::Node {
-                    node: *node,
-                    reason: format!("cannot mirror block {block} (status {st})"),
-                });
+                Err(e) => return Err(Error::block(*node, e)),
             }
         }
         let bs = view.block_size;

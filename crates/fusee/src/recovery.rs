@@ -26,7 +26,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use dmkit_kv_index::{ResumeOutcome, Slot};
-use dmkit_verbs::wire::Reader;
 use dmkit_verbs::{Endpoint, NodeId};
 
 use crate::alloc::{self, BlockGeometry, FreeObject, OwnedBlock};
@@ -113,22 +112,11 @@ impl Client {
         let view = inner.view().clone();
         let mut owned = Vec::new();
         for node in &view.members {
-            let (st, rest) =
-                inner.block_rpc(*node, BlockRequest::BlocksOf { owner: inner.id }.encode())?;
-            if st != status::OK {
-                return Err(Error::Node {
-                    node: *node,
-                    reason: format!("cannot list blocks (status {st})"),
-                });
-            }
-            let mut r = Reader::new(&rest);
-            let bad = |e: dmkit_verbs::wire::WireError| Error::Node {
-                node: *node,
-                reason: e.to_string(),
-            };
-            let n = r.u32().map_err(bad)?;
-            for _ in 0..n {
-                let b = r.u64().map_err(bad)?;
+            let blocks = inner
+                .blocks()
+                .blocks_of(*node, inner.id)
+                .map_err(|e| Error::block(*node, e))?;
+            for b in blocks {
                 // Each block is listed by all its replicas; take it from its primary.
                 if view.block_replicas(b).first() == Some(node) {
                     owned.push(b);
@@ -535,7 +523,13 @@ impl crate::client::Inner {
                 owner: self.id,
                 block,
             };
-            let _ = self.block_rpc(node, req.encode())?;
+            match self.blocks().done(node, &req) {
+                // (Not this client's any more: nothing to give back.)
+                Err(e) if e.refusal().is_none_or(|r| r.status == status::REFUSED) => {
+                    return Err(Error::block(node, e));
+                }
+                _ => {}
+            }
         }
         Ok(())
     }

@@ -448,7 +448,12 @@ impl RemoteSlabs {
                 min: self.min_block,
                 reserve: false,
             };
-            let id = decode_block(&ep.rpc("pmem_pool.blocks", node, &req.encode())?)?;
+            let id = BlockClient::new(ep, "pmem_pool.blocks")
+                .alloc(node, &req)
+                .map_err(|e| match e {
+                    RequestError::Verbs(e) => AllocError::Verbs(e),
+                    RequestError::Reply(e) => AllocError::Reply(e),
+                })?;
             let g = crate::slabs::BlockGeometry::new(self.block_size, class);
             let mut lists = self.lists.lock();
             lists.blocks.push(crate::slabs::OwnedBlock { id, class });
@@ -468,6 +473,133 @@ impl RemoteSlabs {
     /// Free objects listed, over every class.
     pub fn free_objects(&self) -> usize {
         self.lists.lock().total()
+    }
+}
+
+/// Why a block request sent with [`BlockClient`] failed: the RPC, or the reply (refused with
+/// a status, or malformed).
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error("block request: {0}")]
+    Verbs(#[from] dmkit_verbs::Error),
+    #[error(transparent)]
+    Reply(#[from] ReplyError),
+}
+
+impl RequestError {
+    /// The status the node refused the request with, if it did.
+    pub fn refusal(&self) -> Option<&Refusal> {
+        match self {
+            Self::Reply(ReplyError::Refused(r)) => Some(r),
+            _ => None,
+        }
+    }
+}
+
+/// The client's side of the block service: sends [`BlockRequest`]s to memory nodes by RPC
+/// (its verbs counted under its tag) and decodes the replies; a reply that is not
+/// [`status::OK`] is a [`RequestError`] carrying the node's status and message.
+///
+/// ```
+/// use std::sync::Arc;
+/// use dmkit_pmem_pool::remote::{self, BlockClient, BlockRequest, status};
+/// use dmkit_pmem_pool::{Pool, PoolOptions};
+/// use dmkit_verbs::NodeId;
+/// use dmkit_verbs::sim::{SimCluster, SimConfig};
+///
+/// let cluster = SimCluster::new(SimConfig::default());
+/// let pool = Arc::new(Pool::create_dram(4 << 20, PoolOptions::default().block_size(64 << 10))?);
+/// cluster.add_node(remote::memory_node(NodeId(0), pool)?);
+/// let ep = cluster.endpoint(1)?;
+/// let blocks = BlockClient::new(&ep, "my_store.blocks");
+/// let (block_size, count, _free) = blocks.stat(NodeId(0))?;
+/// assert_eq!(block_size, 64 << 10);
+/// let b = blocks.alloc(NodeId(0), &BlockRequest::AllocStripe { owner: 7, stride: 1, rem: 0, min: 1, reserve: false })?;
+/// assert_eq!(blocks.blocks_of(NodeId(0), 7)?, vec![b]);
+/// // Not the owner's: refused with a status.
+/// let e = blocks.done(NodeId(0), &BlockRequest::FreeBlock { owner: 8, block: b }).unwrap_err();
+/// assert_eq!(e.refusal().map(|r| r.status), Some(status::TAKEN));
+/// blocks.done(NodeId(0), &BlockRequest::FreeBlock { owner: 7, block: b })?;
+/// assert_eq!(blocks.block_table(NodeId(0))?, vec![]);
+/// assert!(count > 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct BlockClient<'a> {
+    ep: &'a dmkit_verbs::Endpoint,
+    tag: dmkit_verbs::Tag,
+}
+
+impl<'a> BlockClient<'a> {
+    /// Requests through `ep`, tagged `tag`.
+    pub fn new(ep: &'a dmkit_verbs::Endpoint, tag: dmkit_verbs::Tag) -> Self {
+        Self { ep, tag }
+    }
+
+    /// The reply to `req` from `node`, whatever its status (for callers that act on it).
+    pub async fn send_async(
+        &self,
+        node: dmkit_verbs::NodeId,
+        req: &BlockRequest,
+    ) -> Result<Vec<u8>, dmkit_verbs::Error> {
+        self.ep.rpc_async(self.tag, node, &req.encode()).await
+    }
+
+    /// `req` sent to `node`; the reply must be OK ([`BlockRequest::AllocAt`],
+    /// [`BlockRequest::FreeBlock`], [`BlockRequest::Reserve`], [`BlockRequest::SetBlock`]).
+    pub async fn done_async(
+        &self,
+        node: dmkit_verbs::NodeId,
+        req: &BlockRequest,
+    ) -> Result<(), RequestError> {
+        decode_ok(&self.send_async(node, req).await?)?;
+        Ok(())
+    }
+
+    /// [`BlockClient::done_async`], blocking.
+    pub fn done(&self, node: dmkit_verbs::NodeId, req: &BlockRequest) -> Result<(), RequestError> {
+        dmkit_verbs::block_on(self.done_async(node, req))
+    }
+
+    /// The block an allocation ([`BlockRequest::AllocStripe`]) got on `node`.
+    pub async fn alloc_async(
+        &self,
+        node: dmkit_verbs::NodeId,
+        req: &BlockRequest,
+    ) -> Result<u64, RequestError> {
+        Ok(decode_block(&self.send_async(node, req).await?)?)
+    }
+
+    /// [`BlockClient::alloc_async`], blocking.
+    pub fn alloc(
+        &self,
+        node: dmkit_verbs::NodeId,
+        req: &BlockRequest,
+    ) -> Result<u64, RequestError> {
+        dmkit_verbs::block_on(self.alloc_async(node, req))
+    }
+
+    /// The blocks `owner` owns on `node`.
+    pub fn blocks_of(
+        &self,
+        node: dmkit_verbs::NodeId,
+        owner: u64,
+    ) -> Result<Vec<u64>, RequestError> {
+        let reply =
+            dmkit_verbs::block_on(self.send_async(node, &BlockRequest::BlocksOf { owner }))?;
+        Ok(decode_blocks(&reply)?)
+    }
+
+    /// `node`'s (block size, block count, free blocks).
+    pub fn stat(&self, node: dmkit_verbs::NodeId) -> Result<(u64, u64, u64), RequestError> {
+        let reply = dmkit_verbs::block_on(self.send_async(node, &BlockRequest::Stat))?;
+        Ok(decode_stat(&reply)?)
+    }
+
+    /// `node`'s owned blocks and their owners.
+    pub fn block_table(&self, node: dmkit_verbs::NodeId) -> Result<Vec<(u64, u64)>, RequestError> {
+        let reply = dmkit_verbs::block_on(self.send_async(node, &BlockRequest::BlockTable))?;
+        Ok(decode_table(&reply)?)
     }
 }
 
@@ -504,6 +636,12 @@ pub fn ok_body(reply: &[u8]) -> Result<Reader<'_>, ReplyError> {
         message,
     }
     .into())
+}
+
+/// An OK reply with no body (the requests that only change the table).
+pub fn decode_ok(reply: &[u8]) -> Result<(), ReplyError> {
+    ok_body(reply)?.finish()?;
+    Ok(())
 }
 
 /// The block an [`BlockRequest::AllocStripe`] reply hands out.
@@ -623,6 +761,28 @@ mod tests {
         let (_, count, free) = decode_stat(&serve(&p, &BlockRequest::Stat, &opts)).unwrap();
         assert_eq!(free, 1);
         assert!(count as usize > got);
+    }
+
+    #[test]
+    fn ok_replies_decode_and_refusals_carry_their_status() {
+        assert_eq!(decode_ok(&[status::OK]), Ok(()));
+        assert!(matches!(
+            decode_ok(&[status::OK, 1]),
+            Err(ReplyError::Malformed(_))
+        ));
+        let Err(ReplyError::Refused(r)) = decode_ok(&refused("membership changing")) else {
+            panic!("not refused");
+        };
+        assert_eq!(
+            (r.status, r.message.as_str()),
+            (status::REFUSED, "membership changing")
+        );
+        let e = RequestError::from(ReplyError::Refused(r.clone()));
+        assert_eq!(e.refusal(), Some(&r));
+        assert_eq!(
+            RequestError::from(dmkit_verbs::Error::NoSuchNode(dmkit_verbs::NodeId(1))).refusal(),
+            None
+        );
     }
 
     #[test]
