@@ -2,10 +2,9 @@
 //! point to (one batch per node, all in one round trip) and compare keys; keep what was found
 //! (value, generation) for the operation that asked.
 
-use std::collections::BTreeMap;
-
+use dmkit_kv_index::objects::{self, ObjectLocator};
 use dmkit_kv_index::{KeyVerifier, Slot};
-use dmkit_verbs::{Endpoint, NodeId, OpIdx, RemoteAddr};
+use dmkit_verbs::{Endpoint, RemoteAddr};
 use parking_lot::Mutex;
 
 use crate::cluster::ClusterView;
@@ -31,95 +30,44 @@ pub(crate) fn read_objects(
     dmkit_verbs::block_on(read_objects_async(ep, view, slots))
 }
 
-/// [`read_objects`], awaited.
-pub(crate) async fn read_objects_async(
-    ep: &Endpoint,
-    view: &ClusterView,
-    slots: &[Slot],
-) -> dmkit_kv_index::Result<Vec<Option<KvObject>>> {
-    // Objects are read where they are served: their node, or (failed over) a data replica.
-    let mut by_node: BTreeMap<NodeId, Vec<(usize, Slot, RemoteAddr)>> = BTreeMap::new();
-    for (i, s) in slots.iter().enumerate() {
+/// Where an object is read: where it is served — its node, or (failed over) its block's
+/// acting primary — then, should that node fail, its block's other serving replicas (every
+/// data replica holds an object before any slot points to it, at the same offset), so a read
+/// goes on while a failed node is not yet failed over.
+struct Copies<'a>(&'a ClusterView);
+
+impl ObjectLocator for Copies<'_> {
+    fn copies(&self, s: &Slot) -> dmkit_kv_index::Result<Vec<RemoteAddr>> {
+        let view = self.0;
         let Some(at) = view.acting(s.node(), s.offset()) else {
             return Err(dmkit_kv_index::Error::Verifier(format!(
                 "slot points to memory node {}, which does not serve (nor any replica of its block)",
                 s.node()
             )));
         };
-        by_node.entry(at.node).or_default().push((i, *s, at));
-    }
-    let mut batches = Vec::new();
-    let mut plan: Vec<Vec<(usize, Slot, OpIdx)>> = Vec::new();
-    for (node, items) in by_node {
-        let mut b = ep.batch(node);
-        let mut p = Vec::new();
-        for (i, s, at) in items {
-            let idx = b.read(at, s.object_len());
-            p.push((i, s, idx));
-        }
-        batches.push(b);
-        plan.push(p);
-    }
-    let mut out = vec![None; slots.len()];
-    // Objects whose node did not answer: read again from another serving replica of their
-    // block (every data replica holds an object before any slot points to it, at the same
-    // offset), so a read goes on while a failed node is not yet failed over.
-    let mut again: Vec<(usize, Slot, NodeId, usize)> = Vec::new();
-    let mut errs: Vec<Option<dmkit_verbs::Error>> = Vec::new();
-    for (res, p) in ep
-        .execute_many_async(TAG, batches)
-        .await
-        .into_iter()
-        .zip(plan)
-    {
-        match res {
-            Ok(res) => {
-                for (i, s, idx) in p {
-                    out[i] = object::decode(res.read(idx), slot_addr(s));
-                }
-            }
-            Err(e) if e.is_node_failure() || matches!(e, dmkit_verbs::Error::NoSuchNode(_)) => {
-                let failed = ep_node_of(&p, view);
-                let k = errs.len();
-                errs.push(Some(e));
-                again.extend(p.into_iter().map(|(i, s, _)| (i, s, failed, k)));
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-    for (i, s, failed, k) in again {
-        let b = s.offset() / view.block_size.max(1);
-        let other = view
-            .block_replicas(b)
+        let block = s.offset() / view.block_size.max(1);
+        let others = view
+            .block_replicas(block)
             .into_iter()
-            .filter(|n| *n != failed)
-            .find_map(|n| view.region(n));
-        let first = |errs: &mut Vec<Option<dmkit_verbs::Error>>| {
-            dmkit_kv_index::Error::from(
-                errs[k]
-                    .take()
-                    .unwrap_or(dmkit_verbs::Error::NoSuchNode(failed)),
-            )
-        };
-        let Some(region) = other else {
-            return Err(first(&mut errs));
-        };
-        match ep
-            .read_async(TAG, region.at(s.offset()), s.object_len())
-            .await
-        {
-            Ok(bytes) => out[i] = object::decode(&bytes, slot_addr(s)),
-            Err(_) => return Err(first(&mut errs)),
-        }
+            .filter(|n| *n != at.node)
+            .filter_map(|n| view.region(n))
+            .map(|r| r.at(s.offset()));
+        Ok(std::iter::once(at).chain(others).collect())
     }
-    Ok(out)
 }
 
-/// The node a batch of object reads went to (all its items share it).
-fn ep_node_of(p: &[(usize, Slot, OpIdx)], view: &ClusterView) -> NodeId {
-    p.first()
-        .and_then(|(_, s, _)| view.acting(s.node(), s.offset()))
-        .map_or(NodeId(u16::MAX), |a| a.node)
+/// [`read_objects`], awaited.
+pub(crate) async fn read_objects_async(
+    ep: &Endpoint,
+    view: &ClusterView,
+    slots: &[Slot],
+) -> dmkit_kv_index::Result<Vec<Option<KvObject>>> {
+    let objects = objects::read_objects_async(ep, TAG, &Copies(view), slots).await?;
+    Ok(objects
+        .iter()
+        .zip(slots)
+        .map(|(b, s)| object::decode(b, slot_addr(*s)))
+        .collect())
 }
 
 /// A verifier for one operation: remembers the object it matched.

@@ -3,6 +3,10 @@
 //! region, a length); [`ObjectVerifier`] reads the candidates (one batch per node, every node
 //! in one round trip) and asks the layer's `key_of` where each object's key is.
 //!
+//! Objects kept in several copies (data replicas) are read with [`read_objects_async`] and an
+//! [`ObjectLocator`] that names each object's copies: a copy whose node failed is read again
+//! from the next one, so reads go on while a failed node is not yet failed over.
+//!
 //! For layers with no object format of their own there is one here: a *record* is
 //! `key length u32 | value length u32 | key | value`, little-endian ([`encode_record`],
 //! [`decode_record`]); [`ObjectVerifier::records`] verifies it.
@@ -39,7 +43,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use dmkit_verbs::{Endpoint, NodeId, RegionDesc};
+use dmkit_verbs::{Endpoint, NodeId, OpIdx, RegionDesc, RemoteAddr};
 
 use crate::error::{Error, Result};
 use crate::slot::Slot;
@@ -69,6 +73,108 @@ pub fn decode_record(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
 
 fn record_key(bytes: &[u8]) -> Option<&[u8]> {
     decode_record(bytes).map(|(k, _)| k)
+}
+
+/// Where the object a slot points to can be read: its copies, the one to read first first.
+pub trait ObjectLocator: Sync {
+    /// The copies of the object `slot` points to (at least one), in the order to try them:
+    /// the next is read only when the node of the one before failed.
+    fn copies(&self, slot: &Slot) -> Result<Vec<RemoteAddr>>;
+}
+
+/// One object region per node, one copy of each object: a slot's offset in its node's region.
+impl ObjectLocator for [RegionDesc] {
+    fn copies(&self, s: &Slot) -> Result<Vec<RemoteAddr>> {
+        let r = self
+            .iter()
+            .find(|r| r.node == s.node())
+            .ok_or_else(|| Error::Verifier(format!("no object region on node {}", s.node())))?;
+        if s.offset() + s.object_len() as u64 > r.len {
+            return Err(Error::Verifier(format!(
+                "slot {:#x} points outside its region",
+                s.raw()
+            )));
+        }
+        Ok(vec![r.at(s.offset())])
+    }
+}
+
+/// Whether a read that failed with `e` may be read again from another copy: the node failed,
+/// or there is no connection to it.
+fn node_gone(e: &dmkit_verbs::Error) -> bool {
+    e.is_node_failure() || matches!(e, dmkit_verbs::Error::NoSuchNode(_))
+}
+
+/// The bytes of the objects `slots` point to, in order (whole: [`Slot::object_len`] bytes
+/// each), tagged `tag`: the first copy of each ([`ObjectLocator::copies`]), one batch per
+/// node, all in one round trip; the objects whose node failed are read again from their next
+/// copies (one more round trip per such step). When no copy of an object answers, the error
+/// of its first copy's node.
+pub async fn read_objects_async<L: ObjectLocator + ?Sized>(
+    ep: &Endpoint,
+    tag: dmkit_verbs::Tag,
+    locator: &L,
+    slots: &[Slot],
+) -> Result<Vec<Vec<u8>>> {
+    let copies = slots
+        .iter()
+        .map(|s| match locator.copies(s)? {
+            c if c.is_empty() => Err(Error::Verifier(format!("slot {:#x}: no copy", s.raw()))),
+            c => Ok(c),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut out = vec![Vec::new(); slots.len()];
+    // (object, which copy, the error of its first copy's node once it failed)
+    let mut todo: Vec<(usize, usize, Option<usize>)> =
+        (0..slots.len()).map(|i| (i, 0, None)).collect();
+    let mut errs: Vec<Option<dmkit_verbs::Error>> = Vec::new();
+    while !todo.is_empty() {
+        let mut batches: Vec<(NodeId, dmkit_verbs::Batch)> = Vec::new();
+        let mut plan: Vec<Vec<(usize, usize, Option<usize>, OpIdx)>> = Vec::new();
+        for (i, c, err) in todo.drain(..) {
+            let at = copies[i][c];
+            let b = match batches.iter().position(|(n, _)| *n == at.node) {
+                Some(b) => b,
+                None => {
+                    batches.push((at.node, ep.batch(at.node)));
+                    plan.push(Vec::new());
+                    batches.len() - 1
+                }
+            };
+            let op = batches[b].1.read(at, slots[i].object_len());
+            plan[b].push((i, c, err, op));
+        }
+        let done = ep
+            .execute_many_async(tag, batches.into_iter().map(|b| b.1).collect())
+            .await;
+        for (res, items) in done.into_iter().zip(plan) {
+            match res {
+                Ok(res) => {
+                    for (i, _, _, op) in items {
+                        out[i] = res.read(op).to_vec();
+                    }
+                }
+                Err(e) if node_gone(&e) => {
+                    let k = errs.len();
+                    errs.push(Some(e));
+                    for (i, c, err, _) in items {
+                        let err = err.unwrap_or(k);
+                        if c + 1 < copies[i].len() {
+                            todo.push((i, c + 1, Some(err)));
+                        } else {
+                            let first = errs[err].take();
+                            let node = copies[i][0].node;
+                            return Err(first
+                                .unwrap_or(dmkit_verbs::Error::NoSuchNode(node))
+                                .into());
+                        }
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Reads the objects slots point to, and finds keys in them with `key_of`.
@@ -130,34 +236,7 @@ impl<F: Fn(&[u8]) -> Option<&[u8]> + Send + Sync> ObjectVerifier<F> {
     /// The bytes of the objects `slots` point to, in order: one batch per node, all in one
     /// round trip.
     pub async fn read_many_async(&self, ep: &Endpoint, slots: &[Slot]) -> Result<Vec<Vec<u8>>> {
-        let mut batches: Vec<(NodeId, dmkit_verbs::Batch)> = Vec::new();
-        let mut at = Vec::with_capacity(slots.len());
-        for s in slots {
-            let r = self.region(s.node())?;
-            if s.offset() + s.object_len() as u64 > r.len {
-                return Err(Error::Verifier(format!(
-                    "slot {:#x} points outside its region",
-                    s.raw()
-                )));
-            }
-            let i = match batches.iter().position(|(n, _)| *n == s.node()) {
-                Some(i) => i,
-                None => {
-                    batches.push((s.node(), ep.batch(s.node())));
-                    batches.len() - 1
-                }
-            };
-            at.push((i, batches[i].1.read(r.at(s.offset()), s.object_len())));
-        }
-        let done = ep
-            .execute_many_async(self.tag, batches.into_iter().map(|b| b.1).collect())
-            .await
-            .into_iter()
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        Ok(at
-            .into_iter()
-            .map(|(i, op)| done[i].read(op).to_vec())
-            .collect())
+        read_objects_async(ep, self.tag, self.regions.as_slice(), slots).await
     }
 
     /// The bytes of the object `slot` points to (one round trip).
@@ -210,6 +289,72 @@ impl<F: Fn(&[u8]) -> Option<&[u8]> + Send + Sync> KeyVerifier for ObjectVerifier
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two copies of every object, one per node: `copies` names node 0's first.
+    struct TwoCopies(Vec<RegionDesc>);
+
+    impl ObjectLocator for TwoCopies {
+        fn copies(&self, s: &Slot) -> Result<Vec<RemoteAddr>> {
+            Ok(self.0.iter().map(|r| r.at(s.offset())).collect())
+        }
+    }
+
+    #[test]
+    fn objects_are_read_from_their_next_copy_when_a_node_fails() {
+        use crate::ObjPtr;
+        use dmkit_verbs::sim::{SimCluster, SimConfig};
+        use dmkit_verbs::{Access, DramBacking, MemoryNode};
+        use std::sync::Arc;
+
+        let cluster = SimCluster::new(SimConfig::default());
+        let mut regions = Vec::new();
+        for n in 0..2 {
+            let node = Arc::new(MemoryNode::new(NodeId(n)));
+            regions.push(
+                node.register(Arc::new(DramBacking::new(1 << 16)), Access::ALL, None)
+                    .unwrap(),
+            );
+            cluster.add_node(node);
+        }
+        let ep = cluster.endpoint(9).unwrap();
+        let slots: Vec<Slot> = [(0, b"a"), (128, b"b")]
+            .iter()
+            .map(|(off, v)| {
+                let rec = encode_record(b"k", *v);
+                for r in &regions {
+                    ep.write("test", r.at(*off), &rec).unwrap();
+                }
+                let len_class = ObjPtr::len_class_of(rec.len()).unwrap();
+                let ptr = ObjPtr {
+                    node: NodeId(0),
+                    offset: *off,
+                    len_class,
+                };
+                Slot::new(1, ptr).unwrap()
+            })
+            .collect();
+        let values = |objs: Vec<Vec<u8>>| -> Vec<Vec<u8>> {
+            objs.iter()
+                .map(|o| decode_record(o).unwrap().1.to_vec())
+                .collect()
+        };
+        let locator = TwoCopies(regions.clone());
+        let both =
+            dmkit_verbs::block_on(read_objects_async(&ep, "test", &locator, &slots)).unwrap();
+        assert_eq!(values(both), vec![b"a".to_vec(), b"b".to_vec()]);
+        // Node 0 fails: both objects come from node 1.
+        cluster.fail_node(NodeId(0));
+        let again =
+            dmkit_verbs::block_on(read_objects_async(&ep, "test", &locator, &slots)).unwrap();
+        assert_eq!(values(again), vec![b"a".to_vec(), b"b".to_vec()]);
+        // With one copy only, the failure is the reader's error.
+        let one =
+            dmkit_verbs::block_on(read_objects_async(&ep, "test", regions.as_slice(), &slots));
+        assert!(
+            matches!(&one, Err(Error::Verbs(e)) if e.is_node_failure()),
+            "{one:?}"
+        );
+    }
 
     #[test]
     fn records_decode_and_refuse_lying_lengths() {
