@@ -20,6 +20,7 @@
 //! was already reported.
 
 use dmkit_verbs::background::Background;
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::Duration;
@@ -32,7 +33,7 @@ use dmkit_kv_index::{
     InsertOutcome, Modified, ObjPtr, RaceIndex, Slot, SlotPos, SnapshotOutcome, WriteHooks,
 };
 use dmkit_verbs::record::{timed, timed_async};
-use dmkit_verbs::{Batch, Endpoint, NodeId};
+use dmkit_verbs::{Batch, Endpoint, NodeId, Reconnect, Reconnector};
 use std::future::Future;
 
 use parking_lot::Mutex;
@@ -99,7 +100,7 @@ pub struct ClientConfig {
     pub failover_wait: Duration,
     /// How to reconnect to a memory node that restarted or was unreachable (its old
     /// connection is dead). Without it, such a node is only used by new clients.
-    pub reconnect: Option<crate::failover::Reconnect>,
+    pub reconnect: Option<Reconnect>,
     /// Join even when a member does not answer this client (the master still counts it):
     /// operations that need it fail after `failover_wait`, reads of the others go on. For a
     /// reader that must not wait for a failover that may never come (`dmkit kv get` with a
@@ -299,7 +300,7 @@ pub(crate) struct Inner {
     /// One block acquisition at a time.
     pub(crate) block_lock: tokio::sync::Mutex<u64>,
     /// Reconnects to memory nodes that restarted (set by the process that knows addresses).
-    reconnect: Mutex<Option<crate::failover::Reconnect>>,
+    reconnector: Reconnector,
     /// Sequence numbers of this client's large values.
     pub(crate) large_seq: std::sync::atomic::AtomicU64,
     /// Write attempts made (their claim tokens).
@@ -461,6 +462,10 @@ impl Client {
         // Join in an active epoch (one being repaired is only for reading); a node failing
         // meanwhile means waiting for the master's next one.
         let deadline = std::time::Instant::now() + cfg.failover_wait;
+        let reconnector = Reconnector::default();
+        if let Some(rc) = cfg.reconnect.clone() {
+            reconnector.set(rc);
+        }
         let (view, index) = loop {
             let open = if cfg.join_without_silent_members {
                 cluster::open_tolerant
@@ -477,13 +482,9 @@ impl Client {
                 Ok(_) => {}
                 Err(e) if needs_membership(&e) && !late => {
                     tracing::debug!(error = %e, "joining while the membership changes");
-                    if let Some(rc) = &cfg.reconnect {
-                        for n in nodes {
-                            if ep.connection(*n).is_err() {
-                                if let Ok(c) = rc(*n) {
-                                    ep.add_connection(c);
-                                }
-                            }
+                    for n in nodes {
+                        if ep.connection(*n).is_err() {
+                            let _ = reconnector.ensure(&ep, *n, |_| Ok::<_, Infallible>(()));
                         }
                     }
                 }
@@ -494,7 +495,6 @@ impl Client {
         let cache =
             AddressCache::new(cfg.cache.clone()).map_err(|e| Error::Config(e.to_string()))?;
         let jobs = Arc::new(Background::new());
-        let reconnect = cfg.reconnect.clone();
         let inner = Arc::new(Inner {
             id: cfg.id,
             ep,
@@ -508,7 +508,7 @@ impl Client {
             allocs: std::sync::atomic::AtomicU64::new(0),
             cfg,
             block_lock: tokio::sync::Mutex::new(0),
-            reconnect: Mutex::new(reconnect),
+            reconnector,
             large_seq: std::sync::atomic::AtomicU64::new(0),
             attempts: std::sync::atomic::AtomicU64::new(0),
         });
@@ -1143,8 +1143,8 @@ impl Client {
 
     /// Sets how this client reconnects to memory nodes that restart (their old connections
     /// are dead). Without it, a restarted node is only used by new clients.
-    pub fn set_reconnect(&self, reconnect: crate::failover::Reconnect) {
-        *self.inner.reconnect.lock() = Some(reconnect);
+    pub fn set_reconnect(&self, reconnect: Reconnect) {
+        self.inner.reconnector.set(reconnect);
     }
 
     /// The membership epoch this client works in.
@@ -1310,7 +1310,7 @@ impl Inner {
         &self,
         want: impl Fn(&crate::membership::Membership) -> bool,
     ) -> Result<Option<crate::membership::Membership>> {
-        let rc = self.reconnect.lock().clone();
+        let rc = self.reconnector.get();
         let uuid = self.view().uuid;
         if self.cfg.inline_jobs {
             // Every verb from the caller's thread (deterministic simulation): ask in turn.
@@ -1400,19 +1400,11 @@ impl Inner {
     /// Connects to `node` again if this client has no connection to it (and knows how):
     /// whether it has one now.
     fn reconnect_if_gone(&self, node: NodeId) -> bool {
-        if self.ep.connection(node).is_ok() {
-            return true;
-        }
-        let Some(rc) = self.reconnect.lock().clone() else {
-            return false;
-        };
-        match rc(node) {
-            Ok(c) if c.node() == node => {
-                self.ep.add_connection(c);
-                true
-            }
-            _ => false,
-        }
+        self.ep.connection(node).is_ok()
+            || self
+                .reconnector
+                .ensure(&self.ep, node, |_| Ok::<_, Infallible>(()))
+                .is_ok()
     }
 
     /// After `node` refused a block request in epoch `seen`: the master publishes a new
@@ -1422,7 +1414,7 @@ impl Inner {
     /// [`Inner::refresh`] does.
     pub(crate) fn await_refused(&self, node: NodeId, seen: u64) -> Result<()> {
         let deadline = std::time::Instant::now() + self.cfg.failover_wait;
-        let rc = self.reconnect.lock().clone();
+        let rc = self.reconnector.get();
         loop {
             {
                 let st = self.state.read();

@@ -46,8 +46,7 @@ use crate::verifier::slot_addr;
 use dmkit_pmem_pool::remote::{self, BlockClient, BlockRequest};
 
 /// Opens a fresh connection to a memory node (one that restarted, or was unreachable).
-pub type Reconnect =
-    Arc<dyn Fn(NodeId) -> dmkit_verbs::Result<Arc<dyn dmkit_verbs::Connection>> + Send + Sync>;
+pub use dmkit_verbs::Reconnect;
 
 impl std::fmt::Debug for Master {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
