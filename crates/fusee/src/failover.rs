@@ -44,6 +44,7 @@ use crate::memnode::{NO_OWNER, status, tag};
 use crate::object::{self, Commit, Op};
 use crate::verifier::slot_addr;
 use dmkit_pmem_pool::remote::{self, BlockClient, BlockRequest};
+use dmkit_pmem_pool::slabs;
 
 /// Opens a fresh connection to a memory node (one that restarted, or was unreachable).
 pub use dmkit_verbs::Reconnect;
@@ -697,15 +698,10 @@ impl Master {
             // owner reclaims from there): the other replicas' copies must be empty, or a
             // later switch of acting primary would reclaim objects a second time.
             if b > view.index_blocks
-                && data.len() >= 16
-                && data[0..4] == crate::alloc::BLOCK_MAGIC.to_le_bytes()
+                && let Ok(Some((class, _))) = slabs::decode_block_header(&data)
             {
-                let class = usize::from(data[4]);
-                if class >= crate::alloc::SIZE_CLASSES.len() {
-                    continue;
-                }
                 let g = crate::alloc::BlockGeometry::new(bs, class);
-                let zero = vec![0u8; (g.objects.div_ceil(64) * 8) as usize];
+                let zero = vec![0u8; g.bitmap_len()];
                 let reps: Vec<NodeId> = view
                     .all_block_replicas(b)
                     .into_iter()

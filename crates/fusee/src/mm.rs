@@ -175,12 +175,8 @@ impl Inner {
             let mut p = Vec::new();
             for blk in blocks {
                 let g = BlockGeometry::new(bs, blk.class);
-                let len = (g.objects.div_ceil(64) * 8) as usize;
-                p.push((
-                    *blk,
-                    g,
-                    b.read(region.at(blk.id * bs + alloc::BLOCK_HEADER), len),
-                ));
+                let bitmap = region.at(blk.id * bs + alloc::BLOCK_HEADER);
+                p.push((*blk, g, b.read(bitmap, g.bitmap_len())));
             }
             batches.push(b);
             plan.push((*node, p));
@@ -208,14 +204,7 @@ impl Inner {
                     if word == 0 {
                         continue;
                     }
-                    for bit in 0..64 {
-                        if word & (1 << bit) == 0 {
-                            continue;
-                        }
-                        let i = w as u64 * 64 + bit;
-                        if i >= g.objects {
-                            continue;
-                        }
+                    for i in g.freed_in_word(w, word) {
                         let off = blk.id * bs + g.object_offset(i);
                         let h = b.read(region.at(off), object::HEADER_LEN);
                         b.write_durable(

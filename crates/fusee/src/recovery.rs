@@ -35,6 +35,7 @@ use crate::memnode::status;
 use crate::object::{self, Addr, KvObject, Op};
 use crate::verifier::{Verifier, slot_addr};
 use dmkit_pmem_pool::remote::BlockRequest;
+use dmkit_pmem_pool::slabs;
 
 /// How long each step of a recovery took (the paper's breakdown) and what it did.
 #[derive(Debug, Clone, Default)]
@@ -146,27 +147,16 @@ impl Client {
                 let mut res = inner.ep.execute(tags::RECLAIM, b)?;
                 for (id, i) in chunk.iter().zip(idx) {
                     let data = res.take_buf(i).map(|b| b.into_vec()).unwrap_or_default();
-                    if data.len() < 16 || data[0..4] != alloc::BLOCK_MAGIC.to_le_bytes() {
+                    let class = match slabs::decode_block_header(&data) {
+                        Ok(Some((class, _))) => class,
                         // Taken but never formatted (crash during acquisition): all free.
-                        blocks.push((
-                            OwnedBlock {
-                                id: *id,
-                                class: usize::MAX,
-                            },
-                            Addr {
-                                node: *node,
-                                offset: id * bs,
-                            },
-                            data,
-                        ));
-                        continue;
-                    }
-                    let class = data[4] as usize;
-                    if class >= alloc::SIZE_CLASSES.len() {
-                        return Err(Error::Corrupt(format!(
-                            "block {id} on node {node} has class {class}"
-                        )));
-                    }
+                        Ok(None) => usize::MAX,
+                        Err(class) => {
+                            return Err(Error::Corrupt(format!(
+                                "block {id} on node {node} has class {class}"
+                            )));
+                        }
+                    };
                     blocks.push((
                         OwnedBlock { id: *id, class },
                         Addr {
@@ -194,9 +184,8 @@ impl Client {
                     node: base.node,
                     offset: base.offset + off as u64,
                 };
-                let word = alloc::BLOCK_HEADER as usize + (i as usize / 64) * 8;
-                let bits = u64::from_le_bytes(data[word..word + 8].try_into().expect("8"));
-                let freed_bit = bits & (1 << (i % 64)) != 0;
+                let bitmap = &data[alloc::BLOCK_HEADER as usize..];
+                let freed_bit = BlockGeometry::is_freed(bitmap, i);
                 let bytes = &data[off..off + g.slot as usize];
                 let generation = object::decode_header(bytes)
                     .map(|h| h.generation)
@@ -218,9 +207,8 @@ impl Client {
                     }
                     _ => {
                         if freed_bit {
-                            *bitmaps
-                                .entry((base.node, base.offset + word as u64))
-                                .or_default() |= 1 << (i % 64);
+                            let (word, bit) = g.bit_of(i);
+                            *bitmaps.entry((base.node, base.offset + word)).or_default() |= bit;
                         }
                         free_now.push((blk.class, FreeObject { addr, generation }));
                     }

@@ -58,6 +58,21 @@ pub fn block_header(class: usize, owner: u64) -> [u8; BLOCK_HEADER as usize] {
     h
 }
 
+/// The class and owner a slab block's header records ([`block_header`]); `Ok(None)` when
+/// `header` is no slab block's (no magic: a block taken but never formatted); the class byte
+/// as the error when it names no size class (a corrupt header).
+pub fn decode_block_header(header: &[u8]) -> Result<Option<(usize, u64)>, u8> {
+    if header.len() < 16 || header[0..4] != BLOCK_MAGIC.to_le_bytes() {
+        return Ok(None);
+    }
+    let class = header[4];
+    if usize::from(class) >= SIZE_CLASSES.len() {
+        return Err(class);
+    }
+    let owner = u64::from_le_bytes(header[8..16].try_into().expect("8 bytes"));
+    Ok(Some((usize::from(class), owner)))
+}
+
 /// Where the objects of a class sit in a block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlockGeometry {
@@ -94,6 +109,32 @@ impl BlockGeometry {
         self.data_start + i * self.slot
     }
 
+    /// Bytes of the block's free bitmap (at [`BLOCK_HEADER`]: one bit per object, whole
+    /// 8-byte words).
+    pub fn bitmap_len(&self) -> usize {
+        (self.objects.div_ceil(64) * 8) as usize
+    }
+
+    /// The objects word `w` of the free bitmap marks freed, when the word holds `word`.
+    pub fn freed_in_word(&self, w: usize, word: u64) -> impl Iterator<Item = u64> + use<> {
+        let objects = self.objects;
+        (0..64u64)
+            .filter(move |bit| word & (1 << bit) != 0)
+            .map(move |bit| w as u64 * 64 + bit)
+            .filter(move |i| *i < objects)
+    }
+
+    /// The free-bitmap word (its offset in the block) and bit of object `i`.
+    pub fn bit_of(&self, i: u64) -> (u64, u64) {
+        (BLOCK_HEADER + (i / 64) * 8, 1u64 << (i % 64))
+    }
+
+    /// Whether `bitmap` (the free bitmap's bytes) marks object `i` freed.
+    pub fn is_freed(bitmap: &[u8], i: u64) -> bool {
+        let byte = (i / 8) as usize;
+        bitmap.get(byte).is_some_and(|b| b & (1 << (i % 8)) != 0)
+    }
+
     /// Which object starts at `off_in_block`, if one does.
     pub fn index_of(&self, off_in_block: u64) -> Option<u64> {
         let rel = off_in_block.checked_sub(self.data_start)?;
@@ -107,8 +148,8 @@ impl BlockGeometry {
 pub fn free_bit(block_size: u64, offset: u64, len: usize) -> Option<(u64, u64)> {
     let g = BlockGeometry::new(block_size, class_of(len)?);
     let base = offset / block_size * block_size;
-    let i = g.index_of(offset - base)?;
-    Some((base + BLOCK_HEADER + (i / 64) * 8, 1u64 << (i % 64)))
+    let (word, bit) = g.bit_of(g.index_of(offset - base)?);
+    Some((base + word, bit))
 }
 
 /// A free object: where it is, and the generation it was last used at.
@@ -208,6 +249,35 @@ mod tests {
         assert_eq!(class_of(0), Some(0));
         assert_eq!(class_of(MAX_OBJECT), Some(SIZE_CLASSES.len() - 1));
         assert_eq!(class_of(MAX_OBJECT + 1), None);
+    }
+
+    #[test]
+    fn headers_and_free_bitmaps_decode() {
+        assert_eq!(decode_block_header(&block_header(3, 42)), Ok(Some((3, 42))));
+        assert_eq!(decode_block_header(&[0u8; 64]), Ok(None));
+        assert_eq!(decode_block_header(&block_header(3, 42)[..8]), Ok(None));
+        let mut bad = block_header(3, 42);
+        bad[4] = 200;
+        assert_eq!(decode_block_header(&bad), Err(200));
+        let g = BlockGeometry::new(64 << 10, 8);
+        assert_eq!(g.bitmap_len() as u64 * 8 / 64, g.objects.div_ceil(64));
+        // Objects 1 and 65 freed (bits set as FAA on little-endian words sets them).
+        let mut bitmap = vec![0u8; g.bitmap_len().max(16)];
+        let (w0, w1) = (1u64 << 1, 1u64 << 1);
+        bitmap[0..8].copy_from_slice(&w0.to_le_bytes());
+        bitmap[8..16].copy_from_slice(&w1.to_le_bytes());
+        assert!(BlockGeometry::is_freed(&bitmap, 1) && BlockGeometry::is_freed(&bitmap, 65));
+        assert_eq!(g.bit_of(65), (BLOCK_HEADER + 8, 1 << 1));
+        assert!(!BlockGeometry::is_freed(&bitmap, 0) && !BlockGeometry::is_freed(&bitmap, 1 << 20));
+        let big = BlockGeometry::new(1 << 20, 0);
+        assert_eq!(
+            big.freed_in_word(1, w1 | 1 << 63).collect::<Vec<_>>(),
+            vec![65, 127]
+        );
+        // Bits past the last object are no objects.
+        let last = g.objects - 1;
+        let w = (last / 64) as usize;
+        assert_eq!(g.freed_in_word(w, u64::MAX).last(), Some(last));
     }
 
     #[test]
