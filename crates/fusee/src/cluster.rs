@@ -205,7 +205,8 @@ impl ClusterView {
     }
 }
 
-fn pool_region(ep: &Endpoint, node: NodeId) -> Result<RegionDesc> {
+/// The pool region of FUSEE memory node `node`, found by its name.
+pub(crate) fn pool_region(ep: &Endpoint, node: NodeId) -> Result<RegionDesc> {
     ep.regions(node)?
         .into_iter()
         .find(|r| r.name.as_str() == crate::memnode::POOL_REGION)

@@ -615,15 +615,7 @@ impl Master {
         let primary = self.index_primary(&repairing)?;
         let (_, _, deletes) = self.repair_index(&view, primary)?;
         let target = {
-            let mut r = self
-                .ep
-                .regions(node)?
-                .into_iter()
-                .find(|r| r.name.as_str() == crate::memnode::POOL_REGION)
-                .ok_or_else(|| Error::Node {
-                    node,
-                    reason: "not a FUSEE memory node (no pool region)".into(),
-                })?;
+            let mut r = cluster::pool_region(&self.ep, node)?;
             r.rkey = fresh[0].1;
             r
         };

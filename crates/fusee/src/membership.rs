@@ -266,13 +266,7 @@ pub fn newest(ep: &Endpoint, nodes: &[NodeId]) -> crate::Result<Membership> {
         primary_lost: Vec::new(),
         members: nodes
             .iter()
-            .filter_map(|n| {
-                ep.regions(*n)
-                    .ok()?
-                    .into_iter()
-                    .find(|r| r.name.as_str() == crate::memnode::POOL_REGION)
-                    .map(|r| (*n, r.rkey))
-            })
+            .filter_map(|n| Some((*n, crate::cluster::pool_region(ep, *n).ok()?.rkey)))
             .collect(),
     }))
 }
