@@ -123,14 +123,15 @@ pub async fn read_objects_async<L: ObjectLocator + ?Sized>(
             c => Ok(c),
         })
         .collect::<Result<Vec<_>>>()?;
+    // An object still to read: (its index, which copy, the error of its first copy's node
+    // once that failed).
+    type Todo = (usize, usize, Option<usize>);
     let mut out = vec![Vec::new(); slots.len()];
-    // (object, which copy, the error of its first copy's node once it failed)
-    let mut todo: Vec<(usize, usize, Option<usize>)> =
-        (0..slots.len()).map(|i| (i, 0, None)).collect();
+    let mut todo: Vec<Todo> = (0..slots.len()).map(|i| (i, 0, None)).collect();
     let mut errs: Vec<Option<dmkit_verbs::Error>> = Vec::new();
     while !todo.is_empty() {
         let mut batches: Vec<(NodeId, dmkit_verbs::Batch)> = Vec::new();
-        let mut plan: Vec<Vec<(usize, usize, Option<usize>, OpIdx)>> = Vec::new();
+        let mut plan: Vec<Vec<(Todo, OpIdx)>> = Vec::new();
         for (i, c, err) in todo.drain(..) {
             let at = copies[i][c];
             let b = match batches.iter().position(|(n, _)| *n == at.node) {
@@ -142,7 +143,7 @@ pub async fn read_objects_async<L: ObjectLocator + ?Sized>(
                 }
             };
             let op = batches[b].1.read(at, slots[i].object_len());
-            plan[b].push((i, c, err, op));
+            plan[b].push(((i, c, err), op));
         }
         let done = ep
             .execute_many_async(tag, batches.into_iter().map(|b| b.1).collect())
@@ -150,14 +151,14 @@ pub async fn read_objects_async<L: ObjectLocator + ?Sized>(
         for (res, items) in done.into_iter().zip(plan) {
             match res {
                 Ok(res) => {
-                    for (i, _, _, op) in items {
+                    for ((i, _, _), op) in items {
                         out[i] = res.read(op).to_vec();
                     }
                 }
                 Err(e) if node_gone(&e) => {
                     let k = errs.len();
                     errs.push(Some(e));
-                    for (i, c, err, _) in items {
+                    for ((i, c, err), _) in items {
                         let err = err.unwrap_or(k);
                         if c + 1 < copies[i].len() {
                             todo.push((i, c + 1, Some(err)));
