@@ -160,15 +160,8 @@ mod tests {
     use crate::clock::{Clock, VirtualClock};
     use std::cell::Cell;
     use std::future::{Ready, ready};
-    use std::task::{Context, Poll, Waker};
 
-    fn now_or_never<F: Future>(f: F) -> F::Output {
-        let mut f = std::pin::pin!(f);
-        match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-            Poll::Ready(v) => v,
-            Poll::Pending => panic!("ready futures only"),
-        }
-    }
+    use crate::test_util::now_or_never;
 
     /// A server whose epoch moves on at the n-th request, and which refuses renewals.
     struct Flaky {

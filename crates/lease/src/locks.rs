@@ -132,15 +132,8 @@ mod tests {
     use super::*;
     use std::cell::Cell;
     use std::future::ready;
-    use std::task::{Context, Poll, Waker};
 
-    fn now<F: Future>(f: F) -> F::Output {
-        let mut f = std::pin::pin!(f);
-        match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-            Poll::Ready(v) => v,
-            Poll::Pending => panic!("ready futures only"),
-        }
-    }
+    use crate::test_util::now_or_never as now;
 
     /// Busy for the first `busy` tries; its unlock fails; counts pauses.
     struct Busy {
