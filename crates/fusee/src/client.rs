@@ -35,6 +35,7 @@ use dmkit_kv_index::{
 use dmkit_verbs::record::{timed, timed_async};
 use dmkit_verbs::{Batch, Endpoint, NodeId, Reconnect, Reconnector};
 use std::future::Future;
+use std::task::Poll;
 
 use parking_lot::Mutex;
 
@@ -424,20 +425,47 @@ impl WriteHooks for Hooks<'_> {
 /// Runs one client operation, recording its latency in `dmkit_fusee_op_seconds{op}` and a
 /// failure in `dmkit_fusee_op_errors_total{op}` (an upsert records the update and insert it
 /// is made of). When it is over, the jobs it queued for the background task wake the task
-/// (after the reply is ready, not in the middle of the operation).
-async fn op_timed<T>(
-    jobs: &Background<Job>,
+/// (after the reply is ready, not in the middle of the operation). A plain future, not an
+/// `async fn`: that would keep the operation's future twice in its state (the argument and
+/// the awaited copy), and every caller moves it.
+fn op_timed<'a, T, F: Future<Output = Result<T>>>(
+    jobs: &'a Background<Job>,
     op: &'static str,
-    f: impl std::future::Future<Output = Result<T>>,
-) -> Result<T> {
-    let t = std::time::Instant::now();
-    let r = f.await;
-    jobs.kick();
-    metrics::histogram!("dmkit_fusee_op_seconds", "op" => op).record(t.elapsed().as_secs_f64());
-    if r.is_err() {
-        metrics::counter!("dmkit_fusee_op_errors_total", "op" => op).increment(1);
+    f: F,
+) -> OpTimed<'a, F> {
+    OpTimed {
+        f,
+        jobs,
+        op,
+        start: None,
     }
-    r
+}
+
+pin_project_lite::pin_project! {
+    struct OpTimed<'a, F> {
+        #[pin]
+        f: F,
+        jobs: &'a Background<Job>,
+        op: &'static str,
+        start: Option<std::time::Instant>,
+    }
+}
+
+impl<T, F: Future<Output = Result<T>>> Future for OpTimed<'_, F> {
+    type Output = Result<T>;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Result<T>> {
+        let this = self.project();
+        let t = *this.start.get_or_insert_with(std::time::Instant::now);
+        let r = std::task::ready!(this.f.poll(cx));
+        this.jobs.kick();
+        let op = *this.op;
+        metrics::histogram!("dmkit_fusee_op_seconds", "op" => op).record(t.elapsed().as_secs_f64());
+        if r.is_err() {
+            metrics::counter!("dmkit_fusee_op_errors_total", "op" => op).increment(1);
+        }
+        Poll::Ready(r)
+    }
 }
 
 impl Client {

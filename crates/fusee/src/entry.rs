@@ -83,7 +83,11 @@ impl Client {
                 raw.remove(0);
                 Ok(Some(raw))
             }
-            first => Ok(self.entry_from(key, first).await?.map(|e| e.value)),
+            // Boxed: the rare path's future is most of the operation's size, and every
+            // caller would move it whole on the common path.
+            first => Ok(Box::pin(self.entry_from(key, first))
+                .await?
+                .map(|e| e.value)),
         }
     }
 

@@ -291,14 +291,28 @@ impl RegionMemory {
     pub fn read(&self, off: usize, out: &mut [u8]) -> Result<(), AccessFault> {
         self.check(off, out.len())?;
         let words = self.words();
-        let mut pos = 0;
-        while pos < out.len() {
-            let at = off + pos;
-            let w = words[at / 8].load(Ordering::Acquire).to_le_bytes();
-            let skip = at % 8;
-            let n = (8 - skip).min(out.len() - pos);
-            out[pos..pos + n].copy_from_slice(&w[skip..skip + n]);
-            pos += n;
+        // A partial first word, then whole words (a fixed-size copy each), then a partial
+        // last word.
+        let skip = off % 8;
+        let head = if skip == 0 {
+            0
+        } else {
+            let n = (8 - skip).min(out.len());
+            let w = words[off / 8].load(Ordering::Acquire).to_le_bytes();
+            out[..n].copy_from_slice(&w[skip..skip + n]);
+            n
+        };
+        let first = (off + head) / 8;
+        let mut whole = out[head..].chunks_exact_mut(8);
+        let mut i = first;
+        for chunk in &mut whole {
+            chunk.copy_from_slice(&words[i].load(Ordering::Acquire).to_le_bytes());
+            i += 1;
+        }
+        let tail = whole.into_remainder();
+        if !tail.is_empty() {
+            let w = words[i].load(Ordering::Acquire).to_le_bytes();
+            tail.copy_from_slice(&w[..tail.len()]);
         }
         Ok(())
     }
@@ -391,6 +405,20 @@ mod tests {
         assert_eq!(&out[..3], &[0xAA; 3]);
         assert_eq!(&out[3..13], &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
         assert_eq!(&out[13..], &[0xAA; 11]);
+    }
+
+    #[test]
+    fn reads_at_every_offset_and_length_return_the_bytes_written() {
+        let m = mem(48);
+        let bytes: Vec<u8> = (1..=48).collect();
+        m.write(0, &bytes).unwrap();
+        for off in 0..48 {
+            for len in 0..=48 - off {
+                let mut out = vec![0u8; len];
+                m.read(off, &mut out).unwrap();
+                assert_eq!(out, &bytes[off..off + len], "read({off}, {len})");
+            }
+        }
     }
 
     #[test]

@@ -153,15 +153,45 @@ pub fn timed<T>(name: &'static str, f: impl FnOnce() -> T) -> T {
 }
 
 /// [`timed`] for a future: the span covers its whole await (recorded on the thread that
-/// finishes it).
-pub async fn timed_async<F: std::future::Future>(name: &'static str, f: F) -> F::Output {
-    if !timing() {
-        return f.await;
+/// finishes it). A plain future rather than an `async fn`: an `async fn` would hold `f`
+/// twice in its state (the argument and the awaited copy), doubling every operation's
+/// future that passes through it.
+pub fn timed_async<F: std::future::Future>(name: &'static str, f: F) -> Timed<F> {
+    Timed {
+        f,
+        name,
+        start: None,
     }
-    let t = Instant::now();
-    let out = f.await;
-    add_time(name, t.elapsed());
-    out
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`timed_async`].
+    #[must_use = "futures do nothing unless awaited"]
+    pub struct Timed<F> {
+        #[pin]
+        f: F,
+        name: &'static str,
+        start: Option<Instant>,
+    }
+}
+
+impl<F: std::future::Future> std::future::Future for Timed<F> {
+    type Output = F::Output;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        let this = self.project();
+        if this.start.is_none() && timing() {
+            *this.start = Some(Instant::now());
+        }
+        let out = std::task::ready!(this.f.poll(cx));
+        if let Some(t) = this.start.take() {
+            add_time(this.name, t.elapsed());
+        }
+        std::task::Poll::Ready(out)
+    }
 }
 
 /// A completion's time stamp (nanoseconds since the first recording; 0 when not stamping).
