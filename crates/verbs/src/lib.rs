@@ -112,6 +112,7 @@ mod serve;
 mod stats;
 mod types;
 mod views;
+mod writer;
 
 #[cfg(feature = "rdma")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rdma")))]
@@ -145,3 +146,4 @@ pub use reconnect::{Reconnect, ReconnectError, Reconnector};
 pub use stats::{Stats, Tag, TagStats};
 pub use types::{Access, Media, NodeId, RKey, RegionDesc, RegionName, RemoteAddr};
 pub use views::{NodeViews, View, ViewError};
+pub use writer::ProxiedWriter;
