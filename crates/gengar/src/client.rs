@@ -11,8 +11,8 @@ use dmkit_lease::{CachedLease, Clock, HeldLocks, LeaseCache, LeaseSource, LockSo
 use dmkit_pmem_pool::verbs::ObjectRead;
 use dmkit_verbs::wire::{Reader, Wire};
 use dmkit_verbs::{
-    Backoff, Connection, Endpoint, NodeId, NodeViews, OutstandingWrites, ProxiedWrite,
-    ReconnectError, RegionDesc, Tag, View, ViewError, WriteParts, WriteProxy,
+    Backoff, Connection, Endpoint, NodeId, NodeViews, ProxiedWrite, ProxiedWriter, ReconnectError,
+    RegionDesc, Tag, View, ViewError, WriteParts,
 };
 
 use crate::addr::GlobalAddr;
@@ -142,16 +142,15 @@ pub struct GengarClient {
     views: NodeViews<Regions>,
     /// The leases this client holds, renewed early ([`ClientConfig::renew_early`]).
     leases: LeaseCache<GlobalAddr, LeaseGrant, dmkit_verbs::Pending<Vec<u8>>>,
-    /// Outstanding proxied writes per object, oldest first.
-    confirms: OutstandingWrites<GlobalAddr>,
+    /// Proxied writes, posted by Gengar's write proxy ([`ClientConfig::proxy_thread`]) or by
+    /// the caller, and outstanding ones per object, oldest first.
+    writes: ProxiedWriter<GlobalAddr>,
     /// Reads counted per server, reported every `report_every`.
     accesses: AccessReporter<NodeId>,
     /// Application locks are the client's (its id holds them at the server): among the
     /// threads and tasks sharing the client, the one holding the object's local lock is the
     /// holder.
     locks: HeldLocks<GlobalAddr>,
-    /// Gengar's write proxy ([`ClientConfig::proxy_thread`]).
-    proxy: Option<WriteProxy>,
 }
 
 /// A verbs error as the client reports it: a lost server is [`Error::ServerDown`].
@@ -213,12 +212,9 @@ impl GengarClient {
         if servers.is_empty() {
             return Err(Error::Setup("no Gengar servers to use".into()));
         }
-        let proxy = if cfg.proxy_thread {
-            let proxy = WriteProxy::start(ep.clone(), tags::WRITE);
-            Some(proxy.map_err(|e| Error::Setup(format!("cannot start the write proxy: {e}")))?)
-        } else {
-            None
-        };
+        let writes = ProxiedWriter::start(&ep, tags::WRITE, cfg.proxy_thread);
+        let writes =
+            writes.map_err(|e| Error::Setup(format!("cannot start the write proxy: {e}")))?;
         let leases = LeaseCache::new(cfg.lease_skew, cfg.renew_early);
         let accesses = AccessReporter::new(servers.keys().copied(), cfg.counter, cfg.report_every);
         let accesses = accesses.map_err(|e| Error::Setup(e.to_string()))?;
@@ -230,10 +226,9 @@ impl GengarClient {
             servers,
             views,
             leases,
-            confirms: OutstandingWrites::default(),
+            writes,
             accesses,
             locks: HeldLocks::default(),
-            proxy,
         };
         for node in c.servers.keys().copied().collect::<Vec<_>>() {
             dmkit_verbs::block_on(c.call(tags::ALLOC, node, Request::Stat))?;
@@ -402,7 +397,7 @@ impl GengarClient {
 
     /// [`GengarClient::free`], awaited.
     pub async fn free_async(&self, addr: GlobalAddr) -> Result<()> {
-        self.confirms.confirmed(&addr).await.map_err(node_error)?;
+        self.writes.confirmed(&addr).await.map_err(node_error)?;
         let (st, rest) = self
             .call(
                 tags::FREE,
@@ -491,13 +486,9 @@ impl GengarClient {
     /// [`GengarClient::read_at`], awaited.
     pub async fn read_at_async(&self, addr: GlobalAddr, at: usize, len: usize) -> Result<Vec<u8>> {
         // Reads see this client's own proxied writes.
-        self.confirms.posted(&addr).await;
+        self.writes.posted(&addr).await;
         for _ in 0..8 {
-            let e = self.entry(tags::READ, addr).await?;
-            check_range(addr, at, len, e.value.size)?;
-            let Some(s) = self.current(addr, &e)? else {
-                continue;
-            };
+            let (e, s) = self.leased(tags::READ, addr, at, len).await?;
             // The header word with the data, in one batch: a freed or reused slot (another
             // generation) is never returned as the object.
             let (payload, want_gen) = match e.value.location {
@@ -547,17 +538,20 @@ impl GengarClient {
         now != e.epoch
     }
 
-    /// The lease of `addr` and where to write, from a connection still current.
-    async fn write_target(
+    /// A valid lease for `addr` (taken under `t`) and its server's regions, from a connection
+    /// still current; fails when `len` bytes at `at` are not inside the object.
+    async fn leased(
         &self,
+        t: Tag,
         addr: GlobalAddr,
         at: usize,
-        data: &[u8],
-    ) -> Result<(Entry, WriteParts)> {
+        len: usize,
+    ) -> Result<(Entry, Regions)> {
         for _ in 0..8 {
-            let e = self.entry(tags::WRITE, addr).await?;
-            if let Some(parts) = self.write_batches(addr, at, data, &e)? {
-                return Ok((e, parts));
+            let e = self.entry(t, addr).await?;
+            check_range(addr, at, len, e.value.size)?;
+            if let Some(s) = self.current(addr, &e)? {
+                return Ok((e, s));
             }
         }
         Err(Error::ServerDown {
@@ -566,30 +560,27 @@ impl GengarClient {
         })
     }
 
-    fn write_batches(
+    /// The lease of `addr` and where to write, from a connection still current.
+    async fn write_target(
         &self,
         addr: GlobalAddr,
         at: usize,
         data: &[u8],
-        e: &Entry,
-    ) -> Result<Option<WriteParts>> {
-        check_range(addr, at, data.len(), e.value.size)?;
-        let Some(s) = self.current(addr, e)? else {
-            return Ok(None);
-        };
+    ) -> Result<(Entry, WriteParts)> {
+        let (e, s) = self.leased(tags::WRITE, addr, at, data.len()).await?;
         // Write-through: the DRAM copy (if cached) and always the NVM copy, durably.
         let mut parts = Vec::with_capacity(2);
         if let Location::Dram { offset, .. } = e.value.location {
             parts.push((s.dram.at(offset + at as u64), false));
         }
         parts.push((s.nvm.at(addr.offset + at as u64), true));
-        Ok(Some(parts))
+        Ok((e, parts))
     }
 
     /// [`GengarClient::write`], awaited.
     pub async fn write_async(&self, addr: GlobalAddr, at: usize, data: &[u8]) -> Result<()> {
         // After this client's earlier proxied writes to the object, never before.
-        self.confirms.posted(&addr).await;
+        self.writes.posted(&addr).await;
         let (e, parts) = self.write_target(addr, at, data).await?;
         let mut b = self.ep.batch(addr.server);
         b.write_parts(&parts, data);
@@ -611,20 +602,14 @@ impl GengarClient {
         data: &[u8],
     ) -> Result<Confirm> {
         let (_, parts) = self.write_target(addr, at, data).await?;
-        let done = match &self.proxy {
-            // Bounded: past the staging capacity queued, waits for the proxy to catch up.
-            Some(p) => p.submit(parts, data).await.map_err(node_error)?,
-            None => ProxiedWrite::post(&self.ep, tags::WRITE, &parts, data)
-                .await
-                .map_err(|e| self.verbs_error(addr.server, e))?,
-        };
-        self.confirms.push(addr, done.clone());
-        Ok(Confirm(done))
+        // Bounded: past the staging capacity queued, waits for the proxy to catch up.
+        let done = self.writes.write(addr, parts, data).await;
+        Ok(Confirm(done.map_err(|e| self.verbs_error(addr.server, e))?))
     }
 
     /// [`GengarClient::flush`], awaited.
     pub async fn flush_async(&self) -> Result<()> {
-        let first = self.confirms.all_confirmed().await.map_err(node_error);
+        let first = self.writes.all_confirmed().await.map_err(node_error);
         let r = self.ep.flush_async().await.map_err(node_error);
         first.and(r)
     }
@@ -773,7 +758,7 @@ impl LockSource<GlobalAddr> for LockRpc<'_> {
     /// After every proxied write this client made to the object is confirmed.
     async fn unlock(&self, addr: &GlobalAddr) -> Result<()> {
         let c = self.0;
-        c.confirms.confirmed(addr).await.map_err(node_error)?;
+        c.writes.confirmed(addr).await.map_err(node_error)?;
         let (holder, offset) = (c.id, addr.offset);
         match c
             .call(tags::LOCK, addr.server, Request::Unlock { holder, offset })
