@@ -38,6 +38,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod blocks;
+mod copies;
 mod error;
 mod layout;
 mod media;
