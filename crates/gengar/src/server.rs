@@ -340,14 +340,9 @@ impl GengarServer {
         // What an object would take of the DRAM buffer: its slot there, not its payload (the
         // pool gives objects power-of-two slots). Objects too large for a DRAM slot are no
         // candidates.
-        let size_of = |obj: u64| {
-            let h = self.nvm.pool().object_header(obj as usize).ok()?;
-            if !h.allocated {
-                return None;
-            }
-            self.dram_footprint(h.size)
-        };
-        let plan = self.cached.plan(self.dram.pool().free_bytes(), size_of);
+        let (nvm, dram) = (self.nvm.pool(), self.dram.pool());
+        let size_of = |obj: u64| dram.copy_footprint(nvm, obj as usize);
+        let plan = self.cached.plan(dram.free_bytes(), size_of);
         // Every object that moves, drained at once (see the module invariants).
         let moving = plan.promote.iter().map(|h| h.obj);
         let fences = self.leases.drain(plan.evict.iter().copied().chain(moving));
@@ -357,33 +352,22 @@ impl GengarServer {
                 .ok()
         };
         let done = self.cached.apply(&plan, |o, c| self.free_copy(o, c), copy);
-        let (promoted, evicted) = (done.promoted, done.evicted);
+        let st = &self.stats;
         if done.skipped > 0 {
             // (Registered only once there is one: the metric names are pinned.)
-            let skipped = done.skipped as u64;
-            let stats = &self.stats.promotions_skipped;
-            stats.fetch_add(skipped, Ordering::Relaxed);
-            metrics::counter!("dmkit_gengar_promotions_skipped_total").increment(skipped);
+            let metric = "dmkit_gengar_promotions_skipped_total";
+            count(&st.promotions_skipped, metric, done.skipped);
         }
         drop(fences);
         self.leases.end_window();
-        self.stats.windows.fetch_add(1, Ordering::Relaxed);
-        self.stats
-            .promotions
-            .fetch_add(promoted as u64, Ordering::Relaxed);
-        self.stats
-            .evictions
-            .fetch_add(evicted as u64, Ordering::Relaxed);
-        metrics::counter!("dmkit_gengar_promotions_total").increment(promoted as u64);
-        metrics::counter!("dmkit_gengar_evictions_total").increment(evicted as u64);
-        (promoted, evicted)
-    }
-
-    /// The bytes a DRAM copy of an object of `payload` bytes occupies (its slot), or `None`
-    /// when no DRAM slot is that large.
-    fn dram_footprint(&self, payload: u32) -> Option<u64> {
-        let class = self.dram.pool().size_class_for(payload as usize).ok()?;
-        Some(class.slot_size as u64)
+        st.windows.fetch_add(1, Ordering::Relaxed);
+        count(
+            &st.promotions,
+            "dmkit_gengar_promotions_total",
+            done.promoted,
+        );
+        count(&st.evictions, "dmkit_gengar_evictions_total", done.evicted);
+        (done.promoted, done.evicted)
     }
 
     /// Copies the object NVM → DRAM; the DRAM copy then holds the real data (the module
@@ -413,6 +397,12 @@ impl GengarServer {
     pub fn nvm_region(&self) -> RegionDesc {
         self.nvm.region()
     }
+}
+
+/// Adds `n` to a server statistic and to its Prometheus counter `metric`.
+fn count(stat: &AtomicU64, metric: &'static str, n: usize) {
+    stat.fetch_add(n as u64, Ordering::Relaxed);
+    metrics::counter!(metric).increment(n as u64);
 }
 
 #[cfg(test)]
