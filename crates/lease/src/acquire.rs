@@ -136,6 +136,20 @@ where
         }
     }
 
+    /// Whether `lease`, `key`'s, was granted in an epoch other than `epoch` (the current one
+    /// of its server, as the holder knows it): its connection was replaced since, and the
+    /// node behind the new one may have restarted with other memory — the lease is dropped,
+    /// for the next [`LeaseCache::acquire`] to take a new one. Holders check this before they
+    /// use what a lease says with the addresses of the current connection, and after an
+    /// access fails as if they had not.
+    pub fn outdated(&self, key: &K, lease: &CachedLease<V>, epoch: u64) -> bool {
+        let outdated = lease.epoch != epoch;
+        if outdated {
+            self.remove(key);
+        }
+        outdated
+    }
+
     /// Installs an early renewal's lease (unless the cache holds a longer one, or the
     /// connection it came from was replaced). A reply that grants nothing is dropped: the
     /// access that finds the lease lapsed asks again.
@@ -228,5 +242,25 @@ mod tests {
         assert_eq!(now_or_never(cache.acquire(&src, &5)).unwrap().epoch, 7);
         assert_eq!(src.requests.get(), 4);
         assert_eq!(now_or_never(cache.acquire(&src, &0)), Err("gone"));
+    }
+
+    #[test]
+    fn a_lease_of_another_epoch_is_outdated_and_dropped() {
+        let src = Flaky {
+            clock: VirtualClock::new(),
+            epoch: Cell::new(3),
+            requests: Cell::new(0),
+            bump_at: 0,
+        };
+        let cache = LeaseCache::new(Duration::ZERO, true);
+        let l = now_or_never(cache.acquire(&src, &5)).unwrap();
+        assert!(!cache.outdated(&5, &l, 3));
+        assert_eq!(cache.len(), 1);
+        assert!(cache.outdated(&5, &l, 4));
+        assert!(cache.get(&5).is_none());
+        // Taken again, in the epoch of the connection that replaced it.
+        src.epoch.set(4);
+        assert_eq!(now_or_never(cache.acquire(&src, &5)).unwrap().epoch, 4);
+        assert_eq!(src.requests.get(), 2);
     }
 }
