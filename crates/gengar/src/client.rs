@@ -521,21 +521,14 @@ impl GengarClient {
     /// since the lease was granted (the lease is dropped: take a new one).
     fn current(&self, addr: GlobalAddr, e: &Entry) -> Result<Option<Regions>> {
         let r = self.regions(addr.server)?;
-        if r.epoch == e.epoch {
-            return Ok(Some(r.value));
-        }
-        self.leases.remove(&addr);
-        Ok(None)
+        Ok((!self.leases.outdated(&addr, e, r.epoch)).then_some(r.value))
     }
 
     /// After a remote access error: whether the lease `e` came from a connection that has
     /// been replaced meanwhile (its rkeys are the old server's: take a new lease and retry).
     fn replaced(&self, addr: GlobalAddr, e: &Entry) -> bool {
         let now = self.views.epoch(addr.server).unwrap_or(e.epoch);
-        if now != e.epoch {
-            self.leases.remove(&addr);
-        }
-        now != e.epoch
+        self.leases.outdated(&addr, e, now)
     }
 
     /// A valid lease for `addr` (taken under `t`) and its server's regions, from a connection
