@@ -90,6 +90,14 @@ impl<K: Hash + Eq> ProxiedWriter<K> {
         self.outstanding.all_confirmed().await
     }
 
+    /// Waits until every write so far is confirmed, then until the endpoint's staged proxied
+    /// writes are done ([`Endpoint::flush_async`]); the first failure of either.
+    pub async fn flush(&self) -> Result<()> {
+        let first = self.all_confirmed().await;
+        let staged = self.ep.flush_async().await;
+        first.and(staged)
+    }
+
     /// Whether a proxy thread posts the writes.
     pub fn has_thread(&self) -> bool {
         self.proxy.is_some()
@@ -126,6 +134,10 @@ mod tests {
             run(writer.all_confirmed()).unwrap();
             assert!(other.is_confirmed());
             assert_eq!(ep.read("t", b, 5).unwrap(), b"other");
+            run(writer.write(2, vec![(b, false)], b"later")).unwrap();
+            run(writer.flush()).unwrap();
+            assert_eq!(ep.staging_in_use(), 0);
+            assert_eq!(ep.read("t", b, 5).unwrap(), b"later");
             // A part outside the region fails the write.
             let bad = region.at(1 << 20);
             let failed = run(async {
