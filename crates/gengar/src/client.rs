@@ -602,9 +602,7 @@ impl GengarClient {
 
     /// [`GengarClient::flush`], awaited.
     pub async fn flush_async(&self) -> Result<()> {
-        let first = self.writes.all_confirmed().await.map_err(node_error);
-        let r = self.ep.flush_async().await.map_err(node_error);
-        first.and(r)
+        self.writes.flush().await.map_err(node_error)
     }
 
     /// [`GengarClient::lock`], awaited (the waits between tries are awaited too).
