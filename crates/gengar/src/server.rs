@@ -19,7 +19,7 @@ use dmkit_lease::{
     Clock, ExclusiveLeases, LeaseConfig, LeaseError, Tier, TunedLeases, TunerConfig,
 };
 use dmkit_pmem_pool::verbs::PoolRegion;
-use dmkit_pmem_pool::{Pool, PoolOptions};
+use dmkit_pmem_pool::{ObjectRef, Pool, PoolOptions};
 use dmkit_verbs::wire::WireError;
 use dmkit_verbs::{MemoryNode, NodeId, Peer, RegionDesc};
 use parking_lot::Mutex;
@@ -92,20 +92,15 @@ pub struct ServerStats {
     pub windows: AtomicU64,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Cached {
-    offset: u64,
-    generation: u32,
-}
-
 /// A Gengar server. Serve its [`GengarServer::node`] with any verbs backend.
 pub struct GengarServer {
     node: Arc<MemoryNode>,
     nvm: PoolRegion,
     dram: PoolRegion,
     leases: TunedLeases<Arc<dyn Clock>>,
-    /// Which objects have a DRAM copy, and where; which should, window by window.
-    cached: Residency<Cached>,
+    /// Which objects have a DRAM copy (an object of the DRAM pool), and which should, window
+    /// by window.
+    cached: Residency<ObjectRef>,
     /// Object locks: exclusive leases, so a crashed holder's lock runs out.
     locks: ExclusiveLeases<u64, (), Arc<dyn Clock>>,
     window: Mutex<()>,
@@ -260,7 +255,7 @@ impl GengarServer {
         // a location read after it expired is not handed out: the client retries.
         let location = || match self.cached.get(off) {
             Some(c) => Location::Dram {
-                offset: c.offset,
+                offset: c.offset as u64,
                 generation: c.generation,
             },
             None => Location::Nvm,
@@ -323,8 +318,8 @@ impl GengarServer {
     }
 
     /// Frees the DRAM copy of the object at `off`.
-    fn free_copy(&self, off: u64, copy: Cached) {
-        if let Err(e) = self.dram.pool().free_object(copy.offset as usize) {
+    fn free_copy(&self, off: u64, copy: ObjectRef) {
+        if let Err(e) = self.dram.pool().free_object(copy.offset) {
             tracing::warn!(error = %e, "freeing a DRAM copy failed");
         }
         self.leases.set_tier(off, Tier::Nvm);
@@ -373,14 +368,10 @@ impl GengarServer {
     /// Copies the object NVM → DRAM; the DRAM copy then holds the real data (the module
     /// invariants say why that is safe). The caller holds the object's fence, its leases
     /// expired and the grace for late operations passed.
-    fn promote(&self, obj: u64) -> std::result::Result<Cached, String> {
-        let slot = self.dram.copy_object_from(&self.nvm, obj as usize);
-        let slot = slot.map_err(|e| e.to_string())?;
+    fn promote(&self, obj: u64) -> dmkit_pmem_pool::Result<ObjectRef> {
+        let slot = self.dram.copy_object_from(&self.nvm, obj as usize)?;
         self.leases.set_tier(obj, Tier::Dram);
-        Ok(Cached {
-            offset: slot.offset as u64,
-            generation: slot.generation,
-        })
+        Ok(slot)
     }
 
     /// Runs [`GengarServer::run_window`] every `every` on a background thread until the
