@@ -90,13 +90,6 @@ struct Regions {
     dram: RegionDesc,
 }
 
-/// What a server's replies say of its free capacity (for placement).
-#[derive(Debug, Default)]
-struct ServerState {
-    free_nvm: AtomicU64,
-    free_dram: AtomicU64,
-}
-
 /// A lease this client holds: what the grant said (the object's size and where its current
 /// copy is), in the epoch of the server connection it was granted by.
 type Entry = CachedLease<LeaseGrant>;
@@ -137,7 +130,9 @@ pub struct GengarClient {
     id: u64,
     cfg: ClientConfig,
     clock: Arc<dyn Clock>,
-    servers: BTreeMap<NodeId, ServerState>,
+    /// Each server's free NVM bytes as its last reply said (for placement; the replies'
+    /// free DRAM bytes are not used by clients).
+    free_nvm: BTreeMap<NodeId, AtomicU64>,
     /// The servers' regions by connection epoch; reconnects lost servers.
     views: NodeViews<Regions>,
     /// The leases this client holds, renewed early ([`ClientConfig::renew_early`]).
@@ -208,29 +203,29 @@ impl GengarClient {
     /// server `ep` is connected to.
     pub fn new(ep: Endpoint, id: u64, cfg: ClientConfig, clock: Arc<dyn Clock>) -> Result<Self> {
         let views = NodeViews::new(&ep, gengar_regions)?;
-        let servers: BTreeMap<_, _> = views.nodes().map(|n| (n, ServerState::default())).collect();
-        if servers.is_empty() {
+        let free_nvm: BTreeMap<_, _> = views.nodes().map(|n| (n, AtomicU64::new(0))).collect();
+        if free_nvm.is_empty() {
             return Err(Error::Setup("no Gengar servers to use".into()));
         }
         let writes = ProxiedWriter::start(&ep, tags::WRITE, cfg.proxy_thread);
         let writes =
             writes.map_err(|e| Error::Setup(format!("cannot start the write proxy: {e}")))?;
         let leases = LeaseCache::new(cfg.lease_skew, cfg.renew_early);
-        let accesses = AccessReporter::new(servers.keys().copied(), cfg.counter, cfg.report_every);
+        let accesses = AccessReporter::new(free_nvm.keys().copied(), cfg.counter, cfg.report_every);
         let accesses = accesses.map_err(|e| Error::Setup(e.to_string()))?;
         let c = GengarClient {
             ep,
             id,
             cfg,
             clock,
-            servers,
+            free_nvm,
             views,
             leases,
             writes,
             accesses,
             locks: HeldLocks::default(),
         };
-        for node in c.servers.keys().copied().collect::<Vec<_>>() {
+        for node in c.views.nodes().collect::<Vec<_>>() {
             dmkit_verbs::block_on(c.call(tags::ALLOC, node, Request::Stat))?;
         }
         Ok(c)
@@ -243,10 +238,6 @@ impl GengarClient {
 
     pub fn id(&self) -> u64 {
         self.id
-    }
-
-    fn server(&self, node: NodeId) -> Result<&ServerState> {
-        self.servers.get(&node).ok_or(Error::UnknownServer(node.0))
     }
 
     /// Sets how this client reconnects to a server whose connection was lost (a restarted
@@ -310,19 +301,21 @@ impl GengarClient {
 
     /// The status and the rest of a reply from `node`, after noting its free capacity.
     fn reply_head(&self, node: NodeId, reply: &[u8]) -> Result<(Status, Vec<u8>)> {
-        let s = self.server(node)?;
+        let free_nvm = self
+            .free_nvm
+            .get(&node)
+            .ok_or(Error::UnknownServer(node.0))?;
         let mut r = Reader::new(reply);
         let head: ReplyHead = r.get().map_err(protocol_error(node))?;
-        s.free_nvm.store(head.free_nvm, Ordering::Relaxed);
-        s.free_dram.store(head.free_dram, Ordering::Relaxed);
+        free_nvm.store(head.free_nvm, Ordering::Relaxed);
         Ok((head.status, r.rest().to_vec()))
     }
 
     /// Free NVM bytes per server, as last reported.
     pub fn free_nvm(&self) -> Vec<(NodeId, u64)> {
-        self.servers
+        self.free_nvm
             .iter()
-            .map(|(n, s)| (*n, s.free_nvm.load(Ordering::Relaxed)))
+            .map(|(n, free)| (*n, free.load(Ordering::Relaxed)))
             .collect()
     }
 
