@@ -256,7 +256,7 @@ impl Endpoint {
     /// async callers. Many such awaits may be in flight on one thread.
     pub async fn wait_async<T: Send + 'static>(&self, p: Pending<T>) -> Result<T> {
         let at = p.modeled_done;
-        let r = p.await;
+        let r = crate::record::timed_async("verbs.wait", p).await;
         self.advance(at);
         r
     }

@@ -561,6 +561,11 @@ impl<T: Send + 'static> Future for Pending<T> {
             }
         };
         if let Some(r) = got {
+            // Polled before (and found waiting): the completion was handed over to this
+            // task — the hand-over counts as `verbs.wakeup`, as for a blocking wait.
+            if let (Some(_), State::Waiting(slot)) = (&this.armed, &this.state) {
+                crate::record::woke(slot.done_at.load(Ordering::Relaxed));
+            }
             this.state = State::Done;
             this.armed = None;
             return Poll::Ready(r);
