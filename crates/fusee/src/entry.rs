@@ -65,11 +65,74 @@ fn check_key(key: &[u8]) -> Result<()> {
 }
 
 impl Client {
-    /// SEARCH: the value of `key` (`None` if absent or expired). One round trip on an
-    /// address-cache hit (the slot and the object read together), two otherwise (buckets,
-    /// then object); a large value reads its chunks after, many at once.
-    pub fn search(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        dmkit_verbs::block_on(self.search_async(key))
+    dmkit_verbs::blocking_facade! {
+        /// SEARCH: the value of `key` (`None` if absent or expired). One round trip on an
+        /// address-cache hit (the slot and the object read together), two otherwise (buckets,
+        /// then object); a large value reads its chunks after, many at once.
+        pub fn search(&self, key: &[u8]) -> Result<Option<Vec<u8>>> = search_async;
+        /// The value of `key` with its deadline and version (`None` if absent or expired; an
+        /// expired key met here is deleted, by a conditional delete of exactly what was read).
+        pub fn get(&self, key: &[u8]) -> Result<Option<Entry>> = get_async;
+        /// INSERT: `key → value` unless the key is present (an expired key counts as absent).
+        pub fn insert(&self, key: &[u8], value: &[u8]) -> Result<InsertResult> = insert_async;
+        /// [`Client::insert`] with a deadline (Unix milliseconds; `None`: never expires).
+        pub fn insert_with(
+            &self,
+            key: &[u8],
+            value: &[u8],
+            expires_at: Option<u64>,
+        ) -> Result<InsertResult>
+            = insert_with_async;
+        /// UPDATE: replaces the value of a present (unexpired) key; the new value has no
+        /// deadline.
+        pub fn update(&self, key: &[u8], value: &[u8]) -> Result<UpdateResult> = update_async;
+        /// SET semantics: update if present, insert otherwise; no deadline.
+        pub fn upsert(&self, key: &[u8], value: &[u8]) -> Result<()> = upsert_async;
+        /// SET with a deadline (Unix milliseconds; `None`: never expires): update if present
+        /// (expired or not), insert otherwise.
+        pub fn put(&self, key: &[u8], value: &[u8], expires_at: Option<u64>) -> Result<()>
+            = put_async;
+        /// Compare-and-set: replaces the value of `key` with `value` (no deadline) only if it
+        /// is `expected` (byte for byte, whatever its deadline) when the write takes effect —
+        /// one SNAPSHOT round, as UPDATE, when the key has no deadline. Linearizable:
+        /// [`CasResult::Mismatch`] carries the value the key held instead.
+        pub fn compare_and_set(
+            &self,
+            key: &[u8],
+            expected: &[u8],
+            value: &[u8],
+        ) -> Result<CasResult>
+            = compare_and_set_async;
+        /// Replaces `key`'s value and deadline only if the key still holds exactly `current`
+        /// (as read by [`Client::get`]: the same write, not only the same bytes). Linearizable.
+        pub fn replace(
+            &self,
+            key: &[u8],
+            current: &Entry,
+            value: &[u8],
+            expires_at: Option<u64>,
+        ) -> Result<CasResult>
+            = replace_async;
+        /// DELETE: removes a present (unexpired) key.
+        pub fn delete(&self, key: &[u8]) -> Result<DeleteResult> = delete_async;
+        /// Conditional DELETE: removes `key` only if its value is `expected` when the delete takes
+        /// effect (GETDEL is a read, then this). Linearizable, as [`Client::compare_and_set`].
+        pub fn delete_if(&self, key: &[u8], expected: &[u8]) -> Result<CasResult> = delete_if_async;
+        /// Deletes `key` only if it still holds exactly `current` (as read by [`Client::get`]).
+        pub fn delete_entry(&self, key: &[u8], current: &Entry) -> Result<CasResult>
+            = delete_entry_async;
+        /// One step of a scan over every key: the keys of one index subtable, and the cursor of
+        /// the next step (0 when the scan is done; start with 0). Every key present for the whole
+        /// scan is returned at least once, even while the index grows; a key may come twice
+        /// (deduplicate to count), and one written or deleted during the scan may or may not come
+        /// (as Redis's SCAN). Expired keys and the chunks of large values are not returned.
+        /// Three round trips a step: directory, subtable, objects.
+        pub fn scan(&self, cursor: u64) -> Result<(Vec<Vec<u8>>, u64)> = scan_async;
+        /// One step of the background sweep (over the same cursor as [`Client::scan`]): deletes
+        /// the expired keys of one index subtable, and the chunks there that no manifest names
+        /// and that are older than [`crate::ClientConfig::orphan_grace`] (left by a large write
+        /// that crashed). Returns how many it deleted and the next cursor (0: done).
+        pub fn reclaim_expired(&self, cursor: u64) -> Result<(usize, u64)> = reclaim_expired_async;
     }
 
     /// [`Client::search`], awaited: one client serves many searches in flight at once, from
@@ -89,12 +152,6 @@ impl Client {
                 .await?
                 .map(|e| e.value)),
         }
-    }
-
-    /// The value of `key` with its deadline and version (`None` if absent or expired; an
-    /// expired key met here is deleted, by a conditional delete of exactly what was read).
-    pub fn get(&self, key: &[u8]) -> Result<Option<Entry>> {
-        dmkit_verbs::block_on(self.get_async(key))
     }
 
     /// [`Client::get`], awaited.
@@ -139,24 +196,9 @@ impl Client {
         })
     }
 
-    /// INSERT: `key → value` unless the key is present (an expired key counts as absent).
-    pub fn insert(&self, key: &[u8], value: &[u8]) -> Result<InsertResult> {
-        dmkit_verbs::block_on(self.insert_async(key, value))
-    }
-
     /// [`Client::insert`], awaited.
     pub async fn insert_async(&self, key: &[u8], value: &[u8]) -> Result<InsertResult> {
         self.insert_with_async(key, value, None).await
-    }
-
-    /// [`Client::insert`] with a deadline (Unix milliseconds; `None`: never expires).
-    pub fn insert_with(
-        &self,
-        key: &[u8],
-        value: &[u8],
-        expires_at: Option<u64>,
-    ) -> Result<InsertResult> {
-        dmkit_verbs::block_on(self.insert_with_async(key, value, expires_at))
     }
 
     /// [`Client::insert_with`], awaited.
@@ -189,12 +231,6 @@ impl Client {
         Ok(r)
     }
 
-    /// UPDATE: replaces the value of a present (unexpired) key; the new value has no
-    /// deadline.
-    pub fn update(&self, key: &[u8], value: &[u8]) -> Result<UpdateResult> {
-        dmkit_verbs::block_on(self.update_async(key, value))
-    }
-
     /// [`Client::update`], awaited.
     pub async fn update_async(&self, key: &[u8], value: &[u8]) -> Result<UpdateResult> {
         let p = self.prepare(key, value, None).await?;
@@ -207,20 +243,9 @@ impl Client {
         Ok(r)
     }
 
-    /// SET semantics: update if present, insert otherwise; no deadline.
-    pub fn upsert(&self, key: &[u8], value: &[u8]) -> Result<()> {
-        dmkit_verbs::block_on(self.upsert_async(key, value))
-    }
-
     /// [`Client::upsert`], awaited.
     pub async fn upsert_async(&self, key: &[u8], value: &[u8]) -> Result<()> {
         self.put_async(key, value, None).await
-    }
-
-    /// SET with a deadline (Unix milliseconds; `None`: never expires): update if present
-    /// (expired or not), insert otherwise.
-    pub fn put(&self, key: &[u8], value: &[u8], expires_at: Option<u64>) -> Result<()> {
-        dmkit_verbs::block_on(self.put_async(key, value, expires_at))
     }
 
     /// [`Client::put`], awaited. A key whose address is cached is most likely present: it
@@ -246,14 +271,6 @@ impl Client {
                 return Ok(());
             }
         }
-    }
-
-    /// Compare-and-set: replaces the value of `key` with `value` (no deadline) only if it
-    /// is `expected` (byte for byte, whatever its deadline) when the write takes effect —
-    /// one SNAPSHOT round, as UPDATE, when the key has no deadline. Linearizable:
-    /// [`CasResult::Mismatch`] carries the value the key held instead.
-    pub fn compare_and_set(&self, key: &[u8], expected: &[u8], value: &[u8]) -> Result<CasResult> {
-        dmkit_verbs::block_on(self.compare_and_set_async(key, expected, value))
     }
 
     /// [`Client::compare_and_set`], awaited.
@@ -291,18 +308,6 @@ impl Client {
         Ok(r)
     }
 
-    /// Replaces `key`'s value and deadline only if the key still holds exactly `current`
-    /// (as read by [`Client::get`]: the same write, not only the same bytes). Linearizable.
-    pub fn replace(
-        &self,
-        key: &[u8],
-        current: &Entry,
-        value: &[u8],
-        expires_at: Option<u64>,
-    ) -> Result<CasResult> {
-        dmkit_verbs::block_on(self.replace_async(key, current, value, expires_at))
-    }
-
     /// [`Client::replace`], awaited.
     pub async fn replace_async(
         &self,
@@ -321,11 +326,6 @@ impl Client {
         self.held(key, r).await
     }
 
-    /// DELETE: removes a present (unexpired) key.
-    pub fn delete(&self, key: &[u8]) -> Result<DeleteResult> {
-        dmkit_verbs::block_on(self.delete_async(key))
-    }
-
     /// [`Client::delete`], awaited.
     pub async fn delete_async(&self, key: &[u8]) -> Result<DeleteResult> {
         check_key(key)?;
@@ -335,12 +335,6 @@ impl Client {
             self.after_write(key, replaced.into_inner()).await;
         }
         Ok(r)
-    }
-
-    /// Conditional DELETE: removes `key` only if its value is `expected` when the delete takes
-    /// effect (GETDEL is a read, then this). Linearizable, as [`Client::compare_and_set`].
-    pub fn delete_if(&self, key: &[u8], expected: &[u8]) -> Result<CasResult> {
-        dmkit_verbs::block_on(self.delete_if_async(key, expected))
     }
 
     /// [`Client::delete_if`], awaited.
@@ -367,11 +361,6 @@ impl Client {
         }
     }
 
-    /// Deletes `key` only if it still holds exactly `current` (as read by [`Client::get`]).
-    pub fn delete_entry(&self, key: &[u8], current: &Entry) -> Result<CasResult> {
-        dmkit_verbs::block_on(self.delete_entry_async(key, current))
-    }
-
     /// [`Client::delete_entry`], awaited.
     pub async fn delete_entry_async(&self, key: &[u8], current: &Entry) -> Result<CasResult> {
         check_key(key)?;
@@ -381,16 +370,6 @@ impl Client {
             return Ok(r);
         }
         self.held(key, r).await
-    }
-
-    /// One step of a scan over every key: the keys of one index subtable, and the cursor of
-    /// the next step (0 when the scan is done; start with 0). Every key present for the whole
-    /// scan is returned at least once, even while the index grows; a key may come twice
-    /// (deduplicate to count), and one written or deleted during the scan may or may not come
-    /// (as Redis's SCAN). Expired keys and the chunks of large values are not returned.
-    /// Three round trips a step: directory, subtable, objects.
-    pub fn scan(&self, cursor: u64) -> Result<(Vec<Vec<u8>>, u64)> {
-        dmkit_verbs::block_on(self.scan_async(cursor))
     }
 
     /// [`Client::scan`], awaited.
@@ -403,14 +382,6 @@ impl Client {
             .map(|(k, _)| k)
             .collect();
         Ok((keys, next))
-    }
-
-    /// One step of the background sweep (over the same cursor as [`Client::scan`]): deletes
-    /// the expired keys of one index subtable, and the chunks there that no manifest names
-    /// and that are older than [`crate::ClientConfig::orphan_grace`] (left by a large write
-    /// that crashed). Returns how many it deleted and the next cursor (0: done).
-    pub fn reclaim_expired(&self, cursor: u64) -> Result<(usize, u64)> {
-        dmkit_verbs::block_on(self.reclaim_expired_async(cursor))
     }
 
     /// [`Client::reclaim_expired`], awaited.

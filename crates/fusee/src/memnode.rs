@@ -201,14 +201,8 @@ impl Memnode {
             claims: parking_lot::Mutex::new(std::collections::VecDeque::new()),
             master: ExclusiveLeases::new(SystemClock::new()),
         });
-        let weak = Arc::downgrade(&m);
         m.node
-            .set_rpc_handler(Arc::new(move |peer: &Peer, req: &[u8]| {
-                match weak.upgrade() {
-                    Some(m) => Ok(m.handle(peer, req)),
-                    None => Err("the memory node is shutting down".into()),
-                }
-            }));
+            .serve_while(&m, "the memory node", |m, peer, req| m.handle(peer, req));
         Ok(m)
     }
 
