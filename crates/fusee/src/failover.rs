@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 
 use dmkit_kv_index::repair::{self, SlotConflict};
 use dmkit_kv_index::{Slot, is_empty_word};
+use dmkit_lease::{FailureDetector, SystemClock, Verdict};
 use dmkit_verbs::wire::{Reader, Writer};
 use dmkit_verbs::{Endpoint, NodeId, RKey};
 use parking_lot::Mutex;
@@ -782,20 +783,25 @@ impl Master {
     /// own on the I/O runtime, so leases stay fresh during a repair), fails over members silent for
     /// `miss_limit` heartbeats, refills restarted nodes.
     pub fn run(self: &Arc<Self>, cfg: MasterConfig, stop: Arc<std::sync::atomic::AtomicBool>) {
-        type Seen = HashMap<NodeId, (Instant, bool, u64)>;
-        let seen: Arc<Mutex<Seen>> = Arc::new(Mutex::new(HashMap::new()));
-        let start = Instant::now();
+        // A member silent for `miss_limit` heartbeats, or answering without its membership
+        // record (restarted before it was missed: out, then back in, refilled), has failed; a
+        // non-member heard within three heartbeats is back.
+        let detector = Arc::new(FailureDetector::new(
+            SystemClock::new(),
+            cfg.heartbeat * cfg.miss_limit,
+            cfg.heartbeat * 3,
+        ));
         // The heartbeat is a task on the I/O runtime (its probes one task per node), apart
         // from this loop, so leases stay fresh during a repair.
         let beat = {
-            let (m, seen, stop) = (self.clone(), seen.clone(), stop.clone());
+            let (m, detector, stop) = (self.clone(), detector.clone(), stop.clone());
             let hb = cfg.heartbeat;
             dmkit_verbs::runtime::io_runtime().spawn(async move {
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     let t = Instant::now();
                     for (n, answered, _fenced, epoch) in m.probe_async().await {
                         if answered {
-                            seen.lock().insert(n, (Instant::now(), true, epoch));
+                            detector.heard(n, epoch == 0);
                         }
                     }
                     if let Some(rest) = hb.checked_sub(t.elapsed()) {
@@ -804,44 +810,14 @@ impl Master {
                 }
             })
         };
-        let silent_for = cfg.heartbeat * cfg.miss_limit;
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
             std::thread::sleep(cfg.heartbeat);
             let m = self.membership();
-            let now = Instant::now();
-            let mut dead = Vec::new();
-            let mut back = Vec::new();
-            {
-                let seen = seen.lock();
-                for n in &self.nodes {
-                    let last = seen.get(n).copied();
-                    if m.is_member(*n) {
-                        let heard = last.map_or(start, |(t, _, _)| t);
-                        match last {
-                            // A member that lost its record (restarted before it was
-                            // missed): out, then back in, refilled.
-                            Some((t, _, 0)) if now.duration_since(t) < silent_for => {
-                                dead.push(*n);
-                            }
-                            Some((t, _, _)) if now.duration_since(t) < silent_for => {}
-                            _ if now.duration_since(heard) >= silent_for => dead.push(*n),
-                            _ => {}
-                        }
-                    } else if cfg.auto_rejoin
-                        && last.is_some_and(|(t, _, _)| now.duration_since(t) < cfg.heartbeat * 3)
-                    {
-                        back.push(*n);
-                    }
-                }
-            }
+            let Verdict { failed: dead, back } =
+                detector.verdict(self.nodes.iter().copied(), |n| m.is_member(*n));
             if !dead.is_empty() {
                 match self.fail_over(&dead) {
-                    Ok(_) => {
-                        let mut seen = seen.lock();
-                        for n in &dead {
-                            seen.remove(n);
-                        }
-                    }
+                    Ok(_) => dead.iter().for_each(|n| detector.forget(*n)),
                     Err(e) => tracing::error!(error = %e, ?dead, "failover failed; retrying"),
                 }
             } else if m.repairing {
@@ -850,7 +826,7 @@ impl Master {
                 if let Err(e) = self.fail_over(&[]) {
                     tracing::error!(error = %e, "finishing the interrupted repair failed; retrying");
                 }
-            } else {
+            } else if cfg.auto_rejoin {
                 for n in back {
                     if let Err(e) = self.rejoin(n) {
                         tracing::error!(error = %e, node = %n, "rejoin failed; retrying");

@@ -23,6 +23,8 @@
 //!   at a time, paced tries through the frontend's [`LockSource`].
 //! - [`ServingLease`]: a server's own lease on serving, renewed by a coordinator's heartbeats
 //!   or a majority of its peers, and self-fencing when it runs out (FUSEE's memory nodes).
+//! - [`FailureDetector`]: the coordinator's side — which servers it heartbeats have failed
+//!   (silent too long, or restarted) and which are back (FUSEE's master).
 //!
 //! ```
 //! use std::time::Duration;
@@ -56,6 +58,7 @@
 mod acquire;
 mod cache;
 mod clock;
+mod detector;
 mod error;
 mod exclusive;
 mod locks;
@@ -70,6 +73,7 @@ mod test_util;
 pub use acquire::LeaseSource;
 pub use cache::{CachedLease, LeaseCache, Renewed};
 pub use clock::{Clock, SystemClock, Timestamp, VirtualClock};
+pub use detector::{FailureDetector, Verdict};
 pub use error::LeaseError;
 pub use exclusive::{ExclusiveHolder, ExclusiveLeases};
 pub use locks::{HeldLocks, LockSource};
