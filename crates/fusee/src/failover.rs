@@ -399,16 +399,7 @@ impl Master {
             return Err(Error::Membership("no memory node survives".into()));
         }
         let old_primary = self.index_primary(&old)?;
-        let members = self.fence(&survivors)?;
-        let repairing = Membership {
-            cluster: old.cluster,
-            epoch: old.epoch + 1,
-            repairing: true,
-            members,
-            deletes: old.deletes.clone(),
-            blind: old.blind.clone(),
-            primary_lost: old.primary_lost.clone(),
-        };
+        let repairing = old.next(true, self.fence(&survivors)?);
         self.publish(&repairing)?;
         if let Some(l) = &self.leases {
             // The survivors no longer vouch for the failed node: if it is only cut off, its
@@ -423,11 +414,10 @@ impl Master {
             ));
         }
         let (index, mut on_behalf, deletes) = self.repair_index(&view, old_primary)?;
-        let mut primary_lost = old.primary_lost.clone();
+        let mut active = repairing.next(false, repairing.members.clone());
+        active.remember_deletes(deletes);
         if spaces[0].region.node != old_primary {
-            primary_lost.push(repairing.epoch + 1);
-            let excess = primary_lost.len().saturating_sub(membership::DELETES_KEPT);
-            primary_lost.drain(..excess);
+            active.remember_primary_lost();
             // The old primary is gone: a round whose backups all took its value but whose
             // primary swap (on the dead node) is unknown became the slot's value without a
             // conflict to show it. Its writer may not have written the commit record yet:
@@ -436,23 +426,11 @@ impl Master {
                 on_behalf += u64::from(self.commit_on_behalf(&view, v, 0)?);
             }
         }
-        let mut blind = old.blind.clone();
         if spaces.len() == 1 && spaces[0].region.node == old_primary {
             // Only the old primary's replica survived: rounds cut short on the lost backups
             // were invisible to the repair.
-            blind.push(repairing.epoch + 1);
-            let excess = blind.len().saturating_sub(membership::DELETES_KEPT);
-            blind.drain(..excess);
+            active.remember_blind();
         }
-        let active = Membership {
-            cluster: old.cluster,
-            epoch: repairing.epoch + 1,
-            repairing: false,
-            members: repairing.members.clone(),
-            deletes: Self::remember(&old.deletes, repairing.epoch + 1, deletes),
-            blind,
-            primary_lost,
-        };
         self.publish(&active)?;
         let rep = FailoverReport {
             failed: dead.to_vec(),
@@ -488,16 +466,6 @@ impl Master {
             Ok(v)
         })?;
         Ok((rep, on_behalf, deletes))
-    }
-
-    /// `old` with `new` (published at `epoch`) appended, the oldest dropped past
-    /// [`membership::DELETES_KEPT`].
-    fn remember(old: &[(u64, u64, u64)], epoch: u64, new: Vec<(u64, u64)>) -> Vec<(u64, u64, u64)> {
-        let new = new.into_iter().map(|(off, v)| (epoch, off, v));
-        let mut all: Vec<_> = old.iter().copied().chain(new).collect();
-        let excess = all.len().saturating_sub(membership::DELETES_KEPT);
-        all.drain(..excess);
-        all
     }
 
     /// The node holding the index primary under `m`.
@@ -593,15 +561,7 @@ impl Master {
         let members_before: Vec<NodeId> = old.members.iter().map(|(n, _)| *n).collect();
         let mut members = self.fence(&members_before)?;
         let fresh = self.fence(&[node])?;
-        let repairing = Membership {
-            cluster: old.cluster,
-            epoch: old.epoch + 1,
-            repairing: true,
-            members: members.clone(),
-            deletes: old.deletes.clone(),
-            blind: old.blind.clone(),
-            primary_lost: old.primary_lost.clone(),
-        };
+        let repairing = old.next(true, members.clone());
         self.publish(&repairing)?;
         // The newcomer accepts the master's refill (under an rkey only the master knows).
         let reply = self.master_rpc(node, Writer::new().u8(tag::SET_FENCED).u8(0).finish())?;
@@ -715,15 +675,8 @@ impl Master {
         // The newcomer serves again, in ring order.
         members.push(fresh[0]);
         members.sort_by_key(|(n, _)| self.nodes.iter().position(|x| x == n));
-        let active = Membership {
-            cluster: old.cluster,
-            epoch: repairing.epoch + 1,
-            repairing: false,
-            members,
-            deletes: Self::remember(&old.deletes, repairing.epoch + 1, deletes),
-            blind: old.blind.clone(),
-            primary_lost: old.primary_lost.clone(),
-        };
+        let mut active = repairing.next(false, members);
+        active.remember_deletes(deletes);
         self.publish(&active)?;
         rep.epoch = active.epoch;
         rep.took = t.elapsed();

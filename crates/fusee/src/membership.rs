@@ -22,6 +22,12 @@ const MAGIC_V2: u32 = u32::from_le_bytes(*b"FMb2");
 /// How many completed DELETE rounds a record remembers.
 pub const DELETES_KEPT: usize = 256;
 
+/// Drops the oldest entries of a record's history past [`DELETES_KEPT`].
+fn keep_newest<T>(v: &mut Vec<T>) {
+    let excess = v.len().saturating_sub(DELETES_KEPT);
+    v.drain(..excess);
+}
+
 /// One published membership.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Membership {
@@ -55,6 +61,43 @@ impl Membership {
     /// Whether `node` serves in this membership.
     pub fn is_member(&self, node: NodeId) -> bool {
         self.members.iter().any(|(n, _)| *n == node)
+    }
+
+    /// The record after this one (`epoch + 1`) serving `members`, with this one's history
+    /// (the completed DELETE rounds, blind and primary-lost epochs).
+    pub(crate) fn next(&self, repairing: bool, members: Vec<(NodeId, RKey)>) -> Membership {
+        Membership {
+            cluster: self.cluster,
+            epoch: self.epoch + 1,
+            repairing,
+            members,
+            deletes: self.deletes.clone(),
+            blind: self.blind.clone(),
+            primary_lost: self.primary_lost.clone(),
+        }
+    }
+
+    /// Records that this record's epoch completed the DELETE rounds `new` (slot offset, value
+    /// replaced) in a repair; the oldest go past [`DELETES_KEPT`].
+    pub(crate) fn remember_deletes(&mut self, new: Vec<(u64, u64)>) {
+        let epoch = self.epoch;
+        self.deletes
+            .extend(new.into_iter().map(|(off, v)| (epoch, off, v)));
+        keep_newest(&mut self.deletes);
+    }
+
+    /// Records that this record's epoch was published by a failover that saw no backup of
+    /// the index ([`Membership::blind`]).
+    pub(crate) fn remember_blind(&mut self) {
+        self.blind.push(self.epoch);
+        keep_newest(&mut self.blind);
+    }
+
+    /// Records that this record's epoch was published by a failover that lost the index
+    /// primary ([`Membership::primary_lost`]).
+    pub(crate) fn remember_primary_lost(&mut self) {
+        self.primary_lost.push(self.epoch);
+        keep_newest(&mut self.primary_lost);
     }
 
     /// The rkey `node` serves its pool under.
