@@ -1844,19 +1844,8 @@ impl Inner {
             let Some(region) = view.region(r.node) else {
                 continue;
             };
-            let i = self.batch_for(batches, r.node);
+            let i = self.ep.batch_for(batches, r.node);
             batches[i].write(region.at(r.offset + off), &[byte]);
-        }
-    }
-
-    /// The index of `node`'s batch in `batches`, added if there is none yet.
-    pub(crate) fn batch_for(&self, batches: &mut Vec<Batch>, node: NodeId) -> usize {
-        match batches.iter().position(|b| b.node() == node) {
-            Some(i) => i,
-            None => {
-                batches.push(self.ep.batch(node));
-                batches.len() - 1
-            }
         }
     }
 

@@ -273,9 +273,9 @@ impl Inner {
         let bit = view
             .block_acting(bit_at.offset)
             .ok_or(Error::Unavailable(addr.node))?;
-        let i = self.batch_for(into, flag.node);
+        let i = self.ep.batch_for(into, flag.node);
         into[i].write(flag, &[object::FLAG_OUTDATED]);
-        let i = self.batch_for(into, bit.node);
+        let i = self.ep.batch_for(into, bit.node);
         into[i].faa(bit, mask);
         Ok(())
     }

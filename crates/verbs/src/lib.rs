@@ -105,6 +105,7 @@ mod memory;
 mod message;
 mod node;
 mod pending;
+mod per_node;
 mod proxy;
 mod reconnect;
 pub mod runtime;
