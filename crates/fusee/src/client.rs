@@ -1149,13 +1149,12 @@ impl Client {
             .copied()
             .min()
             .ok_or_else(|| Error::Membership("no member to claim a DELETE on".into()))?;
-        let req = dmkit_verbs::wire::Writer::new()
-            .u8(crate::memnode::tag::CLAIM_DELETE)
-            .u64(round.0)
-            .u64(round.1)
-            .u64(round.2)
-            .u64(token)
-            .finish();
+        let req = dmkit_verbs::wire::Wire::to_bytes(&crate::memnode::Request::ClaimDelete {
+            epoch: round.0,
+            offset: round.1,
+            replaced: round.2,
+            client: token,
+        });
         let reply = inner.ep.rpc(cluster::TAG, node, &req)?;
         let mut r = dmkit_verbs::wire::Reader::new(&reply);
         let bad = |why: String| Error::Node {

@@ -34,14 +34,14 @@ use std::time::{Duration, Instant};
 use dmkit_kv_index::repair::{self, SlotConflict};
 use dmkit_kv_index::{Slot, is_empty_word};
 use dmkit_lease::{FailureDetector, SystemClock, Verdict};
-use dmkit_verbs::wire::{Reader, Writer};
+use dmkit_verbs::wire::{Reader, Wire};
 use dmkit_verbs::{Endpoint, NodeId, RKey};
 use parking_lot::Mutex;
 
 use crate::cluster::{self, ClusterView};
 use crate::error::{Error, Result};
 use crate::membership::{self, Membership};
-use crate::memnode::{NO_OWNER, status, tag};
+use crate::memnode::{NO_OWNER, Peers, Request, status};
 use crate::object::{self, Commit, Op};
 use crate::verifier::slot_addr;
 use dmkit_pmem_pool::remote::{self, BlockClient, BlockRequest};
@@ -313,19 +313,14 @@ impl Master {
     /// [`Master::probe`], awaited: one task per node on the I/O runtime, so a node that is
     /// slow to answer (or to reconnect to) delays no other node's heartbeat.
     pub async fn probe_async(self: &Arc<Self>) -> Vec<(NodeId, bool, bool, u64)> {
-        let req = Arc::new(match &self.leases {
-            Some(l) => {
-                let w = Writer::new()
-                    .u8(tag::HEARTBEAT)
-                    .u32(l.length.as_millis().min(u128::from(u32::MAX)) as u32)
-                    .u16(l.peers.len() as u16);
-                l.peers
-                    .iter()
-                    .fold(w, |w, (n, a)| w.u16(n.0).bytes(a.as_bytes()))
-                    .finish()
-            }
-            None => Writer::new().u8(tag::MEMBERSHIP_GET).finish(),
-        });
+        let req = match &self.leases {
+            Some(l) => Request::Heartbeat {
+                lease_ms: l.length.as_millis().min(u128::from(u32::MAX)) as u32,
+                peers: Peers(l.peers.clone()),
+            },
+            None => Request::MembershipGet,
+        };
+        let req = Arc::new(req.to_bytes());
         let rt = dmkit_verbs::runtime::io_runtime();
         let asks: Vec<_> = self
             .nodes
@@ -366,7 +361,7 @@ impl Master {
     fn fence(&self, members: &[NodeId]) -> Result<Vec<(NodeId, RKey)>> {
         let mut out = Vec::new();
         for n in members {
-            let reply = self.master_rpc(*n, Writer::new().u8(tag::REKEY).finish())?;
+            let reply = self.master_rpc(*n, Request::Rekey.to_bytes())?;
             let mut r = Reader::new(&reply);
             let bad = |e: dmkit_verbs::wire::WireError| Error::Node {
                 node: *n,
@@ -564,7 +559,7 @@ impl Master {
         let repairing = old.next(true, members.clone());
         self.publish(&repairing)?;
         // The newcomer accepts the master's refill (under an rkey only the master knows).
-        let reply = self.master_rpc(node, Writer::new().u8(tag::SET_FENCED).u8(0).finish())?;
+        let reply = self.master_rpc(node, Request::SetFenced { fenced: 0 }.to_bytes())?;
         if reply.first() != Some(&status::OK) {
             return Err(Error::Node {
                 node,

@@ -10,10 +10,10 @@
 //! the fence — and learns the new epoch on its next attempt; writes wait, SEARCH may read the
 //! backups), then `active` once the index is repaired.
 
-use dmkit_verbs::wire::{Reader, WireError, Writer};
+use dmkit_verbs::wire::{Reader, Wire, WireError, Writer};
 use dmkit_verbs::{Endpoint, NodeId, RKey};
 
-use crate::memnode::{status, tag};
+use crate::memnode::{Request, status};
 
 const MAGIC: u32 = u32::from_le_bytes(*b"FMb3");
 /// The record before `primary_lost` (read, never written).
@@ -200,7 +200,7 @@ pub fn query(ep: &Endpoint, node: NodeId) -> crate::Result<NodeMembership> {
     let reply = ep.rpc(
         crate::cluster::TAG,
         node,
-        &Writer::new().u8(tag::MEMBERSHIP_GET).finish(),
+        &Request::MembershipGet.to_bytes(),
     )?;
     parse_reply(node, &reply)
 }
@@ -244,10 +244,7 @@ pub fn publish_as(
     m: &Membership,
     token: Option<u64>,
 ) -> crate::Result<()> {
-    let req = Writer::new()
-        .u8(tag::MEMBERSHIP_SET)
-        .bytes(&m.encode())
-        .finish();
+    let req = Request::MembershipSet { record: m.encode() }.to_bytes();
     let reply = ep.rpc(
         crate::cluster::TAG,
         node,

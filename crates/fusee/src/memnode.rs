@@ -12,7 +12,7 @@ use std::sync::Arc;
 use dmkit_lease::{ExclusiveLeases, ServingLease, SystemClock};
 use dmkit_pmem_pool::Pool;
 use dmkit_pmem_pool::remote::{self, BlockRequest, ServeOptions};
-use dmkit_verbs::wire::{Reader, WireError, Writer};
+use dmkit_verbs::wire::{Reader, Wire, WireError, Writer};
 use dmkit_verbs::{Access, FnBacking, MemoryNode, NodeId, Peer, RegionDesc};
 
 use crate::error::{Error, Result};
@@ -35,6 +35,56 @@ pub(crate) mod tag {
     pub const MASTER_CLAIM: u8 = 16;
     /// A master's request carrying its claim token (see [`super::as_master`]).
     pub const AS_MASTER: u8 = 17;
+}
+
+dmkit_verbs::wire_message! {
+    /// FUSEE's own requests to a memory node, beside the pool's block service
+    /// ([`BlockRequest`]); each variant's tag is its constant in `tag`.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub(crate) enum Request: "request kind" {
+        /// The node's membership record, and whether it is fenced.
+        MembershipGet = 7,
+        /// A membership record ([`Membership::encode`]) from the master.
+        MembershipSet = 8 { record: Vec<u8> },
+        /// A fresh rkey for the pool region (the master's fence).
+        Rekey = 9,
+        /// Fences the node (non-zero) or lifts its fence.
+        SetFenced = 12 { fenced: u8 },
+        /// The master's heartbeat: renews the node's lease and names the members' addresses;
+        /// answered as [`Request::MembershipGet`].
+        Heartbeat = 13 { lease_ms: u32, peers: Peers },
+        /// Whether the node vouches for member `who` in `epoch` (a peer's lease renewal).
+        Vouch = 14 { who: NodeId, epoch: u64 },
+        /// Claims the completed DELETE round (epoch, slot offset, value replaced) for `client`.
+        ClaimDelete = 15 { epoch: u64, offset: u64, replaced: u64, client: u64 },
+        /// A master claims the cluster (see [`claim_master`]).
+        MasterClaim = 16 { token: u64, lease_ms: u32, who: Vec<u8> },
+        /// `inner`, sent by the master holding the claim `token` (see [`as_master`]).
+        AsMaster = 17 { token: u64, inner: Vec<u8> },
+    }
+}
+
+/// The members' addresses a heartbeat carries: a `u16` count, then each node and address.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Peers(pub Vec<(NodeId, String)>);
+
+impl Wire for Peers {
+    fn put(&self, w: Writer) -> Writer {
+        let w = w.u16(self.0.len() as u16);
+        self.0
+            .iter()
+            .fold(w, |w, (n, a)| w.u16(n.0).bytes(a.as_bytes()))
+    }
+
+    fn get(r: &mut Reader<'_>) -> std::result::Result<Self, WireError> {
+        let n = r.u16()?;
+        let mut peers = Vec::with_capacity(usize::from(n));
+        for _ in 0..n {
+            let id = NodeId(r.u16()?);
+            peers.push((id, String::from_utf8_lossy(r.bytes()?).into_owned()));
+        }
+        Ok(Peers(peers))
+    }
 }
 
 /// The `kind` label of a FUSEE RPC's latency.
@@ -110,7 +160,7 @@ pub struct ClaimReply {
 /// over. `None` sends `req` as it is (a master without a claim: tests, `LocalCluster`).
 pub fn as_master(token: Option<u64>, req: Vec<u8>) -> Vec<u8> {
     match token {
-        Some(t) => Writer::new().u8(tag::AS_MASTER).u64(t).bytes(&req).finish(),
+        Some(token) => Request::AsMaster { token, inner: req }.to_bytes(),
         None => req,
     }
 }
@@ -141,12 +191,12 @@ pub fn claim_master(
     lease: std::time::Duration,
     who: &str,
 ) -> Result<ClaimReply> {
-    let req = Writer::new()
-        .u8(tag::MASTER_CLAIM)
-        .u64(token)
-        .u32(u32::try_from(lease.as_millis()).unwrap_or(u32::MAX))
-        .bytes(who.as_bytes())
-        .finish();
+    let req = Request::MasterClaim {
+        token,
+        lease_ms: u32::try_from(lease.as_millis()).unwrap_or(u32::MAX),
+        who: who.as_bytes().to_vec(),
+    }
+    .to_bytes();
     let reply = ep.rpc(crate::cluster::TAG, node, &req)?;
     let bad = |e: WireError| Error::Node {
         node,
@@ -262,7 +312,11 @@ impl Memnode {
                 return false;
             }
             let peers = self.peers.lock().clone();
-            let req = Writer::new().u8(tag::VOUCH).u16(me.0).u64(m.epoch).finish();
+            let req = Request::Vouch {
+                who: me,
+                epoch: m.epoch,
+            }
+            .to_bytes();
             let yes = std::sync::atomic::AtomicUsize::new(1);
             std::thread::scope(|s| {
                 for (n, addr) in peers.iter().filter(|(n, _)| *n != me && m.is_member(*n)) {
@@ -325,11 +379,8 @@ impl Memnode {
                 &ServeOptions::default(),
             ));
         }
-        let mut r = Reader::new(req);
-        let kind = r.u8()?;
-        Ok(match kind {
-            tag::MEMBERSHIP_GET => {
-                r.finish()?;
+        Ok(match Request::from_bytes(req)? {
+            Request::MembershipGet => {
                 let m = self.membership.lock().clone();
                 let w = Writer::new()
                     .u8(status::OK)
@@ -339,9 +390,8 @@ impl Memnode {
                     None => w.u8(0).finish(),
                 }
             }
-            tag::MEMBERSHIP_SET => {
-                let m = Membership::decode(r.bytes()?)?;
-                r.finish()?;
+            Request::MembershipSet { record } => {
+                let m = Membership::decode(&record)?;
                 let mut cur = self.membership.lock();
                 if cur.as_ref().is_some_and(|c| c.epoch > m.epoch) {
                     return Ok(Writer::new()
@@ -360,8 +410,7 @@ impl Memnode {
                 *cur = Some(m);
                 Writer::new().u8(status::OK).finish()
             }
-            tag::REKEY => {
-                r.finish()?;
+            Request::Rekey => {
                 let mut region = self.region.lock();
                 match self.node.rekey(region.rkey) {
                     Some(d) => {
@@ -374,17 +423,8 @@ impl Memnode {
                         .finish(),
                 }
             }
-            tag::HEARTBEAT => {
-                let lease_ms = r.u32()?;
-                let n = r.u16()?;
-                let mut peers = Vec::with_capacity(usize::from(n));
-                for _ in 0..n {
-                    let id = NodeId(r.u16()?);
-                    let addr = String::from_utf8_lossy(r.bytes()?).into_owned();
-                    peers.push((id, addr));
-                }
-                r.finish()?;
-                *self.peers.lock() = peers;
+            Request::Heartbeat { lease_ms, peers } => {
+                *self.peers.lock() = peers.0;
                 if self
                     .lease
                     .renew(std::time::Duration::from_millis(u64::from(lease_ms)))
@@ -400,11 +440,9 @@ impl Memnode {
                         self.node.set_fenced(false);
                     }
                 }
-                return self.dispatch(&[tag::MEMBERSHIP_GET]);
+                return self.dispatch(&Request::MembershipGet.to_bytes());
             }
-            tag::VOUCH => {
-                let (who, epoch) = (NodeId(r.u16()?), r.u64()?);
-                r.finish()?;
+            Request::Vouch { who, epoch } => {
                 let yes = !self.node.is_fenced()
                     && self
                         .membership
@@ -413,12 +451,15 @@ impl Memnode {
                         .is_some_and(|m| m.epoch == epoch && m.is_member(who));
                 Writer::new().u8(status::OK).u8(u8::from(yes)).finish()
             }
-            tag::CLAIM_DELETE => {
+            Request::ClaimDelete {
+                epoch,
+                offset,
+                replaced,
+                client,
+            } => {
                 // Two DELETEs of one value, both cut short, can both learn that the round was
                 // completed; the first to claim it reports it, the other found nothing.
-                let key = (r.u64()?, r.u64()?, r.u64()?);
-                let client = r.u64()?;
-                r.finish()?;
+                let key = (epoch, offset, replaced);
                 let mut claims = self.claims.lock();
                 let owner = match claims.iter().find(|(k, _)| *k == key) {
                     Some((_, c)) => *c,
@@ -432,12 +473,9 @@ impl Memnode {
                 };
                 Writer::new().u8(status::OK).u64(owner).finish()
             }
-            tag::AS_MASTER => {
+            Request::AsMaster { token, inner } => {
                 // The claim is the fence: a master whose claim another master replaced here
                 // (it was paused or cut off past its lease) can no longer change anything.
-                let token = r.u64()?;
-                let inner = r.bytes()?;
-                r.finish()?;
                 if inner.first() == Some(&tag::AS_MASTER) {
                     return Err(WireError("nested master request"));
                 }
@@ -451,14 +489,15 @@ impl Memnode {
                             .as_bytes(),
                         )
                         .finish(),
-                    None => return self.dispatch(inner),
+                    None => return self.dispatch(&inner),
                 }
             }
-            tag::MASTER_CLAIM => {
-                let token = r.u64()?;
-                let lease_ms = r.u32()?;
-                let who = String::from_utf8_lossy(r.bytes()?).into_owned();
-                r.finish()?;
+            Request::MasterClaim {
+                token,
+                lease_ms,
+                who,
+            } => {
+                let who = String::from_utf8_lossy(&who).into_owned();
                 let ttl = std::time::Duration::from_millis(u64::from(lease_ms));
                 let had = self.master.holder(&());
                 let (granted, holder) = match self.master.acquire((), token, who, ttl) {
@@ -478,13 +517,10 @@ impl Memnode {
                     .u32(u32::try_from(left).unwrap_or(u32::MAX))
                     .finish()
             }
-            tag::SET_FENCED => {
-                let fenced = r.u8()? != 0;
-                r.finish()?;
-                self.node.set_fenced(fenced);
+            Request::SetFenced { fenced } => {
+                self.node.set_fenced(fenced != 0);
                 Writer::new().u8(status::OK).finish()
             }
-            _ => return Err(WireError("request kind")),
         })
     }
 }
@@ -494,18 +530,108 @@ mod tests {
     use super::*;
 
     fn master_claim(m: &Memnode, token: u64, lease_ms: u32, who: &str) -> (bool, String) {
-        let req = Writer::new()
-            .u8(tag::MASTER_CLAIM)
-            .u64(token)
-            .u32(lease_ms)
-            .bytes(who.as_bytes())
-            .finish();
-        let reply = m.dispatch(&req).unwrap();
+        let req = Request::MasterClaim {
+            token,
+            lease_ms,
+            who: who.as_bytes().to_vec(),
+        };
+        let reply = m.dispatch(&req.to_bytes()).unwrap();
         let mut r = Reader::new(&reply);
         assert_eq!(r.u8().unwrap(), status::OK);
         let granted = r.u8().unwrap() != 0;
         let holder = String::from_utf8_lossy(r.bytes().unwrap()).into_owned();
         (granted, holder)
+    }
+
+    #[test]
+    fn requests_keep_the_bytes_of_their_hand_written_form() {
+        let w = Writer::new;
+        let peers = Peers(vec![(NodeId(2), "h:1".into()), (NodeId(5), "h:2".into())]);
+        let cases = [
+            (Request::MembershipGet, w().u8(tag::MEMBERSHIP_GET).finish()),
+            (
+                Request::MembershipSet {
+                    record: vec![1, 2, 3],
+                },
+                w().u8(tag::MEMBERSHIP_SET).bytes(&[1, 2, 3]).finish(),
+            ),
+            (Request::Rekey, w().u8(tag::REKEY).finish()),
+            (
+                Request::SetFenced { fenced: 1 },
+                w().u8(tag::SET_FENCED).u8(1).finish(),
+            ),
+            (
+                Request::Heartbeat {
+                    lease_ms: 500,
+                    peers,
+                },
+                w().u8(tag::HEARTBEAT)
+                    .u32(500)
+                    .u16(2)
+                    .u16(2)
+                    .bytes(b"h:1")
+                    .u16(5)
+                    .bytes(b"h:2")
+                    .finish(),
+            ),
+            (
+                Request::Vouch {
+                    who: NodeId(3),
+                    epoch: 9,
+                },
+                w().u8(tag::VOUCH).u16(3).u64(9).finish(),
+            ),
+            (
+                Request::ClaimDelete {
+                    epoch: 1,
+                    offset: 2,
+                    replaced: 3,
+                    client: 4,
+                },
+                w().u8(tag::CLAIM_DELETE)
+                    .u64(1)
+                    .u64(2)
+                    .u64(3)
+                    .u64(4)
+                    .finish(),
+            ),
+            (
+                Request::MasterClaim {
+                    token: 7,
+                    lease_ms: 100,
+                    who: b"me".to_vec(),
+                },
+                w().u8(tag::MASTER_CLAIM)
+                    .u64(7)
+                    .u32(100)
+                    .bytes(b"me")
+                    .finish(),
+            ),
+            (
+                Request::AsMaster {
+                    token: 7,
+                    inner: vec![tag::REKEY],
+                },
+                w().u8(tag::AS_MASTER).u64(7).bytes(&[tag::REKEY]).finish(),
+            ),
+        ];
+        for (req, bytes) in cases {
+            assert_eq!(req.to_bytes(), bytes, "{req:?}");
+            assert_eq!(Request::from_bytes(&bytes), Ok(req));
+        }
+        // Addresses that are not UTF-8 still decode (lossily), as before.
+        let odd = w()
+            .u8(tag::HEARTBEAT)
+            .u32(1)
+            .u16(1)
+            .u16(0)
+            .bytes(&[0xff])
+            .finish();
+        let Ok(Request::Heartbeat { peers, .. }) = Request::from_bytes(&odd) else {
+            panic!("a heartbeat");
+        };
+        assert_eq!(peers.0, vec![(NodeId(0), "\u{fffd}".to_string())]);
+        assert_eq!(Request::from_bytes(&[200]), Err(WireError("request kind")));
     }
 
     #[test]
@@ -531,14 +657,13 @@ mod tests {
     }
 
     fn claim(m: &Memnode, round: DeleteRound, client: u64) -> u64 {
-        let req = Writer::new()
-            .u8(tag::CLAIM_DELETE)
-            .u64(round.0)
-            .u64(round.1)
-            .u64(round.2)
-            .u64(client)
-            .finish();
-        let reply = m.dispatch(&req).unwrap();
+        let req = Request::ClaimDelete {
+            epoch: round.0,
+            offset: round.1,
+            replaced: round.2,
+            client,
+        };
+        let reply = m.dispatch(&req.to_bytes()).unwrap();
         let mut r = Reader::new(&reply);
         assert_eq!(r.u8().unwrap(), status::OK);
         r.u64().unwrap()
