@@ -311,24 +311,18 @@ impl Memnode {
             if !m.is_member(me) {
                 return false;
             }
-            let peers = self.peers.lock().clone();
+            let others: Vec<(NodeId, String)> = (self.peers.lock().iter())
+                .filter(|(n, _)| *n != me && m.is_member(*n))
+                .cloned()
+                .collect();
             let req = Request::Vouch {
                 who: me,
                 epoch: m.epoch,
             }
             .to_bytes();
-            let yes = std::sync::atomic::AtomicUsize::new(1);
-            std::thread::scope(|s| {
-                for (n, addr) in peers.iter().filter(|(n, _)| *n != me && m.is_member(*n)) {
-                    let (req, yes, ask) = (&req, &yes, &ask);
-                    s.spawn(move || {
-                        if ask(*n, addr, req) {
-                            yes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        }
-                    });
-                }
-            });
-            yes.into_inner() * 2 > m.members.len()
+            dmkit_lease::vouched_by_majority(m.members.len(), &others, |(n, addr)| {
+                ask(*n, addr, &req)
+            })
         };
         let fence = || {
             if self.node.is_fenced() {

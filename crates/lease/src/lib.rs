@@ -22,7 +22,8 @@
 //!   [`HeldLocks`] is the holder's side of such locks granted by RPC: one caller of a client
 //!   at a time, paced tries through the frontend's [`LockSource`].
 //! - [`ServingLease`]: a server's own lease on serving, renewed by a coordinator's heartbeats
-//!   or a majority of its peers, and self-fencing when it runs out (FUSEE's memory nodes).
+//!   or a majority of its peers, and self-fencing when it runs out (FUSEE's memory nodes);
+//!   [`vouched_by_majority`] asks the peers at once and counts.
 //! - [`FailureDetector`]: the coordinator's side — which servers it heartbeats have failed
 //!   (silent too long, or restarted) and which are back (FUSEE's master).
 //!
@@ -62,6 +63,7 @@ mod detector;
 mod error;
 mod exclusive;
 mod locks;
+mod quorum;
 mod standing;
 mod table;
 mod tuned;
@@ -77,6 +79,7 @@ pub use detector::{FailureDetector, Verdict};
 pub use error::LeaseError;
 pub use exclusive::{ExclusiveHolder, ExclusiveLeases};
 pub use locks::{HeldLocks, LockSource};
+pub use quorum::vouched_by_majority;
 pub use standing::{ServingLease, Standing};
 pub use table::{Fence, HeldLease, Lease, LeaseConfig, LeaseStats, LeaseTable};
 pub use tuned::TunedLeases;
