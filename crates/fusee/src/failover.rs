@@ -66,15 +66,7 @@ pub fn query_or_reconnect(
     reconnect: Option<&Reconnect>,
     node: NodeId,
 ) -> Result<membership::NodeMembership> {
-    match membership::query(ep, node) {
-        Ok(q) => Ok(q),
-        Err(e) => {
-            let Some(rc) = reconnect else { return Err(e) };
-            let c = rc(node)?;
-            ep.add_connection(c);
-            membership::query(ep, node)
-        }
-    }
+    ep.reconnecting(node, reconnect, || membership::query(ep, node))
 }
 
 /// What an index repair did: its figures, the commit records written on writers' behalf,
@@ -343,17 +335,10 @@ impl Master {
     /// One node's heartbeat; reconnects once (a blocking connect, moved off the runtime's
     /// worker) when the connection is gone.
     async fn ask(&self, n: NodeId, req: &[u8]) -> Result<membership::NodeMembership> {
-        let reply = match self.ep.rpc_async(TAG, n, req).await {
-            Ok(r) => r,
-            Err(e) => {
-                let Some(rc) = &self.reconnect else {
-                    return Err(e.into());
-                };
-                let conn = dmkit_verbs::runtime::blocking(|| rc(n))?;
-                self.ep.add_connection(conn);
-                self.ep.rpc_async(TAG, n, req).await?
-            }
-        };
+        let ask = || self.ep.rpc_async(TAG, n, req);
+        let reply = (self.ep)
+            .reconnecting_async(n, self.reconnect.as_ref(), ask)
+            .await?;
         membership::parse_reply(n, &reply)
     }
 

@@ -108,6 +108,7 @@ mod pending;
 mod per_node;
 mod proxy;
 mod reconnect;
+mod redial;
 pub mod runtime;
 mod serve;
 mod stats;
