@@ -207,31 +207,19 @@ impl ClusterView {
 
 /// The pool region of FUSEE memory node `node`, found by its name.
 pub(crate) fn pool_region(ep: &Endpoint, node: NodeId) -> Result<RegionDesc> {
-    ep.regions(node)?
-        .into_iter()
-        .find(|r| r.name.as_str() == crate::memnode::POOL_REGION)
-        .ok_or_else(|| Error::Node {
-            node,
-            reason: "not a FUSEE memory node (no pool region)".into(),
+    ep.region_named(node, crate::memnode::POOL_REGION)
+        .map_err(|e| match e {
+            dmkit_verbs::Error::InvalidArgument(_) => Error::Node {
+                node,
+                reason: "not a FUSEE memory node (no pool region)".into(),
+            },
+            e => e.into(),
         })
 }
 
-/// A fresh random cluster uuid (never zero), from the process's random hasher keys, the
-/// time and the pid.
+/// A fresh random cluster uuid (never zero): a pool's kind of uuid.
 fn new_uuid() -> u128 {
-    use std::hash::{BuildHasher, Hasher};
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let mut halves = [0u64; 2];
-    for (i, h) in halves.iter_mut().enumerate() {
-        let mut s = std::collections::hash_map::RandomState::new().build_hasher();
-        s.write_u128(now);
-        s.write_u32(std::process::id());
-        s.write_usize(i);
-        *h = s.finish();
-    }
-    (u128::from(halves[0]) << 64 | u128::from(halves[1])).max(1)
+    u128::from_be_bytes(dmkit_pmem_pool::PoolUuid::random().0)
 }
 
 fn encode_super(cfg: &ClusterConfig, uuid: u128, block_size: u64, index_blocks: u64) -> Vec<u8> {

@@ -54,7 +54,8 @@ impl PoolOptions {
 pub struct PoolUuid(pub [u8; 16]);
 
 impl PoolUuid {
-    fn random() -> Self {
+    /// A fresh random (version 4) uuid — never all zeros.
+    pub fn random() -> Self {
         let mut b: [u8; 16] = rand::random();
         b[6] = (b[6] & 0x0f) | 0x40; // version 4
         b[8] = (b[8] & 0x3f) | 0x80; // RFC 4122 variant
