@@ -36,6 +36,7 @@ pub struct RespArgs {
     pub auth_cluster_secret: bool,
     /// Active expiry: one step of the sweep that deletes expired keys (one FUSEE index
     /// subtable) every this many milliseconds, or after nine times the last step's duration
+    /// (99 times while the last whole round met no key with a deadline)
     /// when that is longer; 0 turns it off (expired keys are then deleted only when read).
     #[arg(long, default_value_t = 100)]
     pub expiry_sweep_ms: u64,
@@ -331,14 +332,14 @@ impl KvBackend for FuseeBackend {
         }))
     }
 
-    fn reclaim_expired(&self, cursor: u64) -> Result<(usize, u64), String> {
+    fn reclaim_expired(&self, cursor: u64) -> Result<dmkit_fusee::Swept, String> {
         self.0.reclaim_expired(cursor).map_err(err)
     }
 
     fn reclaim_expired_async(
         &self,
         cursor: u64,
-    ) -> Option<BoxFuture<Result<(usize, u64), String>>> {
+    ) -> Option<BoxFuture<Result<dmkit_fusee::Swept, String>>> {
         let c = self.0.clone();
         Some(Box::pin(async move {
             c.reclaim_expired_async(cursor).await.map_err(err)

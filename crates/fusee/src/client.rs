@@ -560,15 +560,17 @@ impl Client {
     pub fn start_expiry_sweep(&self, every: Duration) {
         let weak = Arc::downgrade(&self.inner);
         dmkit_verbs::runtime::io_runtime().spawn(async move {
-            let mut cursor = 0;
+            let mut pacer = crate::SweepPacer::new(every);
             loop {
-                tokio::time::sleep(every).await;
+                tokio::time::sleep(pacer.pause()).await;
                 let Some(inner) = weak.upgrade() else { return };
                 let client = Client { inner };
-                match client.reclaim_expired_async(cursor).await {
-                    Ok((_, next)) => cursor = next,
-                    Err(e) => tracing::debug!(error = %e, "expiry sweep step failed; again later"),
+                let started = std::time::Instant::now();
+                let step = client.reclaim_expired_async(pacer.cursor()).await;
+                if let Err(e) = &step {
+                    tracing::debug!(error = %e, "expiry sweep step failed; again later");
                 }
+                pacer.stepped(step.ok(), started.elapsed());
             }
         });
     }

@@ -5,7 +5,7 @@
 //! large value deletes its chunks after.
 
 use std::collections::HashMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -29,6 +29,72 @@ impl Entry {
     /// Milliseconds left at `now` (Unix milliseconds) before the key expires.
     pub fn ttl_ms(&self, now: u64) -> Option<u64> {
         self.expires_at.map(|d| d.saturating_sub(now))
+    }
+}
+
+/// One step of the background sweep ([`Client::reclaim_expired`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Swept {
+    /// Expired keys (and orphaned chunks) it deleted.
+    pub deleted: usize,
+    /// Keys it met that have a deadline, expired or not.
+    pub deadlines: usize,
+    /// The cursor of the next step (0: a round over the whole index is done).
+    pub next: u64,
+}
+
+/// The pace of a background sweep: where it is, and how long it waits before its next step
+/// — at least `every`, and at most a tenth of the time sweeping (a pause of 9 × the last
+/// step's time) while keys with a deadline are about, a hundredth (99 ×) when neither the
+/// last whole round nor this one met any (as when it starts): a store without deadlines pays
+/// almost nothing for the sweep, and a key given one later is still absent once expired, its
+/// space reclaimed within one slow round.
+#[derive(Debug, Clone)]
+pub struct SweepPacer {
+    every: Duration,
+    cursor: u64,
+    pause: Duration,
+    /// Keys with a deadline met in this round, in the last whole round.
+    seen: bool,
+    seen_last_round: bool,
+}
+
+impl SweepPacer {
+    pub fn new(every: Duration) -> SweepPacer {
+        SweepPacer {
+            every,
+            cursor: 0,
+            pause: every,
+            seen: false,
+            seen_last_round: false,
+        }
+    }
+
+    /// The cursor of the next step.
+    pub fn cursor(&self) -> u64 {
+        self.cursor
+    }
+
+    /// How long to wait before the next step.
+    pub fn pause(&self) -> Duration {
+        self.pause
+    }
+
+    /// A step took `took` and swept `step` (`None`: it failed, to be tried again).
+    pub fn stepped(&mut self, step: Option<Swept>, took: Duration) {
+        if let Some(s) = step {
+            self.seen |= s.deadlines > 0;
+            self.cursor = s.next;
+            if s.next == 0 {
+                self.seen_last_round = std::mem::take(&mut self.seen);
+            }
+        }
+        let share = if self.seen || self.seen_last_round {
+            9
+        } else {
+            99
+        };
+        self.pause = self.every.max(took * share);
     }
 }
 
@@ -131,8 +197,9 @@ impl Client {
         /// One step of the background sweep (over the same cursor as [`Client::scan`]): deletes
         /// the expired keys of one index subtable, and the chunks there that no manifest names
         /// and that are older than [`crate::ClientConfig::orphan_grace`] (left by a large write
-        /// that crashed). Returns how many it deleted and the next cursor (0: done).
-        pub fn reclaim_expired(&self, cursor: u64) -> Result<(usize, u64)> = reclaim_expired_async;
+        /// that crashed). Returns how many it deleted, how many keys there have a deadline,
+        /// and the next cursor (0: done).
+        pub fn reclaim_expired(&self, cursor: u64) -> Result<Swept> = reclaim_expired_async;
     }
 
     /// [`Client::search`], awaited: one client serves many searches in flight at once, from
@@ -385,12 +452,13 @@ impl Client {
     }
 
     /// [`Client::reclaim_expired`], awaited.
-    pub async fn reclaim_expired_async(&self, cursor: u64) -> Result<(usize, u64)> {
+    pub async fn reclaim_expired_async(&self, cursor: u64) -> Result<Swept> {
         let (items, next) = self.scan_raw_async(cursor).await?;
         let now = self.now();
         let grace = self.config().orphan_grace.as_millis() as u64;
         let mut named: HashMap<Vec<u8>, Option<(u64, u64, u64)>> = HashMap::new();
         let mut deleted = 0;
+        let mut deadlines = 0;
         for (k, raw) in items {
             if let Some(c) = value::parse_chunk_key(&k) {
                 if c.created_ms.saturating_add(grace) > now {
@@ -414,17 +482,24 @@ impl Client {
                 {
                     deleted += 1;
                 }
-            } else if value::expired(&raw, now)
-                && self.delete_if_raw_async(&k, &raw).await? == CasResult::Swapped
-            {
-                self.after_write(&k, Some(raw)).await;
-                deleted += 1;
+            } else if let Ok(d) = value::decode(&raw).map(|d| d.deadline) {
+                deadlines += usize::from(d.is_some());
+                if d.is_some_and(|d| d <= now)
+                    && self.delete_if_raw_async(&k, &raw).await? == CasResult::Swapped
+                {
+                    self.after_write(&k, Some(raw)).await;
+                    deleted += 1;
+                }
             }
         }
         if deleted > 0 {
             metrics::counter!("dmkit_fusee_reclaimed_keys_total").increment(deleted as u64);
         }
-        Ok((deleted, next))
+        Ok(Swept {
+            deleted,
+            deadlines,
+            next,
+        })
     }
 
     /// Opens stored bytes: the entry (a large value's chunks read and checked), or why not.
@@ -626,5 +701,41 @@ impl Client {
         if let Some(m) = &p.large {
             self.drop_chunks(key, m).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(deadlines: usize, next: u64) -> Option<Swept> {
+        Some(Swept {
+            deleted: 0,
+            deadlines,
+            next,
+        })
+    }
+
+    #[test]
+    fn the_sweep_slows_down_after_a_whole_round_without_deadlines() {
+        let (every, took) = (Duration::from_millis(100), Duration::from_millis(20));
+        let mut p = SweepPacer::new(every);
+        assert_eq!((p.cursor(), p.pause()), (0, every));
+        // No deadline met yet: a hundredth.
+        p.stepped(step(0, 7), took);
+        assert_eq!((p.cursor(), p.pause()), (7, took * 99));
+        p.stepped(step(0, 0), took);
+        assert_eq!((p.cursor(), p.pause()), (0, took * 99));
+        // A failed step keeps its cursor; a quick one waits at least `every`.
+        p.stepped(None, Duration::from_micros(1));
+        assert_eq!((p.cursor(), p.pause()), (0, every));
+        // One key with a deadline: back to a tenth at once, and for the next whole round.
+        p.stepped(step(1, 3), took);
+        assert_eq!(p.pause(), took * 9);
+        p.stepped(step(0, 0), took);
+        p.stepped(step(0, 5), took);
+        assert_eq!(p.pause(), took * 9);
+        p.stepped(step(0, 0), took);
+        assert_eq!(p.pause(), took * 99);
     }
 }

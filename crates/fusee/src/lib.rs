@@ -145,7 +145,7 @@ pub mod value;
 mod verifier;
 
 pub use client::{CasResult, Client, ClientConfig, DeleteResult, InsertResult, UpdateResult, tags};
-pub use entry::Entry;
+pub use entry::{Entry, SweepPacer, Swept};
 pub use error::{Error, Result};
 pub use local::{LocalCluster, LocalConfig};
 pub use recovery::RecoveryReport;

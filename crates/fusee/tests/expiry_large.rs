@@ -32,11 +32,12 @@ fn all_keys(k: &dmkit_fusee::Client) -> Vec<Vec<u8>> {
 
 /// A full background sweep: how many keys and chunks it deleted.
 fn sweep(k: &dmkit_fusee::Client) -> usize {
-    let (mut n, mut cursor) = k.reclaim_expired(0).unwrap();
+    let first = k.reclaim_expired(0).unwrap();
+    let (mut n, mut cursor) = (first.deleted, first.next);
     while cursor != 0 {
-        let (m, next) = k.reclaim_expired(cursor).unwrap();
-        n += m;
-        cursor = next;
+        let step = k.reclaim_expired(cursor).unwrap();
+        n += step.deleted;
+        cursor = step.next;
     }
     n
 }

@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use codec::{Limits, Reply, parse_command};
+pub use dmkit_fusee::{SweepPacer, Swept};
 
 /// How a SET treats an existing key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,10 +194,11 @@ pub trait KvBackend: Send + Sync {
         }
     }
     /// One step of the background sweep: deletes expired keys of one part of the store;
-    /// how many, and the next cursor (0: a round is done; start with 0).
-    fn reclaim_expired(&self, cursor: u64) -> Result<(usize, u64), String> {
+    /// how many, how many keys there have a deadline, and the next cursor (0: a round is
+    /// done; start with 0).
+    fn reclaim_expired(&self, cursor: u64) -> Result<Swept, String> {
         let _ = cursor;
-        Ok((0, 0))
+        Ok(Swept::default())
     }
     /// The clock deadlines are compared with: Unix milliseconds.
     fn now_ms(&self) -> u64 {
@@ -243,10 +245,7 @@ pub trait KvBackend: Send + Sync {
         None
     }
     /// [`KvBackend::reclaim_expired`] as a future (see [`KvBackend::get_async`]).
-    fn reclaim_expired_async(
-        &self,
-        cursor: u64,
-    ) -> Option<BoxFuture<Result<(usize, u64), String>>> {
+    fn reclaim_expired_async(&self, cursor: u64) -> Option<BoxFuture<Result<Swept, String>>> {
         let _ = cursor;
         None
     }
@@ -557,27 +556,24 @@ impl Drop for RespServer {
 /// that fails is tried again at the next tick from where it was). A step reads a part of the
 /// store (FUSEE: one index subtable with its objects), so its cost grows with the values
 /// there: the pause after a step is at least nine times what the step took, so that the
-/// sweep keeps to about a tenth of the time whatever the data.
+/// sweep keeps to about a tenth of the time whatever the data — a hundredth while no key
+/// with a deadline turns up ([`SweepPacer`]).
 async fn sweep(s: Arc<Shared>, every: std::time::Duration) {
-    let mut cursor = 0;
-    let mut pause = every;
+    let mut pacer = SweepPacer::new(every);
     loop {
-        tokio::time::sleep(pause).await;
+        tokio::time::sleep(pacer.pause()).await;
         if s.stop.load(Ordering::SeqCst) {
             return;
         }
         let started = Instant::now();
-        let step = reclaim_expired(&s, cursor).await;
-        pause = every.max(started.elapsed() * 9);
-        match step {
-            Ok((n, next)) => {
-                if n > 0 {
-                    s.expired.fetch_add(n as u64, Ordering::Relaxed);
-                }
-                cursor = next;
+        let step = reclaim_expired(&s, pacer.cursor()).await;
+        match &step {
+            Ok(swept) => {
+                s.expired.fetch_add(swept.deleted as u64, Ordering::Relaxed);
             }
             Err(e) => tracing::debug!(error = %e, "expiry sweep step failed; again later"),
         }
+        pacer.stepped(step.ok(), started.elapsed());
     }
 }
 
@@ -750,7 +746,7 @@ async fn delete_entry(s: &Arc<Shared>, key: &[u8], current: &Entry) -> Result<Ca
     call(s, fut, move |b| b.delete_entry(&k, &c)).await
 }
 
-async fn reclaim_expired(s: &Arc<Shared>, cursor: u64) -> Result<(usize, u64), String> {
+async fn reclaim_expired(s: &Arc<Shared>, cursor: u64) -> Result<Swept, String> {
     let fut = s.backend.reclaim_expired_async(cursor);
     call(s, fut, move |b| b.reclaim_expired(cursor)).await
 }
@@ -2815,13 +2811,17 @@ impl KvBackend for MemoryBackend {
         }
         Ok(Cas::Changed)
     }
-    fn reclaim_expired(&self, _cursor: u64) -> Result<(usize, u64), String> {
+    fn reclaim_expired(&self, _cursor: u64) -> Result<Swept, String> {
         // One step: the whole map.
         let now = self.now_ms();
         let mut m = self.map.lock();
         let before = m.keys.len();
         m.keys.retain(|_, e| e.expires_at.is_none_or(|d| d > now));
-        Ok((before - m.keys.len(), 0))
+        Ok(Swept {
+            deleted: before - m.keys.len(),
+            deadlines: m.keys.values().filter(|e| e.expires_at.is_some()).count(),
+            next: 0,
+        })
     }
 }
 
