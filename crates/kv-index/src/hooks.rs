@@ -2,8 +2,6 @@
 //! write protocol, slot positions for its address cache, and resuming a crashed writer's
 //! round during recovery.
 
-use std::time::Instant;
-
 use dmkit_verbs::{Batch, BatchResult, RemoteAddr};
 
 use crate::error::Result;
@@ -99,7 +97,6 @@ impl RaceIndex {
         key: &[u8],
     ) -> Result<Option<(Slot, SlotPos)>> {
         let kh = self.hash(key);
-        let start = Instant::now();
         let mut backoff = Backoff::new(self.wait_timeout);
         loop {
             let view = self.read_view_async(crate::tags::SEARCH, &kh).await?;
@@ -116,7 +113,7 @@ impl RaceIndex {
                     Ok(Some(i)) => return Ok(Some((slots[i], cands[i].0))),
                     Ok(None) => {}
                     Err(crate::Error::StaleCandidate) => {
-                        self.stale(&mut backoff, start).await?;
+                        self.stale(&mut backoff).await?;
                         continue;
                     }
                     Err(e) => return Err(e),
@@ -127,7 +124,7 @@ impl RaceIndex {
             }
             if !backoff.pause_async().await {
                 return Err(crate::Error::SplitStalled {
-                    waited: start.elapsed(),
+                    waited: backoff.waited(),
                 });
             }
         }
@@ -210,7 +207,6 @@ impl RaceIndex {
         hooks: &dyn WriteHooks,
     ) -> Result<ResumeOutcome> {
         let kh = self.hash(key);
-        let start = Instant::now();
         let mut backoff = Backoff::new(self.wait_timeout);
         loop {
             let view = self.read_view(RESUME, &kh)?;
@@ -218,7 +214,7 @@ impl RaceIndex {
             if view.splitting || frozen {
                 if !backoff.pause() {
                     return Err(crate::Error::SplitStalled {
-                        waited: start.elapsed(),
+                        waited: backoff.waited(),
                     });
                 }
                 continue;
@@ -239,7 +235,7 @@ impl RaceIndex {
                     .transpose()
                 {
                     Err(crate::Error::StaleCandidate) => {
-                        dmkit_verbs::block_on(self.stale(&mut backoff, start))?;
+                        dmkit_verbs::block_on(self.stale(&mut backoff))?;
                         continue;
                     }
                     r => r?.flatten(),
@@ -349,7 +345,7 @@ impl RaceIndex {
             }
             if !backoff.pause() {
                 return Err(crate::Error::SnapshotStalled {
-                    waited: start.elapsed(),
+                    waited: backoff.waited(),
                     state: format!(
                         "resuming slot {:?} of a crashed writer",
                         look.first().map(|l| l.0)

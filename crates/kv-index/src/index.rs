@@ -88,22 +88,43 @@ pub enum InsertOutcome {
 /// Bounded exponential backoff for the waits of the protocol.
 #[derive(Debug)]
 pub(crate) struct Backoff {
-    deadline: Instant,
+    limit: Duration,
+    /// Set at the first pause, not at creation: an operation that never waits reads no
+    /// clock (a clock read is a system call on some virtual machines' clock sources).
+    deadline: Option<Instant>,
+    /// The first pause, kept across [`Backoff::restart`].
+    first: Option<Instant>,
     step: u32,
 }
 
 impl Backoff {
     pub fn new(limit: Duration) -> Self {
         Self {
-            deadline: Instant::now() + limit,
+            limit,
+            deadline: None,
+            first: None,
             step: 0,
         }
+    }
+
+    /// Waits from the start again (a new deadline at the next pause); [`Backoff::waited`]
+    /// still counts from the first pause.
+    pub fn restart(&mut self) {
+        self.deadline = None;
+        self.step = 0;
+    }
+
+    /// Time since the first pause (zero before it).
+    pub fn waited(&self) -> Duration {
+        self.first.map_or(Duration::ZERO, |t| t.elapsed())
     }
 
     /// The next wait: `None` once the deadline has passed, `Some(None)` to yield the CPU,
     /// `Some(Some(d))` to sleep `d` (a little longer each time).
     fn next_wait(&mut self) -> Option<Option<Duration>> {
-        if Instant::now() >= self.deadline {
+        let now = Instant::now();
+        self.first.get_or_insert(now);
+        if now >= *self.deadline.get_or_insert(now + self.limit) {
             return None;
         }
         let step = self.step;
@@ -677,7 +698,6 @@ impl RaceIndex {
         &self,
         verifier: &V,
         backoff: &mut Backoff,
-        start: Instant,
     ) -> Result<()> {
         if crate::split::stranded_here() {
             // This process left a split holding the lock: finish it now, not after a wait.
@@ -686,13 +706,13 @@ impl RaceIndex {
         if backoff.pause_async().await {
             return Ok(());
         }
-        if start.elapsed() < self.wait_timeout.saturating_mul(3) {
+        if backoff.waited() < self.wait_timeout.saturating_mul(3) {
             self.help_split(verifier).await?;
-            *backoff = Backoff::new(self.wait_timeout);
+            backoff.restart();
             return Ok(());
         }
         Err(Error::SplitStalled {
-            waited: start.elapsed(),
+            waited: backoff.waited(),
         })
     }
 
@@ -713,7 +733,6 @@ impl RaceIndex {
         key: &[u8],
     ) -> Result<Option<Slot>> {
         let kh = self.hash(key);
-        let start = Instant::now();
         let mut backoff = Backoff::new(self.wait_timeout);
         loop {
             let view = self.read_view_async(tags::SEARCH, &kh).await?;
@@ -727,25 +746,25 @@ impl RaceIndex {
                 Ok(None) if !view.splitting => return Ok(None),
                 Ok(None) => {}
                 Err(Error::StaleCandidate) => {
-                    self.stale(&mut backoff, start).await?;
+                    self.stale(&mut backoff).await?;
                     continue;
                 }
                 Err(e) => return Err(e),
             }
             // A split may have moved the key between our slot reads and header reads.
-            self.wait_split(verifier, &mut backoff, start).await?;
+            self.wait_split(verifier, &mut backoff).await?;
         }
     }
 
     /// A verifier saw a candidate move on: pause, then the caller reads the buckets again.
-    pub(crate) async fn stale(&self, backoff: &mut Backoff, start: Instant) -> Result<()> {
+    pub(crate) async fn stale(&self, backoff: &mut Backoff) -> Result<()> {
         metrics::counter!("dmkit_kv_index_stale_candidates_total").increment(1);
         if backoff.pause_async().await {
             Ok(())
         } else {
             Err(Error::Verifier(format!(
                 "candidate objects kept moving on for {:?}",
-                start.elapsed()
+                backoff.waited()
             )))
         }
     }
@@ -860,7 +879,6 @@ impl RaceIndex {
                     .into(),
             ));
         }
-        let start = Instant::now();
         let mut backoff = Backoff::new(self.wait_timeout);
         let mut first = hooks.first_round();
         loop {
@@ -868,7 +886,7 @@ impl RaceIndex {
                 .read_view_with_async(tags::INSERT, &kh, std::mem::take(&mut first), hooks)
                 .await?;
             if view.splitting {
-                self.wait_split(verifier, &mut backoff, start).await?;
+                self.wait_split(verifier, &mut backoff).await?;
                 continue;
             }
             let cands = view.candidates(&kh)?;
@@ -882,7 +900,7 @@ impl RaceIndex {
                 Ok(Some(i)) => return Ok(InsertOutcome::AlreadyExists { slot: slots[i] }),
                 Ok(None) => {}
                 Err(Error::StaleCandidate) => {
-                    self.stale(&mut backoff, start).await?;
+                    self.stale(&mut backoff).await?;
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -893,7 +911,7 @@ impl RaceIndex {
             };
             if is_frozen(empty) {
                 // (A split froze the slot after our read: its header said otherwise.)
-                self.wait_split(verifier, &mut backoff, start).await?;
+                self.wait_split(verifier, &mut backoff).await?;
                 continue;
             }
             let post = self.post_reads(view.subtable, &kh);
@@ -963,7 +981,6 @@ impl RaceIndex {
             return Ok(());
         }
         // A split froze or moved it: find it again where the key lives now.
-        let start = Instant::now();
         let mut backoff = Backoff::new(self.wait_timeout);
         loop {
             let view = self.read_view_async(tag, kh).await?;
@@ -973,7 +990,7 @@ impl RaceIndex {
                 return Ok(());
             };
             if view.splitting || is_frozen(raw) {
-                self.wait_split(verifier, &mut backoff, start).await?;
+                self.wait_split(verifier, &mut backoff).await?;
                 continue;
             }
             let out = self
@@ -1066,7 +1083,6 @@ impl RaceIndex {
         new: u64,
         hooks: &dyn WriteHooks,
     ) -> Result<Option<Modified>> {
-        let start = Instant::now();
         let mut backoff = Backoff::new(self.wait_timeout);
         let mut first = hooks.first_round();
         loop {
@@ -1080,21 +1096,21 @@ impl RaceIndex {
                 .await;
             let found = match found {
                 Err(Error::StaleCandidate) => {
-                    self.stale(&mut backoff, start).await?;
+                    self.stale(&mut backoff).await?;
                     continue;
                 }
                 r => r?,
             };
             let Some(i) = found else {
                 if view.splitting {
-                    self.wait_split(verifier, &mut backoff, start).await?;
+                    self.wait_split(verifier, &mut backoff).await?;
                     continue;
                 }
                 return Ok(None);
             };
             let (pos, raw, old) = cands[i];
             if view.splitting || is_frozen(raw) {
-                self.wait_split(verifier, &mut backoff, start).await?;
+                self.wait_split(verifier, &mut backoff).await?;
                 continue;
             }
             hooks.round(pos, raw);
@@ -1115,7 +1131,7 @@ impl RaceIndex {
                 RawOutcome::Lost(now) if is_frozen(now) => {
                     // Lost to a split freezing the subtable, not to a writer: redo after it.
                     metrics::counter!("dmkit_kv_index_retries_total", "op" => tag).increment(1);
-                    self.wait_split(verifier, &mut backoff, start).await?;
+                    self.wait_split(verifier, &mut backoff).await?;
                 }
                 RawOutcome::Lost(now) if now == raw => {
                     // The round was abandoned (its winner lost the primary to a split).

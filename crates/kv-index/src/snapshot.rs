@@ -18,8 +18,6 @@
 //! instead of "repairing" a backup that a later round owns. Rules 1 and 2 need no check: the
 //! round cannot end before its winner swaps the primary.
 
-use std::time::Instant;
-
 use dmkit_verbs::{RemoteAddr, Tag};
 
 use crate::error::{Error, Result};
@@ -416,7 +414,6 @@ impl RaceIndex {
         pos: SlotPos,
         expected: u64,
     ) -> Result<u64> {
-        let start = Instant::now();
         let mut backoff = Backoff::new(self.wait_timeout);
         loop {
             let (batches, idx): (Vec<_>, Vec<_>) = (0..self.spaces.len())
@@ -459,7 +456,7 @@ impl RaceIndex {
                     }
                 }
                 return Err(Error::SnapshotStalled {
-                    waited: start.elapsed(),
+                    waited: backoff.waited(),
                     state: format!(
                         "slot {pos:?} expected {expected:#x}, primary and backups {:x?}",
                         vals
@@ -477,7 +474,6 @@ impl RaceIndex {
         mut items: Vec<(SlotPos, u64, u64)>,
         retarget: impl Fn(u64) -> u64,
     ) -> Result<()> {
-        let start = Instant::now();
         let mut backoff = Backoff::new(self.wait_timeout);
         while !items.is_empty() {
             let mut again = Vec::new();
@@ -511,7 +507,7 @@ impl RaceIndex {
             }
             if !again.is_empty() && !backoff.pause_async().await {
                 return Err(Error::SnapshotStalled {
-                    waited: start.elapsed(),
+                    waited: backoff.waited(),
                     state: format!("{} slots still moving", again.len()),
                 });
             }
