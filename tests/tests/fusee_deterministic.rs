@@ -400,8 +400,13 @@ fn fusee_histories_under_the_deterministic_scheduler_are_linearizable() {
 /// failover (found in the same sweep, gone with the two fixes); 6540 — a block mirror
 /// request reached a node just failed over and restarted on its memory, whose block table
 /// still held the block for another owner, and the operation failed with "cannot mirror
-/// block" instead of retrying in the next membership.
-const REGRESSION_SEEDS: [u64; 4] = [822, 1922, 4017, 6540];
+/// block" instead of retrying in the next membership; 1000740 — a SEARCH's object READ was
+/// held back while the key was deleted, its writer crashed and recovered, and the freed
+/// address was handed to the same key's next INSERT: the READ returned that INSERT's object
+/// before its swap, and the SEARCH answered a value that was not yet (and might never be)
+/// the key's (an object whose writer has not finished is now trusted only once its slot
+/// word is read again unchanged: `KeyVerifier::unsettled`).
+const REGRESSION_SEEDS: [u64; 5] = [822, 1922, 4017, 6540, 1000740];
 
 #[test]
 fn seeds_that_once_failed_stay_linearizable() {

@@ -153,6 +153,13 @@ impl KeyVerifier for Verifier<'_> {
             Ok(None)
         })
     }
+
+    fn unsettled(&self) -> bool {
+        self.found
+            .lock()
+            .as_ref()
+            .is_some_and(|(_, o)| !o.log.finished)
+    }
 }
 
 /// A [`Verifier`] for a conditional write: the key's object counts as found only if its
@@ -240,5 +247,9 @@ impl KeyVerifier for ValueGuard<'_, '_> {
                 _ => Ok(Some(i)),
             }
         })
+    }
+
+    fn unsettled(&self) -> bool {
+        self.inner.unsettled()
     }
 }

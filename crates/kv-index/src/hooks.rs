@@ -107,7 +107,7 @@ impl RaceIndex {
                 // its slot moved on may have been freed and reused by another key, which says
                 // nothing about this one (a reader paused between its two reads meets it).
                 match self
-                    .find_confirmed_async(crate::tags::SEARCH, verifier, key, &cands, &slots)
+                    .find_confirmed_async(crate::tags::SEARCH, verifier, key, &cands, &slots, true)
                     .await
                 {
                     Ok(Some(i)) => return Ok(Some((slots[i], cands[i].0))),

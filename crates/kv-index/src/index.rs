@@ -739,7 +739,7 @@ impl RaceIndex {
             let cands = view.candidates(&kh)?;
             let slots: Vec<Slot> = cands.iter().map(|c| c.2).collect();
             let found = self
-                .find_confirmed_async(tags::SEARCH, verifier, key, &cands, &slots)
+                .find_confirmed_async(tags::SEARCH, verifier, key, &cands, &slots, true)
                 .await;
             match found {
                 Ok(Some(i)) => return Ok(Some(slots[i])),
@@ -788,7 +788,9 @@ impl RaceIndex {
     }
 
     /// The verifier's pick among `slots` (the slots of `cands`), where "absent" also needs
-    /// [`Self::confirm_absent_async`].
+    /// [`Self::confirm_absent_async`]. A `read` answers with what the object holds, so an
+    /// object its writer had not finished needs its slot word confirmed too; a write needs
+    /// not (its swap expects the word, and fails if it moved).
     pub(crate) async fn find_confirmed_async<V: KeyVerifier + ?Sized>(
         &self,
         tag: Tag,
@@ -796,9 +798,16 @@ impl RaceIndex {
         key: &[u8],
         cands: &[(SlotPos, u64, Slot)],
         slots: &[Slot],
+        read: bool,
     ) -> Result<Option<usize>> {
         match self.find_async(verifier, key, slots).await? {
             None => self.confirm_absent_async(tag, cands).await.map(|()| None),
+            // An object its writer had not finished: found only if its slot still holds
+            // the word the buckets showed (see `KeyVerifier::unsettled`).
+            Some(i) if read && verifier.unsettled() => self
+                .confirm_absent_async(tag, &cands[i..=i])
+                .await
+                .map(|()| Some(i)),
             found => Ok(found),
         }
     }
@@ -947,7 +956,7 @@ impl RaceIndex {
             // (A candidate whose object moved on since: that slot held the key a moment ago;
             // yield too, and the next look decides.)
             let dup = match self
-                .find_confirmed_async(tags::INSERT, verifier, key, &other_cands, &others)
+                .find_confirmed_async(tags::INSERT, verifier, key, &other_cands, &others, false)
                 .await
             {
                 Ok(found) => found.is_some(),
@@ -1092,7 +1101,7 @@ impl RaceIndex {
             let cands = view.candidates(kh)?;
             let slots: Vec<Slot> = cands.iter().map(|c| c.2).collect();
             let found = self
-                .find_confirmed_async(tag, verifier, key, &cands, &slots)
+                .find_confirmed_async(tag, verifier, key, &cands, &slots, false)
                 .await;
             let found = match found {
                 Err(Error::StaleCandidate) => {

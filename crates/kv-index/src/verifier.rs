@@ -46,6 +46,17 @@ pub trait KeyVerifier: Send + Sync {
     ) -> BoxFuture<'a, Result<Option<usize>>> {
         Box::pin(std::future::ready(self.find(ep, key, candidates)))
     }
+
+    /// After `find` returned a candidate: whether the object it read there may not have been
+    /// published yet (its writer had not finished). Such an object can sit at an address a
+    /// slot pointed to when the buckets were read and has pointed away from since — freed
+    /// and handed to a new write of the same key, whose swap may still fail. The index then
+    /// reads the slot word again before it trusts the find: unchanged, the object is the one
+    /// the word publishes (a freed address comes back to a slot only with a new swap).
+    /// Default: no (objects are final once a slot points to them).
+    fn unsettled(&self) -> bool {
+        false
+    }
 }
 
 impl<T: KeyVerifier + ?Sized> KeyVerifier for &T {
@@ -62,5 +73,8 @@ impl<T: KeyVerifier + ?Sized> KeyVerifier for &T {
         candidates: &'a [Slot],
     ) -> BoxFuture<'a, Result<Option<usize>>> {
         (**self).find_async(ep, key, candidates)
+    }
+    fn unsettled(&self) -> bool {
+        (**self).unsettled()
     }
 }
