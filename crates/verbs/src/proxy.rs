@@ -287,18 +287,10 @@ impl<K: Hash + Eq> OutstandingWrites<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::{SimCluster, SimConfig};
-    use crate::{Access, DramBacking, MemoryNode, NodeId};
 
     #[test]
     fn writes_are_posted_in_order_and_a_bad_part_fails_the_write() {
-        let cluster = SimCluster::new(SimConfig::default());
-        let node = Arc::new(MemoryNode::new(NodeId(0)));
-        let region = node
-            .register(Arc::new(DramBacking::new(1 << 16)), Access::ALL, None)
-            .unwrap();
-        cluster.add_node(node);
-        let ep = cluster.endpoint(1).unwrap();
+        let (_cluster, ep, region) = crate::sim::one_node();
         let proxy = WriteProxy::start(ep.clone(), "t").unwrap();
         let writes: Vec<_> = (0..50u8)
             .map(|i| crate::block_on(proxy.submit(vec![(region.at(0), i % 2 == 0)], &[i; 8])))

@@ -107,19 +107,11 @@ impl<K: Hash + Eq> ProxiedWriter<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::{SimCluster, SimConfig};
-    use crate::{Access, DramBacking, MemoryNode, NodeId, block_on as run};
-    use std::sync::Arc;
+    use crate::block_on as run;
 
     #[test]
     fn both_ways_keep_writes_per_key_until_confirmed_and_in_order() {
-        let cluster = SimCluster::new(SimConfig::default());
-        let node = Arc::new(MemoryNode::new(NodeId(0)));
-        let region = node
-            .register(Arc::new(DramBacking::new(1 << 16)), Access::ALL, None)
-            .unwrap();
-        cluster.add_node(node);
-        let ep = cluster.endpoint(1).unwrap();
+        let (_cluster, ep, region) = crate::sim::one_node();
         for thread in [true, false] {
             let writer = ProxiedWriter::start(&ep, "t", thread).unwrap();
             assert_eq!(writer.has_thread(), thread);

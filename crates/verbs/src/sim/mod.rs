@@ -24,6 +24,24 @@ mod latency;
 pub mod sched;
 mod timer;
 
+/// Unit tests' cluster: one node (id 0) with one 64 KiB DRAM region, and client 1's endpoint.
+#[cfg(test)]
+pub(crate) fn one_node() -> (SimCluster, crate::Endpoint, crate::RegionDesc) {
+    use crate::{Access, DramBacking, MemoryNode, NodeId};
+    let cluster = SimCluster::new(SimConfig::default());
+    let node = std::sync::Arc::new(MemoryNode::new(NodeId(0)));
+    let region = node
+        .register(
+            std::sync::Arc::new(DramBacking::new(1 << 16)),
+            Access::ALL,
+            None,
+        )
+        .expect("a 64 KiB region");
+    cluster.add_node(node);
+    let ep = cluster.endpoint(1).expect("client 1's endpoint");
+    (cluster, ep, region)
+}
+
 pub use latency::LatencyModel;
 pub use sched::{
     DetConfig, DetFaults, DetScheduler, DetThread, Outcome, Trace, TraceEntry, TracedOp,
