@@ -39,7 +39,12 @@
 //! is read "in parallel with searching the hash index"). One deliberate difference: with
 //! r = 1 the paper skips the log commit (§6.1), we do not — our recovery frees the object a
 //! crashed write replaced using the old value in the commit record, so r = 1 costs 3, not 2.
-//! Rule-2/3 SNAPSHOT rounds add one or two, a directory refresh one, a split its own.
+//! Rule-2/3 SNAPSHOT rounds add one or two, a directory refresh one, a split its own. An
+//! uncached SEARCH that finds an object whose writer has not finished yet (a write in flight,
+//! or its background `finished` mark not landed) reads the slot word once more before it
+//! answers: the object may sit at an address the buckets' slot has since pointed away from,
+//! freed and handed to a new write of the same key whose swap has not happened (found by the
+//! deterministic seed 1000740). Writes need no such read: their swap expects the word.
 //!
 //! **Conditional writes** ([`Client::compare_and_set`], [`Client::delete_if`]) write only over
 //! an expected value: the verifier that picks the key's slot also compares the value of the
