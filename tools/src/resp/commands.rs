@@ -458,6 +458,18 @@ pub fn lookup(name: &[u8]) -> Option<&'static Spec> {
     BY_NAME.get(&*lower).copied()
 }
 
+/// Whether `name` (lower case) is a container of subcommands (CONFIG, CLIENT, COMMAND, …).
+pub fn is_container(name: &str) -> bool {
+    static CONTAINERS: std::sync::LazyLock<std::collections::HashSet<&'static str>> =
+        std::sync::LazyLock::new(|| {
+            COMMANDS
+                .iter()
+                .filter_map(|c| c.name.split_once('|').map(|(parent, _)| parent))
+                .collect()
+        });
+    CONTAINERS.contains(name)
+}
+
 /// The top-level commands (those COMMAND COUNT counts).
 pub fn top_level() -> impl Iterator<Item = &'static Spec> {
     COMMANDS.iter().filter(|c| !c.name.contains('|'))
@@ -856,6 +868,16 @@ mod tests {
             s
         };
         args.iter().map(one).collect::<Vec<_>>().join(" ")
+    }
+
+    #[test]
+    fn containers_are_the_commands_with_subcommands() {
+        for name in ["config", "client", "command", "object"] {
+            assert!(is_container(name), "{name}");
+        }
+        for name in ["get", "set", "config|get", "nosuchcommand"] {
+            assert!(!is_container(name), "{name}");
+        }
     }
 
     #[test]

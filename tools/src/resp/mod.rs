@@ -1470,7 +1470,8 @@ fn arity_error(name: &str, args: &[Vec<u8>]) -> Option<Reply> {
     if !commands::arity_fits(c.arity, args.len()) {
         return Some(arity(c.name));
     }
-    if let Some(sub) = args.get(1) {
+    // (Only a container has subcommands: a GET's key is not looked up as one.)
+    if let Some(sub) = args.get(1).filter(|_| commands::is_container(c.name)) {
         let full = [c.name.as_bytes(), b"|", sub].concat();
         if let Some(s) = commands::lookup(&full) {
             if !commands::arity_fits(s.arity, args.len()) {
