@@ -303,20 +303,9 @@ mod tests {
     #[test]
     fn objects_are_read_from_their_next_copy_when_a_node_fails() {
         use crate::ObjPtr;
-        use dmkit_verbs::sim::{SimCluster, SimConfig};
-        use dmkit_verbs::{Access, DramBacking, MemoryNode};
-        use std::sync::Arc;
+        use dmkit_verbs::sim::SimCluster;
 
-        let cluster = SimCluster::new(SimConfig::default());
-        let mut regions = Vec::new();
-        for n in 0..2 {
-            let node = Arc::new(MemoryNode::new(NodeId(n)));
-            regions.push(
-                node.register(Arc::new(DramBacking::new(1 << 16)), Access::ALL, None)
-                    .unwrap(),
-            );
-            cluster.add_node(node);
-        }
+        let (cluster, regions) = SimCluster::with_dram_nodes(2, 1 << 16).unwrap();
         let ep = cluster.endpoint(9).unwrap();
         let slots: Vec<Slot> = [(0, b"a"), (128, b"b")]
             .iter()

@@ -35,23 +35,12 @@ impl Endpoint {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use crate::sim::{SimCluster, SimConfig};
-    use crate::{Access, DramBacking, MemoryNode, NodeId};
+    use crate::NodeId;
+    use crate::sim::SimCluster;
 
     #[test]
     fn gathered_batches_hold_each_nodes_requests_and_run_in_one_round_trip() {
-        let cluster = SimCluster::new(SimConfig::default());
-        let mut regions = Vec::new();
-        for n in 0..3 {
-            let node = Arc::new(MemoryNode::new(NodeId(n)));
-            regions.push(
-                node.register(Arc::new(DramBacking::new(4096)), Access::ALL, None)
-                    .unwrap(),
-            );
-            cluster.add_node(node);
-        }
+        let (cluster, regions) = SimCluster::with_dram_nodes(3, 4096).unwrap();
         let ep = cluster.endpoint(9).unwrap();
         let mut batches = Vec::new();
         // Writes to nodes 2, 0, 2, 0, 2: two batches, in the order first asked for.

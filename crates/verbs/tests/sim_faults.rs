@@ -105,16 +105,7 @@ fn crash_after_n_cuts_a_batch_after_exactly_n_verbs_for_every_n() {
 
 #[test]
 fn a_crash_budget_spans_batches_and_nodes() {
-    let c = SimCluster::new(SimConfig::default());
-    let mut regions = Vec::new();
-    for id in 0..2 {
-        let node = Arc::new(MemoryNode::new(NodeId(id)));
-        regions.push(
-            node.register(Arc::new(DramBacking::new(4096)), Access::ALL, None)
-                .unwrap(),
-        );
-        c.add_node(node);
-    }
+    let (c, regions) = SimCluster::with_dram_nodes(2, 4096).unwrap();
     let ep = c.endpoint(1).unwrap();
     let observer = c.endpoint(2).unwrap();
     c.crash_client_after(1, 3);

@@ -27,19 +27,9 @@ mod timer;
 /// Unit tests' cluster: one node (id 0) with one 64 KiB DRAM region, and client 1's endpoint.
 #[cfg(test)]
 pub(crate) fn one_node() -> (SimCluster, crate::Endpoint, crate::RegionDesc) {
-    use crate::{Access, DramBacking, MemoryNode, NodeId};
-    let cluster = SimCluster::new(SimConfig::default());
-    let node = std::sync::Arc::new(MemoryNode::new(NodeId(0)));
-    let region = node
-        .register(
-            std::sync::Arc::new(DramBacking::new(1 << 16)),
-            Access::ALL,
-            None,
-        )
-        .expect("a 64 KiB region");
-    cluster.add_node(node);
+    let (cluster, mut regions) = SimCluster::with_dram_nodes(1, 1 << 16).expect("a 64 KiB region");
     let ep = cluster.endpoint(1).expect("client 1's endpoint");
-    (cluster, ep, region)
+    (cluster, ep, regions.remove(0))
 }
 
 pub use latency::LatencyModel;
@@ -215,6 +205,29 @@ impl SimCluster {
     /// The attached deterministic scheduler.
     pub fn scheduler(&self) -> Option<DetScheduler> {
         self.inner.sched.read().clone()
+    }
+
+    /// A cluster (default configuration) of `nodes` memory nodes, ids `0..nodes`, each
+    /// serving one DRAM region of `len` bytes with every access: their descriptors, in node
+    /// order. The usual start of a test or example on the simulator.
+    ///
+    /// ```
+    /// let (cluster, regions) = dmkit_verbs::sim::SimCluster::with_dram_nodes(2, 4096)?;
+    /// let ep = cluster.endpoint(1)?;
+    /// ep.write("demo", regions[1].at(0), b"hi")?;
+    /// assert_eq!(ep.read("demo", regions[1].at(0), 2)?, b"hi");
+    /// # Ok::<(), dmkit_verbs::Error>(())
+    /// ```
+    pub fn with_dram_nodes(nodes: u16, len: usize) -> Result<(SimCluster, Vec<RegionDesc>)> {
+        let cluster = SimCluster::new(SimConfig::default());
+        let mut regions = Vec::with_capacity(usize::from(nodes));
+        for n in 0..nodes {
+            let node = Arc::new(MemoryNode::new(NodeId(n)));
+            let backing = crate::DramBacking::try_new(len)?;
+            regions.push(node.register(Arc::new(backing), crate::Access::ALL, None)?);
+            cluster.add_node(node);
+        }
+        Ok((cluster, regions))
     }
 
     /// Adds a memory node (replacing one with the same id: a restarted node).
