@@ -449,13 +449,24 @@ pub const COMMANDS: &[Spec] = &[
 /// The command (or `container|sub`) named `name`, any case (a hash lookup: every command
 /// the gateway receives is looked up).
 pub fn lookup(name: &[u8]) -> Option<&'static Spec> {
-    static BY_NAME: std::sync::LazyLock<std::collections::HashMap<&'static [u8], &'static Spec>> =
-        std::sync::LazyLock::new(|| COMMANDS.iter().map(|c| (c.name.as_bytes(), c)).collect());
+    lookup_indexed(name).map(|(_, c)| c)
+}
+
+/// [`lookup`], with the command's position in [`COMMANDS`] (for tables beside it).
+pub fn lookup_indexed(name: &[u8]) -> Option<(usize, &'static Spec)> {
+    static BY_NAME: std::sync::LazyLock<std::collections::HashMap<&'static [u8], usize>> =
+        std::sync::LazyLock::new(|| {
+            COMMANDS
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (c.name.as_bytes(), i))
+                .collect()
+        });
     let mut buf = [0u8; 40];
     let lower = buf.get_mut(..name.len())?;
     lower.copy_from_slice(name);
     lower.make_ascii_lowercase();
-    BY_NAME.get(&*lower).copied()
+    BY_NAME.get(&*lower).map(|&i| (i, &COMMANDS[i]))
 }
 
 /// Whether `name` (lower case) is a container of subcommands (CONFIG, CLIENT, COMMAND, …).

@@ -19,6 +19,7 @@
 pub mod codec;
 pub mod commands;
 
+use std::borrow::Cow;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -360,6 +361,11 @@ struct Shared {
     next_conn: AtomicU64,
     /// Open connections as CLIENT LIST shows them.
     clients_info: parking_lot::Mutex<std::collections::BTreeMap<u64, ClientInfo>>,
+    /// Each command's metric handles (by its place in the command table; the last: commands
+    /// not served), registered at its first use: the metric macros with a label look the
+    /// series up in the recorder's registry every time (a label vector and a hash).
+    counters: Vec<std::sync::OnceLock<metrics::Counter>>,
+    latencies: Vec<std::sync::OnceLock<metrics::Histogram>>,
 }
 
 /// A connection as CLIENT LIST shows it.
@@ -368,7 +374,7 @@ struct ClientInfo {
     peer: String,
     name: String,
     since: Instant,
-    last_command: String,
+    last_command: Cow<'static, str>,
 }
 
 impl Shared {
@@ -397,7 +403,44 @@ impl Shared {
             conns: parking_lot::Mutex::new(std::collections::HashMap::new()),
             next_conn: AtomicU64::new(0),
             clients_info: parking_lot::Mutex::new(std::collections::BTreeMap::new()),
+            counters: (0..=commands::COMMANDS.len())
+                .map(|_| Default::default())
+                .collect(),
+            latencies: (0..=commands::COMMANDS.len())
+                .map(|_| Default::default())
+                .collect(),
         }
+    }
+
+    /// `dmkit_resp_commands_total` of the command named `name` (lower case; a name not
+    /// served counts as `other`).
+    fn counter_of(&self, name: &str) -> &metrics::Counter {
+        let (i, label) = metric_slot(name);
+        self.counters[i]
+            .get_or_init(|| metrics::counter!("dmkit_resp_commands_total", "command" => label))
+    }
+
+    /// `dmkit_resp_command_seconds` of the command named `name` (as [`Shared::counter_of`]).
+    fn latency_of(&self, name: &str) -> &metrics::Histogram {
+        let (i, label) = metric_slot(name);
+        self.latencies[i]
+            .get_or_init(|| metrics::histogram!("dmkit_resp_command_seconds", "command" => label))
+    }
+}
+
+/// The place of command `name`'s metric handles, and its label.
+fn metric_slot(name: &str) -> (usize, &'static str) {
+    match commands::lookup_indexed(name.as_bytes()) {
+        Some((i, c)) if !c.name.contains('|') => (i, c.name),
+        _ => (commands::COMMANDS.len(), "other"),
+    }
+}
+
+/// A command's lower-case name: the command table's own (no allocation) when it is served.
+fn command_name(arg: &[u8]) -> Cow<'static, str> {
+    match commands::lookup(arg) {
+        Some(c) if !c.name.contains('|') => Cow::Borrowed(c.name),
+        _ => Cow::Owned(String::from_utf8_lossy(arg).to_ascii_lowercase()),
     }
 }
 
@@ -665,20 +708,35 @@ async fn call<T: Send + 'static>(
         .unwrap_or_else(|e| Err(format!("internal error while running the command: {e}")))
 }
 
+// (An async backend takes the key and value; only a blocking one needs copies of its own,
+// made when it is known to be one: a SET's value would otherwise be copied twice.)
 async fn get(s: &Arc<Shared>, key: &[u8]) -> Result<Option<Vec<u8>>, String> {
-    let k = key.to_vec();
-    call(s, s.backend.get_async(k.clone()), move |b| b.get(&k)).await
+    let fut = s.backend.get_async(key.to_vec());
+    let k = if fut.is_none() {
+        key.to_vec()
+    } else {
+        Vec::new()
+    };
+    call(s, fut, move |b| b.get(&k)).await
 }
 
 async fn put(s: &Arc<Shared>, key: &[u8], value: &[u8], mode: PutMode) -> Result<bool, String> {
-    let (k, v) = (key.to_vec(), value.to_vec());
-    let fut = s.backend.put_async(k.clone(), v.clone(), mode);
+    let fut = s.backend.put_async(key.to_vec(), value.to_vec(), mode);
+    let (k, v) = match fut {
+        None => (key.to_vec(), value.to_vec()),
+        Some(_) => (Vec::new(), Vec::new()),
+    };
     call(s, fut, move |b| b.put(&k, &v, mode)).await
 }
 
 async fn delete(s: &Arc<Shared>, key: &[u8]) -> Result<bool, String> {
-    let k = key.to_vec();
-    call(s, s.backend.delete_async(k.clone()), move |b| b.delete(&k)).await
+    let fut = s.backend.delete_async(key.to_vec());
+    let k = if fut.is_none() {
+        key.to_vec()
+    } else {
+        Vec::new()
+    };
+    call(s, fut, move |b| b.delete(&k)).await
 }
 
 async fn scan_step(s: &Arc<Shared>, cursor: u64) -> Result<ScanStep, String> {
@@ -719,10 +777,13 @@ async fn put_entry(
     expires_at: Option<u64>,
     mode: PutMode,
 ) -> Result<bool, String> {
-    let (k, v) = (key.to_vec(), value.to_vec());
     let fut = s
         .backend
-        .put_entry_async(k.clone(), v.clone(), expires_at, mode);
+        .put_entry_async(key.to_vec(), value.to_vec(), expires_at, mode);
+    let (k, v) = match fut {
+        None => (key.to_vec(), value.to_vec()),
+        Some(_) => (Vec::new(), Vec::new()),
+    };
     call(s, fut, move |b| b.put_entry(&k, &v, expires_at, mode)).await
 }
 
@@ -920,12 +981,10 @@ fn submit(s: &Arc<Shared>, args: Vec<Vec<u8>>) -> BoxFuture<Reply> {
     let job = Job {
         run: Box::pin(async move {
             let reply = execute_keyed(&s2, &args).await;
-            let name = String::from_utf8_lossy(args.first().map_or(&[][..], |a| a.as_slice()))
-                .to_ascii_lowercase();
             // (Only the commands on keys come here: a small, known set of labels.)
-            if let Some(label) = served(&name).map(|c| c.name) {
-                metrics::histogram!("dmkit_resp_command_seconds", "command" => label)
-                    .record(started.elapsed().as_secs_f64());
+            let name = command_name(args.first().map_or(&[][..], |a| a.as_slice()));
+            if served(&name).is_some() {
+                s2.latency_of(&name).record(started.elapsed().as_secs_f64());
             }
             reply
         }),
@@ -1012,6 +1071,7 @@ const QUEUED_CONN_COMMANDS: [&str; 10] = [
 ];
 
 async fn serve(s: Arc<Shared>, mut conn: tokio::net::TcpStream, id: u64) {
+    use std::hash::BuildHasher;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let n = s.clients.fetch_add(1, Ordering::SeqCst) + 1;
     metrics::gauge!("dmkit_resp_connected_clients").set(n as f64);
@@ -1023,7 +1083,7 @@ async fn serve(s: Arc<Shared>, mut conn: tokio::net::TcpStream, id: u64) {
             peer: peer.clone(),
             name: String::new(),
             since: Instant::now(),
-            last_command: String::new(),
+            last_command: Cow::Borrowed(""),
         },
     );
     let mut st = ConnState {
@@ -1045,7 +1105,10 @@ async fn serve(s: Arc<Shared>, mut conn: tokio::net::TcpStream, id: u64) {
     let mut out: Vec<u8> = Vec::with_capacity(4 << 10);
     let mut chunk = vec![0u8; 16 << 10];
     let mut running: Vec<Running> = Vec::new();
-    let mut busy: std::collections::HashSet<Vec<u8>> = std::collections::HashSet::new();
+    // Keys of the commands in flight, by hash: a collision only makes a command wait for
+    // the ones before it, as if they shared its key.
+    let mut busy: std::collections::HashSet<u64> = std::collections::HashSet::new();
+    let key_hash = std::collections::hash_map::RandomState::new();
     loop {
         // Start every complete command buffered; commands on keys already in flight wait
         // for those to finish (a connection sees its own writes, in order). Then send all
@@ -1059,11 +1122,13 @@ async fn serve(s: Arc<Shared>, mut conn: tokio::net::TcpStream, id: u64) {
                     if args.is_empty() {
                         continue;
                     }
-                    let name = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
+                    let name = command_name(&args[0]);
                     if let Some(c) = s.clients_info.lock().get_mut(&id) {
-                        c.last_command.clone_from(&name);
+                        if c.last_command != name {
+                            c.last_command = name.clone();
+                        }
                     }
-                    if !st.authed && !matches!(name.as_str(), "auth" | "hello" | "quit") {
+                    if !st.authed && !matches!(name.as_ref(), "auth" | "hello" | "quit") {
                         running.push(Running::Done(counted_error(Reply::Error(
                             "NOAUTH Authentication required.".into(),
                         ))));
@@ -1080,13 +1145,13 @@ async fn serve(s: Arc<Shared>, mut conn: tokio::net::TcpStream, id: u64) {
                         continue;
                     }
                     if st.multi.is_some()
-                        && (!CONN_COMMANDS.contains(&name.as_str())
-                            || QUEUED_CONN_COMMANDS.contains(&name.as_str()))
+                        && (!CONN_COMMANDS.contains(&name.as_ref())
+                            || QUEUED_CONN_COMMANDS.contains(&name.as_ref()))
                     {
                         running.push(Running::Done(queue(&s, &mut st, args)));
                         continue;
                     }
-                    if CONN_COMMANDS.contains(&name.as_str()) {
+                    if CONN_COMMANDS.contains(&name.as_ref()) {
                         // In order: after what came before, before what comes after.
                         dmkit_verbs::batched(finish(&mut running, &mut out, st.resp3)).await;
                         busy.clear();
@@ -1109,12 +1174,12 @@ async fn serve(s: Arc<Shared>, mut conn: tokio::net::TcpStream, id: u64) {
                         continue;
                     };
                     if running.len() >= MAX_PIPELINE_IN_FLIGHT
-                        || keys.iter().any(|k| busy.contains(*k))
+                        || keys.iter().any(|k| busy.contains(&key_hash.hash_one(k)))
                     {
                         dmkit_verbs::batched(finish(&mut running, &mut out, st.resp3)).await;
                         busy.clear();
                     }
-                    busy.extend(keys.iter().map(|k| k.to_vec()));
+                    busy.extend(keys.iter().map(|k| key_hash.hash_one(k)));
                     running.push(Running::Task(submit(&s, args)));
                 }
                 Ok(None) => break,
@@ -1164,10 +1229,10 @@ fn backend_err(e: String) -> Reply {
 }
 
 /// Counts a command (and its metric); its lower-case name.
-fn count(s: &Shared, args: &[Vec<u8>]) -> String {
+fn count(s: &Shared, args: &[Vec<u8>]) -> Cow<'static, str> {
     s.commands.fetch_add(1, Ordering::Relaxed);
-    let name = String::from_utf8_lossy(&args[0]).to_ascii_lowercase();
-    metrics::counter!("dmkit_resp_commands_total", "command" => command_label(&name)).increment(1);
+    let name = command_name(&args[0]);
+    s.counter_of(&name).increment(1);
     name
 }
 
@@ -1183,7 +1248,7 @@ fn counted_error(reply: Reply) -> Reply {
 fn execute_local(s: &Shared, args: &[Vec<u8>]) -> (Reply, bool) {
     let name = count(s, args);
     let argv = &args[1..];
-    let reply = match name.as_str() {
+    let reply = match name.as_ref() {
         "ping" => match argv {
             [] => Reply::Simple("PONG".into()),
             [m] => Reply::Bulk(m.clone()),
@@ -1236,7 +1301,7 @@ fn execute_local(s: &Shared, args: &[Vec<u8>]) -> (Reply, bool) {
 async fn execute_keyed(s: &Arc<Shared>, args: &[Vec<u8>]) -> Reply {
     let name = count(s, args);
     let argv = &args[1..];
-    let reply = match name.as_str() {
+    let reply = match name.as_ref() {
         "get" => match argv {
             [k] => match get(s, k).await {
                 Ok(Some(v)) => Reply::Bulk(v),
@@ -1518,7 +1583,7 @@ async fn execute_conn(s: &Arc<Shared>, st: &mut ConnState, args: &[Vec<u8>]) -> 
     let name = count(s, args);
     let argv = &args[1..];
     let upper = |a: &[u8]| a.to_ascii_uppercase();
-    let reply = match name.as_str() {
+    let reply = match name.as_ref() {
         "quit" => return (Reply::ok(), true),
         "hello" => {
             let mut resp3 = st.resp3;
@@ -2136,10 +2201,6 @@ fn glob_one(pat: &[u8], p: usize, c: u8) -> Option<usize> {
         }
         a => (a == c).then_some(p + 1),
     }
-}
-
-fn command_label(name: &str) -> &'static str {
-    served(name).map_or("other", |c| c.name)
 }
 
 /// How an expiry option gives its time.
