@@ -613,7 +613,10 @@ pub fn render(docs: &Path, measured_on: &str) -> Result<String, CliError> {
          which isolates the protocol path. `*_p16`: the same with `-P 16` (16 pipelined \
          commands per connection; the gateway runs a pipeline's commands on distinct keys \
          concurrently). `*_r1`: FUSEE with 1 index and 1 data replica. Ratios are requests/s \
-         over Redis's in the same run. The gateway's connections are tasks on the process's I/O \
+         over Redis's in the same run: each pair runs in 5 rounds, Redis and the gateway one \
+         after the other in each, and a ratio is the median of the rounds' ratios (the \
+         report's config lists the GET and SET rounds), so a change of load on this shared \
+         machine falls on both sides. The gateway's connections are tasks on the process's I/O \
          runtime — one worker thread (`--io-threads 1`, the default), as redis-server serves \
          from one; it also runs the memory nodes here — and their commands on keys run as \
          FUSEE's async operations in one dispatcher task, which lets the tasks ready with it run \

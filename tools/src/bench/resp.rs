@@ -10,7 +10,10 @@
 //! - also: the same gateway over an in-memory hash map, to separate the protocol path from
 //!   FUSEE.
 //!
-//! Ratios are requests/s of ours over Redis's, from redis-benchmark's `--csv` output.
+//! Ratios are requests/s of ours over Redis's, from redis-benchmark's `--csv` output. Each
+//! pair runs in `--rounds` rounds (default 5), Redis and ours one after the other in each, and
+//! a ratio is the median of its rounds' ratios: on a shared machine the load moves between
+//! minutes, and a round's two runs see the same load.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -41,9 +44,14 @@ pub struct RespBenchArgs {
     /// Draw latency CDFs (from redis-benchmark's percentiles) here (.svg or .png).
     #[arg(long)]
     pub plot: Option<PathBuf>,
-    /// Requests per test (default: 20000 with --quick, 100000 otherwise).
+    /// Requests per test and target, over all rounds (default: 50000 with --quick, 100000
+    /// otherwise).
     #[arg(long)]
     pub requests: Option<u64>,
+    /// Rounds each pair runs in, Redis and ours one after the other in each (their requests
+    /// split evenly); a ratio is the median of its rounds' ratios.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    pub rounds: u64,
     /// Parallel redis-benchmark connections.
     #[arg(long, default_value_t = 50)]
     pub connections: u32,
@@ -73,7 +81,7 @@ pub fn run(args: RespBenchArgs) -> Result<(), CliError> {
     }
     let requests = args
         .requests
-        .unwrap_or(if args.quick { 20_000 } else { 100_000 });
+        .unwrap_or(if args.quick { 50_000 } else { 100_000 });
     if requests == 0 {
         return Err(CliError::usage("--requests must be at least 1"));
     }
@@ -128,84 +136,115 @@ pub fn run(args: RespBenchArgs) -> Result<(), CliError> {
         ("redis", "_r1", redis.port, 1, None),
         ("gateway_fusee", "_r1", g1, 1, Some(&client_r1)),
     ];
-    for (name, variant, port, pipeline, fusee) in targets {
-        // One redis-benchmark run per test, so each gets its own backend round-trip count.
+    // Each pair (a variant's targets, one test) runs in `rounds` rounds of requests/rounds
+    // each, its targets one after the other within a round: what else the machine runs then
+    // falls on Redis and on us alike, and each ratio is the median of its rounds' ratios.
+    let per_round = (requests / args.rounds).max(1);
+    let mut runs: std::collections::HashMap<String, Vec<Run>> = Default::default();
+    let mut order = Vec::new();
+    for variant in ["", "_p16", "_r1"] {
         for test in ["set", "get"] {
-            eprintln!(
-                "dmkit bench resp: redis-benchmark -t {test} -n {requests} -P {pipeline} against {name}{variant}"
-            );
-            let rtts = || fusee.map_or(0, |c| c.endpoint().stats().total().round_trips);
-            let before = rtts();
-            // The serving side's CPU time: redis-server's process, or ours (the gateway and
-            // the memory nodes it runs in this process).
-            let cpu = || {
-                if name == "redis" {
-                    process_cpu(redis.child.id())
-                } else {
-                    process_cpu(std::process::id())
+            for round in 1..=args.rounds {
+                for (name, _, port, pipeline, fusee) in targets.iter().filter(|t| t.1 == variant) {
+                    eprintln!(
+                        "dmkit bench resp: redis-benchmark -t {test} -n {per_round} -P {pipeline} \
+                         against {name}{variant} (round {round}/{})",
+                        args.rounds
+                    );
+                    let rtts = || fusee.map_or(0, |c| c.endpoint().stats().total().round_trips);
+                    let before = rtts();
+                    // The serving side's CPU time: redis-server's process, or ours (the
+                    // gateway and the memory nodes it runs in this process).
+                    let cpu = || {
+                        if *name == "redis" {
+                            process_cpu(redis.child.id())
+                        } else {
+                            process_cpu(std::process::id())
+                        }
+                    };
+                    let cpu_before = cpu();
+                    let out = redis_benchmark(*port, test, per_round, args.connections, *pipeline)?;
+                    let cpu = cpu().zip(cpu_before).map(|(a, b)| a.saturating_sub(b));
+                    let rtts = rtts() - before;
+                    let rows = parse_benchmark_output(&out)
+                        .map_err(|e| rt(format!("redis-benchmark against {name}: {e}")))?;
+                    let upper = test.to_ascii_uppercase();
+                    let row = rows.iter().find(|r| r.test == upper).ok_or_else(|| {
+                        rt(format!(
+                            "redis-benchmark against {name} reported no {upper} line: {out}"
+                        ))
+                    })?;
+                    let key = format!("{name}_{test}{variant}");
+                    if !runs.contains_key(&key) {
+                        order.push(key.clone());
+                    }
+                    runs.entry(key).or_default().push(Run {
+                        row: row.clone(),
+                        requests: per_round,
+                        cpu,
+                        rtts: fusee.map(|_| rtts),
+                    });
                 }
-            };
-            let cpu_before = cpu();
-            let out = redis_benchmark(port, test, requests, args.connections, pipeline)?;
-            let cpu_used = cpu().zip(cpu_before).map(|(a, b)| a.saturating_sub(b));
-            let used = rtts() - before;
-            let rows = parse_benchmark_output(&out)
-                .map_err(|e| rt(format!("redis-benchmark against {name}: {e}")))?;
-            let upper = test.to_ascii_uppercase();
-            let row = rows.iter().find(|r| r.test == upper).ok_or_else(|| {
-                rt(format!(
-                    "redis-benchmark against {name} reported no {upper} line: {out}"
-                ))
-            })?;
-            let mut m = row.measurement(&format!("{name}_{test}{variant}"));
-            if let Some(used) = cpu_used {
-                m.extra.insert(
-                    "server_cpu_us_per_op".into(),
-                    Value::from(
-                        (used.as_secs_f64() * 1e6 / requests as f64 * 100.0).round() / 100.0,
-                    ),
-                );
             }
-            if fusee.is_some() {
-                // FUSEE's round trips to the memory nodes per request (all verbs, every replica).
-                m.extra.insert(
-                    "fusee_rtts_per_op".into(),
-                    Value::from((used as f64 / requests as f64 * 1000.0).round() / 1000.0),
-                );
-            }
-            report.results.push(m);
         }
     }
     client_r1.flush().map_err(rt)?;
     client.flush().map_err(rt)?;
     drop(redis);
+    report.config("rounds", args.rounds);
+    for name in &order {
+        report.results.push(combine(name, &runs[name]));
+    }
 
-    let rps = |r: &Report, n: &str| r.result(n).map_or(f64::NAN, |m| m.ops_per_sec);
+    // Per round: ours over Redis's (requests/s, and CPU time per request).
+    let per_round_ratio = |ours: &str, base: &str, f: fn(&Run) -> f64| -> Vec<f64> {
+        let (Some(a), Some(b)) = (runs.get(ours), runs.get(base)) else {
+            return Vec::new();
+        };
+        a.iter().zip(b).map(|(a, b)| f(a) / f(b)).collect()
+    };
+    let rps = |r: &Run| r.row.rps;
+    let cpu = |r: &Run| {
+        r.cpu
+            .map_or(f64::NAN, |c| c.as_secs_f64() / r.requests as f64)
+    };
     for op in ["get", "set"] {
-        let base = rps(&report, &format!("redis_{op}"));
-        let ours = rps(&report, &format!("gateway_fusee_{op}")) / base;
+        let rounds = per_round_ratio(&format!("gateway_fusee_{op}"), &format!("redis_{op}"), rps);
+        report.config(
+            &format!("resp_gateway_{op}_rounds_vs_redis"),
+            rounds.clone(),
+        );
         let target = if op == "get" { ">= 0.7" } else { ">= 0.25" };
-        report.ratio(&format!("resp_gateway_{op}_vs_redis"), ours, Some(target));
-        let proto = rps(&report, &format!("gateway_memory_{op}")) / base;
-        report.ratio(&format!("resp_protocol_only_{op}_vs_redis"), proto, None);
+        report.ratio(
+            &format!("resp_gateway_{op}_vs_redis"),
+            super::median(rounds),
+            Some(target),
+        );
+        let proto = per_round_ratio(&format!("gateway_memory_{op}"), &format!("redis_{op}"), rps);
+        report.ratio(
+            &format!("resp_protocol_only_{op}_vs_redis"),
+            super::median(proto),
+            None,
+        );
         // CPU time per request, the serving side's (ours: gateway and memory nodes), over
         // Redis's: unlike requests/s it does not swing with what else the machine runs.
-        let cpu = |n: &str| {
-            report
-                .result(n)
-                .and_then(|m| m.extra.get("server_cpu_us_per_op"))
-                .and_then(Value::as_f64)
-                .unwrap_or(f64::NAN)
-        };
+        let c = per_round_ratio(&format!("gateway_fusee_{op}"), &format!("redis_{op}"), cpu);
         report.ratio(
             &format!("resp_gateway_{op}_cpu_per_op_vs_redis"),
-            cpu(&format!("gateway_fusee_{op}")) / cpu(&format!("redis_{op}")),
+            super::median(c),
             None,
         );
         for variant in ["p16", "r1"] {
-            let base = rps(&report, &format!("redis_{op}_{variant}"));
-            let ours = rps(&report, &format!("gateway_fusee_{op}_{variant}")) / base;
-            report.ratio(&format!("resp_gateway_{op}_{variant}_vs_redis"), ours, None);
+            let r = per_round_ratio(
+                &format!("gateway_fusee_{op}_{variant}"),
+                &format!("redis_{op}_{variant}"),
+                rps,
+            );
+            report.ratio(
+                &format!("resp_gateway_{op}_{variant}_vs_redis"),
+                super::median(r),
+                None,
+            );
         }
     }
     report
@@ -215,6 +254,53 @@ pub fn run(args: RespBenchArgs) -> Result<(), CliError> {
         plot(&report, p, &args)?;
     }
     Ok(())
+}
+
+/// One round of redis-benchmark against one target.
+struct Run {
+    row: BenchRow,
+    requests: u64,
+    /// The serving process's CPU time over the round.
+    cpu: Option<Duration>,
+    /// FUSEE's round trips to the memory nodes over the round (all verbs, every replica).
+    rtts: Option<u64>,
+}
+
+/// A target's measurement over its rounds: requests/s over their whole time, latencies the
+/// median of the rounds' own, CPU time and round trips per request over all of them.
+fn combine(name: &str, runs: &[Run]) -> Measurement {
+    let requests: u64 = runs.iter().map(|r| r.requests).sum();
+    let secs: f64 = runs.iter().map(|r| r.requests as f64 / r.row.rps).sum();
+    let median_of = |f: fn(&BenchRow) -> Option<f64>| {
+        let v: Vec<f64> = runs.iter().filter_map(|r| f(&r.row)).collect();
+        (!v.is_empty()).then(|| super::median(v))
+    };
+    let row = BenchRow {
+        test: runs
+            .first()
+            .map_or_else(String::new, |r| r.row.test.clone()),
+        rps: requests as f64 / secs,
+        avg_ms: median_of(|r| r.avg_ms),
+        min_ms: median_of(|r| r.min_ms),
+        p50_ms: median_of(|r| r.p50_ms),
+        p95_ms: median_of(|r| r.p95_ms),
+        p99_ms: median_of(|r| r.p99_ms),
+        max_ms: median_of(|r| r.max_ms),
+    };
+    let mut m = row.measurement(name);
+    if let Some(cpu) = runs.iter().map(|r| r.cpu).sum::<Option<Duration>>() {
+        m.extra.insert(
+            "server_cpu_us_per_op".into(),
+            Value::from((cpu.as_secs_f64() * 1e6 / requests as f64 * 100.0).round() / 100.0),
+        );
+    }
+    if let Some(used) = runs.iter().map(|r| r.rtts).sum::<Option<u64>>() {
+        m.extra.insert(
+            "fusee_rtts_per_op".into(),
+            Value::from((used as f64 / requests as f64 * 1000.0).round() / 1000.0),
+        );
+    }
+    m
 }
 
 /// Latency CDFs through the percentiles redis-benchmark reports (min, p50, p95, p99, max).
