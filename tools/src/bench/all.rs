@@ -452,7 +452,8 @@ pub fn render(docs: &Path, measured_on: &str) -> Result<String, CliError> {
          `fusee_ycsb_c_vs_dashmap` is FUSEE's ops/s over the dashmap's on YCSB-C (read-only) with \
          one client against one map thread — the cost of disaggregation (round trips through the \
          verbs layer, 3 replicas) against a local hash map; `fusee_ycsb_a_vs_dashmap` the same on \
-         YCSB-A; `fusee_ycsb_a_<n>_vs_1_clients` is FUSEE's own scaling. On a 2-core machine the \
+         YCSB-A; `fusee_ycsb_a_<n>_vs_1_clients` is FUSEE's own scaling (the client counts run again in 5 \
+         interleaved rounds; the median of the rounds' ratios, listed in the report's config). On a 2-core machine the \
          client threads share two cores, so scaling flattens beyond 2 clients. `--workload b|c|d` \
          runs the other YCSB mixes the same way.\n",
         &[

@@ -240,17 +240,44 @@ pub fn run(args: FuseeArgs) -> Result<(), CliError> {
             );
         }
     }
-    let tput = |r: &Report, n: usize| {
-        r.result(&format!("ycsb_{letter}_{n}_clients"))
-            .map_or(f64::NAN, |m| m.ops_per_sec)
-    };
-    for &n in &args.clients[1..] {
-        let r = tput(&report, n) / tput(&report, first);
-        report.ratio(
-            &format!("fusee_ycsb_{letter}_{n}_vs_{first}_clients"),
-            r,
-            None,
-        );
+    if args.clients.len() > 1 {
+        // The scaling ratios from the client counts run again in interleaved rounds (each
+        // count for a fifth of the time, one after the other in each round): what else this
+        // machine runs meanwhile falls on every count alike, and a ratio is the median of its
+        // rounds' ratios. (The long runs above, one count after the other, moved 1.2-1.9 for
+        // one binary on a shared 2-core machine.)
+        const ROUNDS: u64 = 5;
+        let per = Duration::from_secs_f64((seconds / ROUNDS as f64).max(0.3));
+        let sets: Vec<Vec<Client>> = args
+            .clients
+            .iter()
+            .map(|&n| {
+                let set = (0..n)
+                    .map(|i| cluster.client(next_id + i as u64))
+                    .collect::<Result<Vec<_>, _>>();
+                next_id += n as u64;
+                set
+            })
+            .collect::<Result<_, _>>()
+            .map_err(rt)?;
+        let mut tputs = vec![Vec::new(); sets.len()];
+        for round in 0..ROUNDS {
+            for (i, clients) in sets.iter().enumerate() {
+                let seed = 9100 + 100 * round + clients.len() as u64;
+                let workload = Workload::new(spec.clone(), seed).map_err(rt)?;
+                let (s, _) = ycsb(clients, workload, per, letter)?;
+                tputs[i].push(s.measurement.ops_per_sec);
+                for c in clients {
+                    c.flush().map_err(rt)?;
+                }
+            }
+        }
+        for (i, &n) in args.clients.iter().enumerate().skip(1) {
+            let rounds: Vec<f64> = tputs[i].iter().zip(&tputs[0]).map(|(a, b)| a / b).collect();
+            let name = format!("fusee_ycsb_{letter}_{n}_vs_{first}_clients");
+            report.config(&format!("{name}_rounds"), rounds.clone());
+            report.ratio(&name, super::median(rounds), None);
+        }
     }
     if args.inflight.len() > 1 {
         report.config(
