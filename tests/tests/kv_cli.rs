@@ -42,6 +42,49 @@ fn put_get_del_and_their_exit_codes() {
     assert_eq!(kv(&c, &["get", "k"]).1, "v");
 }
 
+/// The lock files of client ids in `$TMPDIR` (`dmkit-client-<uuid>-<id>.lock`) for `id`.
+fn lock_files(id: u64) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                n.starts_with("dmkit-client-") && n.ends_with(&format!("-{id}.lock"))
+            })
+        })
+        .collect()
+}
+
+/// Processes sharing one client id take turns (each waits for the one before), every one
+/// succeeds, and the id's lock file is gone once the last has exited.
+#[test]
+fn one_client_id_is_taken_in_turns_and_its_lock_file_removed() {
+    const ID: u64 = 0x10C4_F11E;
+    let c = start(1);
+    let id = ID.to_string();
+    let file = c.file.clone();
+    std::thread::scope(|s| {
+        let runs: Vec<_> = (0..4)
+            .map(|i| {
+                let (file, id) = (&file, &id);
+                s.spawn(move || {
+                    let key = format!("k{i}");
+                    let args = ["kv", "--cluster", file, "--client-id", id, "put", &key, "v"];
+                    run_dmkit(&args, Duration::from_secs(60))
+                })
+            })
+            .collect();
+        for r in runs {
+            let out = r.join().unwrap();
+            assert!(out.status.success(), "{out:?}");
+        }
+    });
+    for i in 0..4 {
+        assert_eq!(kv(&c, &["get", &format!("k{i}")]).1, "v");
+    }
+    assert_eq!(lock_files(ID), Vec::<std::path::PathBuf>::new());
+}
+
 #[test]
 fn failures_exit_two_or_more_with_one_line() {
     let c = start(1);

@@ -81,14 +81,28 @@ fn default_client_id() -> u64 {
     0xC1_0000 + u64::from(uid & 0xFFFF)
 }
 
-/// Holds this process's claim on its client id (see [`lock_id`]).
+/// Holds this process's claim on its client id (see [`lock_id`]); dropping it (after the
+/// client it guards: declare it first) lets the id go and removes its lock file.
 #[derive(Debug)]
 pub(crate) struct IdLock(());
+
+impl Drop for IdLock {
+    fn drop(&mut self) {
+        // Removed while still locked, then unlocked: a process that opened the file before
+        // and waits on it finds it gone once it has the lock, and opens the path again (see
+        // `take_id_lock`), so at most one holds the lock of the file at the path.
+        for (path, file) in LOCKS.lock().drain(..) {
+            let _ = std::fs::remove_file(&path);
+            drop(file);
+        }
+    }
+}
 
 /// How the next [`client`] locks its id: whether to wait for another process using it.
 static LOCK_WAIT: parking_lot::Mutex<Option<bool>> = parking_lot::Mutex::new(None);
 /// The id locks taken, held for the process's lifetime.
-static LOCKS: parking_lot::Mutex<Vec<std::fs::File>> = parking_lot::Mutex::new(Vec::new());
+static LOCKS: parking_lot::Mutex<Vec<(PathBuf, std::fs::File)>> =
+    parking_lot::Mutex::new(Vec::new());
 
 /// Declares that this process acts as a FUSEE client id: [`client`] then locks the id within
 /// the cluster it joins (client ids are scoped to the cluster's uuid, so two clusters on one
@@ -100,11 +114,33 @@ pub(crate) fn lock_id(_id: u64, wait: bool) -> Result<IdLock, CliError> {
 }
 
 /// The lock of client `id` in cluster `uuid`: `$TMPDIR/dmkit-client-<uuid>-<id>.lock`,
-/// holding the holder's pid.
-fn take_id_lock(uuid: u128, id: u64, wait: bool) -> Result<std::fs::File, CliError> {
+/// holding the holder's pid; removed by its holder when it lets go ([`IdLock`]).
+fn take_id_lock(uuid: u128, id: u64, wait: bool) -> Result<(PathBuf, std::fs::File), CliError> {
+    use std::os::unix::fs::MetadataExt;
+    let path = std::env::temp_dir().join(format!("dmkit-client-{uuid:032x}-{id}.lock"));
+    loop {
+        let f = lock_file(&path, uuid, id, wait)?;
+        // The holder before us may have removed the file between our open and our lock:
+        // ours is the lock only if the path still names the file we locked.
+        let same = match (f.metadata(), std::fs::metadata(&path)) {
+            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
+        };
+        if same {
+            return Ok((path, f));
+        }
+    }
+}
+
+/// Opens (creating) and locks the lock file at `path` (see [`take_id_lock`]).
+fn lock_file(
+    path: &std::path::Path,
+    uuid: u128,
+    id: u64,
+    wait: bool,
+) -> Result<std::fs::File, CliError> {
     use std::io::{Read, Seek};
     use std::os::fd::AsRawFd;
-    let path = std::env::temp_dir().join(format!("dmkit-client-{uuid:032x}-{id}.lock"));
     let mut f = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -344,8 +380,7 @@ pub fn client_with(
         }
     };
     let wait_lock = LOCK_WAIT.lock().unwrap_or(false);
-    let lock = take_id_lock(view.uuid, id, wait_lock)?;
-    LOCKS.lock().push(lock);
+    LOCKS.lock().push(take_id_lock(view.uuid, id, wait_lock)?);
     if !recover {
         cfg.join_without_silent_members = true;
         return Client::connect(ep, &nodes, cfg).map_err(|e| join(explain(&e, file)));
