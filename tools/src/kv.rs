@@ -146,7 +146,7 @@ fn lock_file(
         .truncate(false)
         .read(true)
         .write(true)
-        .open(&path)
+        .open(path)
         .map_err(|e| CliError::usage(format!("cannot open lock file {}: {e}", path.display())))?;
     // SAFETY: flock on a descriptor we own; it does not block with LOCK_NB.
     let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
