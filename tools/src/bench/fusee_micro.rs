@@ -30,7 +30,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use dmkit_fusee::tags::split_round_trips as split;
 use dmkit_fusee::{Client, ClientConfig, LocalCluster, LocalConfig};
@@ -339,18 +339,22 @@ impl OpStats {
         let s0 = snapshot(c);
         // (Time spans read the clock around every verb: only when a breakdown is asked for.)
         record::start_with(breakdown);
-        let t0 = Instant::now();
+        let sw = super::Stopwatch::new();
+        let t0 = sw.raw();
         let out = op();
-        let wall = t0.elapsed();
+        let wall = Duration::from_nanos(sw.delta_as_nanos(t0, sw.raw()));
         let rec: Recording = record::take();
         let out = out.map_err(rt)?;
         let s1 = snapshot(c);
         c.flush().map_err(rt)?;
         let s2 = snapshot(c);
         // DMKIT_MICRO_SLOW=<µs>: name the rounds of every operation slower than that.
-        let slow = std::env::var("DMKIT_MICRO_SLOW")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok());
+        static SLOW: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+        let slow = *SLOW.get_or_init(|| {
+            std::env::var("DMKIT_MICRO_SLOW")
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+        });
         if slow.is_some_and(|us| wall > Duration::from_micros(us)) {
             let tags: Vec<&str> = rec.rounds.iter().map(|r| r.tag).collect();
             eprintln!(
@@ -367,12 +371,12 @@ impl OpStats {
             *self.spans.entry(n).or_default() += *d;
         }
         // The same rounds, bare: through the verbs layer, and (rdma) straight on the QPs.
-        let t = Instant::now();
+        let t = sw.raw();
         for r in &rec.rounds {
             rep.through_verbs(r)?;
         }
-        let _ = self.verbs.record((t.elapsed().as_nanos() as u64).max(1));
-        let t = Instant::now();
+        let _ = self.verbs.record(sw.delta_as_nanos(t, sw.raw()).max(1));
+        let t = sw.raw();
         let mut any_raw = false;
         for r in &rec.rounds {
             if let Some(res) = rep.raw(r) {
@@ -381,7 +385,7 @@ impl OpStats {
             }
         }
         if any_raw {
-            let _ = self.raw.record((t.elapsed().as_nanos() as u64).max(1));
+            let _ = self.raw.record(sw.delta_as_nanos(t, sw.raw()).max(1));
         }
         Ok(out)
     }

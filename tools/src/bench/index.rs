@@ -702,7 +702,7 @@ fn dashmap_get(keys: &[Vec<u8>], slots: &[Slot], seq: &[u32]) -> Sample {
         ops += seq.len() as u64;
     }
     let secs = start.elapsed().as_secs_f64();
-    let clock = quanta::Clock::new();
+    let clock = super::Stopwatch::new();
     let mut hist = Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds");
     for &i in seq {
         let t0 = clock.raw();

@@ -240,18 +240,78 @@ pub fn check_json_path(path: Option<&std::path::Path>) -> Result<(), crate::CliE
     Ok(())
 }
 
+/// The benches' stopwatch for single operations: the CPU's time-stamp counter on x86-64, read
+/// as perftest's `get_cycles` reads it (whether or not the CPU calls it invariant), converted
+/// to nanoseconds at a rate calibrated once against the OS clock; the OS clock elsewhere.
+///
+/// Where the OS clock is slow to read it would time itself: in the SoftRoCE guest the clock
+/// source is an emulated HPET, and each reading is a system call of about 3 µs, which a
+/// clock that falls back to the OS clock (quanta's, without an invariant-TSC flag) put into
+/// every sample of ours while perftest's samples carried none.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Stopwatch;
+
+impl Stopwatch {
+    pub fn new() -> Self {
+        let _ = ticks_per_ns();
+        Stopwatch
+    }
+
+    /// A reading, in ticks (see [`Stopwatch::delta_as_nanos`]).
+    pub fn raw(&self) -> u64 {
+        ticks()
+    }
+
+    /// Nanoseconds from reading `start` to reading `end` (0 if `end` is not later).
+    pub fn delta_as_nanos(&self, start: u64, end: u64) -> u64 {
+        (end.saturating_sub(start) as f64 / ticks_per_ns()) as u64
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn ticks() -> u64 {
+    // SAFETY: RDTSC reads a counter; it has no preconditions on x86-64.
+    #[allow(unused_unsafe)]
+    unsafe {
+        core::arch::x86_64::_rdtsc()
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn ticks() -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// Ticks per nanosecond, measured once over 20 ms of the OS clock.
+fn ticks_per_ns() -> f64 {
+    static RATE: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *RATE.get_or_init(|| {
+        if cfg!(not(target_arch = "x86_64")) {
+            return 1.0;
+        }
+        let (i0, t0) = (Instant::now(), ticks());
+        std::thread::sleep(Duration::from_millis(20));
+        let (t1, ns) = (ticks(), i0.elapsed().as_nanos() as f64);
+        let rate = t1.saturating_sub(t0) as f64 / ns;
+        if rate.is_finite() && rate > 0.0 {
+            rate
+        } else {
+            1.0
+        }
+    })
+}
+
 /// Latency samples of one measurement.
 ///
-/// Single operations are timed with [`Recorder::tick`] / [`Recorder::record_since`]: quanta's
-/// clock, which reads the TSC where it is invariant (as perftest's `get_cycles`) and the OS
-/// clock otherwise. Where the OS clock is slow to read (an emulated HPET: a system call
-/// per reading), that keeps the stopwatch out of what it measures.
+/// Single operations are timed with [`Recorder::tick`] / [`Recorder::record_since`], on the
+/// [`Stopwatch`].
 pub struct Recorder {
     hist: Histogram<u64>,
     ops: u64,
     started: Instant,
     elapsed: Duration,
-    clock: quanta::Clock,
+    clock: Stopwatch,
 }
 
 impl Recorder {
@@ -261,7 +321,7 @@ impl Recorder {
             ops: 0,
             started: Instant::now(),
             elapsed: Duration::ZERO,
-            clock: quanta::Clock::new(),
+            clock: Stopwatch::new(),
         }
     }
 

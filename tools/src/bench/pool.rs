@@ -169,7 +169,7 @@ pub fn run(args: PoolArgs) -> Result<(), CliError> {
     let mut persist = Acc::new();
     let mut allocs: Vec<Acc> = SIZES.iter().map(|_| Acc::new()).collect();
     let mut mallocs: Vec<Acc> = SIZES.iter().map(|_| Acc::new()).collect();
-    let clock = quanta::Clock::new();
+    let clock = super::Stopwatch::new();
     let turn = |acc: &mut Acc, op: &mut dyn FnMut() -> Result<(), CliError>| {
         let t0 = clock.raw();
         op()?;
@@ -288,7 +288,7 @@ impl Acc {
     /// About `seconds` of allocations and frees of `size` bytes: the rate from chunks of
     /// operations timed whole (a clock read costs about as much as one), then the latencies
     /// of a few thousand timed one by one.
-    fn run_malloc(&mut self, clock: &quanta::Clock, seconds: f64, size: usize) {
+    fn run_malloc(&mut self, clock: &super::Stopwatch, seconds: f64, size: usize) {
         const CHUNK: u64 = 1024;
         let budget = (seconds * 1e9) as u64;
         let start = clock.raw();

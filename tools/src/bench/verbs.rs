@@ -485,7 +485,7 @@ fn raw_read64(
     n: u64,
 ) -> Result<super::Sample, CliError> {
     let mut rec = Recorder::new();
-    let clock = quanta::Clock::new();
+    let clock = super::Stopwatch::new();
     let now = || clock.raw();
     let rt = |e: dmkit_verbs::Error| CliError::runtime(format!("raw READs: {e}"));
     c.raw_read_latencies(r.at(0), 64, (n / 10) as usize, &now)
