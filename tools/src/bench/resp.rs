@@ -375,13 +375,29 @@ impl RedisServer {
             .and_then(|l| l.local_addr())
             .map_err(|e| rt(format!("no free loopback port: {e}")))?
             .port();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
             .args(["--protected-mode", "no", "--logfile", ""])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::null());
+        // A bench killed by a signal runs no destructor: the kernel ends redis-server with
+        // it (it is started from the thread that runs the whole bench).
+        {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: the closure runs in the child between fork and exec and only calls
+            // prctl, which is async-signal-safe.
+            unsafe {
+                cmd.pre_exec(|| {
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let child = cmd
             .spawn()
             .map_err(|e| rt(format!("cannot start redis-server: {e}")))?;
         let mut s = RedisServer { child, port };
