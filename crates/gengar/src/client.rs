@@ -482,8 +482,8 @@ impl GengarClient {
         self.writes.posted(&addr).await;
         for _ in 0..8 {
             let (e, s) = self.leased(tags::READ, addr, at, len).await?;
-            // The header word with the data, in one batch: a freed or reused slot (another
-            // generation) is never returned as the object.
+            // The header word before and after the data, in one batch: a freed or reused
+            // slot (another generation) is never returned as the object.
             let (payload, want_gen) = match e.value.location {
                 Location::Nvm => (s.nvm.at(addr.offset), addr.generation),
                 Location::Dram { offset, generation } => (s.dram.at(offset), generation),
