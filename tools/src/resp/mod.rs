@@ -708,34 +708,32 @@ async fn call<T: Send + 'static>(
         .unwrap_or_else(|e| Err(format!("internal error while running the command: {e}")))
 }
 
-// (An async backend takes the key and value; only a blocking one needs copies of its own,
-// made when it is known to be one: a SET's value would otherwise be copied twice.)
-async fn get(s: &Arc<Shared>, key: &[u8]) -> Result<Option<Vec<u8>>, String> {
-    let fut = s.backend.get_async(key.to_vec());
-    let k = if fut.is_none() {
-        key.to_vec()
+/// A copy of `bytes` for the blocking call, when the backend gave no future `fut` (empty
+/// otherwise): an async backend takes the key and value it was given, so a SET's value is
+/// copied once, not twice.
+fn for_blocking<T>(fut: &Option<T>, bytes: &[u8]) -> Vec<u8> {
+    if fut.is_none() {
+        bytes.to_vec()
     } else {
         Vec::new()
-    };
+    }
+}
+
+async fn get(s: &Arc<Shared>, key: &[u8]) -> Result<Option<Vec<u8>>, String> {
+    let fut = s.backend.get_async(key.to_vec());
+    let k = for_blocking(&fut, key);
     call(s, fut, move |b| b.get(&k)).await
 }
 
 async fn put(s: &Arc<Shared>, key: &[u8], value: &[u8], mode: PutMode) -> Result<bool, String> {
     let fut = s.backend.put_async(key.to_vec(), value.to_vec(), mode);
-    let (k, v) = match fut {
-        None => (key.to_vec(), value.to_vec()),
-        Some(_) => (Vec::new(), Vec::new()),
-    };
+    let (k, v) = (for_blocking(&fut, key), for_blocking(&fut, value));
     call(s, fut, move |b| b.put(&k, &v, mode)).await
 }
 
 async fn delete(s: &Arc<Shared>, key: &[u8]) -> Result<bool, String> {
     let fut = s.backend.delete_async(key.to_vec());
-    let k = if fut.is_none() {
-        key.to_vec()
-    } else {
-        Vec::new()
-    };
+    let k = for_blocking(&fut, key);
     call(s, fut, move |b| b.delete(&k)).await
 }
 
@@ -780,10 +778,7 @@ async fn put_entry(
     let fut = s
         .backend
         .put_entry_async(key.to_vec(), value.to_vec(), expires_at, mode);
-    let (k, v) = match fut {
-        None => (key.to_vec(), value.to_vec()),
-        Some(_) => (Vec::new(), Vec::new()),
-    };
+    let (k, v) = (for_blocking(&fut, key), for_blocking(&fut, value));
     call(s, fut, move |b| b.put_entry(&k, &v, expires_at, mode)).await
 }
 
