@@ -412,35 +412,42 @@ impl Shared {
         }
     }
 
-    /// `dmkit_resp_commands_total` of the command named `name` (lower case; a name not
-    /// served counts as `other`).
-    fn counter_of(&self, name: &str) -> &metrics::Counter {
-        let (i, label) = metric_slot(name);
+    /// `dmkit_resp_commands_total` of the command in `slot` (from [`metric_slot`]; `None`, a
+    /// command not served, counts as `other`).
+    fn counter_of(&self, slot: Option<(usize, &'static str)>) -> &metrics::Counter {
+        let (i, label) = slot.unwrap_or((commands::COMMANDS.len(), "other"));
         self.counters[i]
             .get_or_init(|| metrics::counter!("dmkit_resp_commands_total", "command" => label))
     }
 
-    /// `dmkit_resp_command_seconds` of the command named `name` (as [`Shared::counter_of`]).
-    fn latency_of(&self, name: &str) -> &metrics::Histogram {
-        let (i, label) = metric_slot(name);
-        self.latencies[i]
-            .get_or_init(|| metrics::histogram!("dmkit_resp_command_seconds", "command" => label))
+    /// `dmkit_resp_command_seconds` of the command named `name`, if it is served.
+    fn latency_of(&self, name: &[u8]) -> Option<&metrics::Histogram> {
+        let (i, label) = metric_slot(name)?;
+        Some(
+            self.latencies[i].get_or_init(
+                || metrics::histogram!("dmkit_resp_command_seconds", "command" => label),
+            ),
+        )
     }
 }
 
-/// The place of command `name`'s metric handles, and its label.
-fn metric_slot(name: &str) -> (usize, &'static str) {
-    match commands::lookup_indexed(name.as_bytes()) {
-        Some((i, c)) if !c.name.contains('|') => (i, c.name),
-        _ => (commands::COMMANDS.len(), "other"),
-    }
+/// The place of served command `name`'s metric handles in the command table, and its label.
+fn metric_slot(name: &[u8]) -> Option<(usize, &'static str)> {
+    commands::lookup_indexed(name)
+        .filter(|(_, c)| !c.name.contains('|'))
+        .map(|(i, c)| (i, c.name))
 }
 
 /// A command's lower-case name: the command table's own (no allocation) when it is served.
 fn command_name(arg: &[u8]) -> Cow<'static, str> {
-    match commands::lookup(arg) {
-        Some(c) if !c.name.contains('|') => Cow::Borrowed(c.name),
-        _ => Cow::Owned(String::from_utf8_lossy(arg).to_ascii_lowercase()),
+    name_of(arg, metric_slot(arg))
+}
+
+/// The lower-case name of command `arg` whose [`metric_slot`] is `slot`.
+fn name_of(arg: &[u8], slot: Option<(usize, &'static str)>) -> Cow<'static, str> {
+    match slot {
+        Some((_, name)) => Cow::Borrowed(name),
+        None => Cow::Owned(String::from_utf8_lossy(arg).to_ascii_lowercase()),
     }
 }
 
@@ -977,9 +984,8 @@ fn submit(s: &Arc<Shared>, args: Vec<Vec<u8>>) -> BoxFuture<Reply> {
         run: Box::pin(async move {
             let reply = execute_keyed(&s2, &args).await;
             // (Only the commands on keys come here: a small, known set of labels.)
-            let name = command_name(args.first().map_or(&[][..], |a| a.as_slice()));
-            if served(&name).is_some() {
-                s2.latency_of(&name).record(started.elapsed().as_secs_f64());
+            if let Some(h) = s2.latency_of(args.first().map_or(&[][..], |a| a.as_slice())) {
+                h.record(started.elapsed().as_secs_f64());
             }
             reply
         }),
@@ -1226,9 +1232,9 @@ fn backend_err(e: String) -> Reply {
 /// Counts a command (and its metric); its lower-case name.
 fn count(s: &Shared, args: &[Vec<u8>]) -> Cow<'static, str> {
     s.commands.fetch_add(1, Ordering::Relaxed);
-    let name = command_name(&args[0]);
-    s.counter_of(&name).increment(1);
-    name
+    let slot = metric_slot(&args[0]);
+    s.counter_of(slot).increment(1);
+    name_of(&args[0], slot)
 }
 
 fn counted_error(reply: Reply) -> Reply {
