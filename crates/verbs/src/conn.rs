@@ -32,6 +32,13 @@ pub trait Connection: Send + Sync + std::fmt::Debug {
     /// Posts a batch with one doorbell. Errors (including a dead connection) arrive through
     /// the returned completion.
     fn post(&self, batch: Batch, ctx: PostCtx) -> Pending<BatchResult>;
+    /// Posts a batch for a caller that blocks on it ([`crate::Endpoint::execute`]): a backend
+    /// that can run the work to completion on the calling thread (rdma: post, then poll the
+    /// completion queue right here) returns [`Executed::Done`]; otherwise
+    /// [`Executed::Posted`], as [`Connection::post`] — the default.
+    fn post_blocking(&self, batch: Batch, ctx: PostCtx) -> Executed {
+        Executed::Posted(self.post(batch, ctx))
+    }
     /// Sends an RPC request to the node's handler; the completion carries the reply.
     fn rpc(&self, req: &[u8], ctx: PostCtx) -> Pending<Vec<u8>>;
     /// False once the connection is known to be broken.
@@ -46,6 +53,15 @@ pub trait Connection: Send + Sync + std::fmt::Debug {
     fn in_flight(&self) -> usize {
         0
     }
+}
+
+/// What [`Connection::post_blocking`] did with a batch.
+#[derive(Debug)]
+pub enum Executed {
+    /// It ran to completion on the calling thread: its result.
+    Done(Result<BatchResult>),
+    /// It was posted: wait on it.
+    Posted(Pending<BatchResult>),
 }
 
 /// Makes connections to memory nodes given their address (backend-specific form: `host:port`

@@ -11,7 +11,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::batch::{Batch, BatchResult};
 use crate::buf::{BufAllocator, HeapAllocator, MemBuf};
-use crate::conn::{Connection, Connector, PostCtx};
+use crate::conn::{Connection, Connector, Executed, PostCtx};
 use crate::error::{Error, Result};
 use crate::pending::Pending;
 use crate::stats::{Stats, Tag};
@@ -192,22 +192,35 @@ impl Endpoint {
     /// Posts `batch`, counting its verbs and `round_trips` for `tag` (one lookup of the
     /// tag's counters per post).
     fn post_counting(&self, tag: Tag, batch: Batch, round_trips: u64) -> Pending<BatchResult> {
-        let node = batch.node();
-        let fail = |e| {
-            if round_trips > 0 {
-                self.inner.stats.round_trip(tag);
-            }
-            Pending::ready(node, Err(e))
-        };
-        if let Err(e) = batch.validate() {
-            return fail(e);
+        match self.counted_connection(tag, &batch, round_trips) {
+            Ok(conn) => crate::record::timed("verbs.post", || conn.post(batch, self.ctx())),
+            Err(e) => Pending::ready(batch.node(), Err(e)),
         }
-        let conn = match self.connection(node) {
-            Ok(c) => c,
-            Err(e) => return fail(e),
-        };
-        self.inner.stats.ops(tag, &batch.ops, round_trips);
-        crate::record::timed("verbs.post", || conn.post(batch, self.ctx()))
+    }
+
+    /// The connection to post `batch` on, its verbs and `round_trips` counted for `tag`; a
+    /// batch that cannot be posted counts its round trips and fails.
+    fn counted_connection(
+        &self,
+        tag: Tag,
+        batch: &Batch,
+        round_trips: u64,
+    ) -> Result<Arc<dyn Connection>> {
+        let conn = batch
+            .validate()
+            .and_then(|()| self.connection(batch.node()));
+        match conn {
+            Ok(conn) => {
+                self.inner.stats.ops(tag, &batch.ops, round_trips);
+                Ok(conn)
+            }
+            Err(e) => {
+                if round_trips > 0 {
+                    self.inner.stats.round_trip(tag);
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Posts a batch (one doorbell) and counts one round trip for `tag`. Wait on the result
@@ -229,8 +242,22 @@ impl Endpoint {
 
     /// Posts a batch and waits for it: one round trip.
     pub fn execute(&self, tag: Tag, batch: Batch) -> Result<BatchResult> {
-        let p = self.post(tag, batch);
-        self.wait(p)
+        // (Off a runtime's workers a backend may run it to completion right here.)
+        if crate::runtime::on_worker() {
+            let p = self.post(tag, batch);
+            return self.wait(p);
+        }
+        if crate::record::enabled() {
+            crate::record::round(tag, [&batch]);
+        }
+        let conn = self.counted_connection(tag, &batch, 1)?;
+        // Nothing may wait on verbs this thread still holds back.
+        crate::doorbell::ring_deferred();
+        let posted = crate::record::timed("verbs.post", || conn.post_blocking(batch, self.ctx()));
+        match posted {
+            Executed::Done(r) => r,
+            Executed::Posted(p) => self.wait(p),
+        }
     }
 
     /// Posts batches to several nodes at once, then waits for all: one round trip in all.

@@ -86,7 +86,10 @@
 //! ([`Batch::into_result`], filled with [`BatchResult::read_dest`] and
 //! [`BatchResult::set_old`]) either at once ([`Pending::ready`]) or later from any thread
 //! through the [`Completer`] of a [`Pending::channel`]; RPCs go to
-//! [`MemoryNode::serve_rpc`]. The example `thread_backend` (a thread per node, work over
+//! [`MemoryNode::serve_rpc`]. A backend that can finish a batch on the calling thread
+//! overrides [`Connection::post_blocking`], which blocking callers ([`Endpoint::execute`]) go
+//! through: the rdma backend posts and polls its completion queue right there, with none of a
+//! [`Pending`]'s hand-over. The example `thread_backend` (a thread per node, work over
 //! channels; `cargo run -p dmkit-verbs --example thread_backend`) is such a backend in 200
 //! lines, and passes the conformance suite (`tests/outside_backend.rs`).
 
@@ -131,7 +134,7 @@ pub mod conformance;
 pub use backoff::Backoff;
 pub use batch::{Batch, BatchResult, OpIdx, WorkRequest};
 pub use buf::{BufAllocator, ChunkOwner, HeapAllocator, MemBuf};
-pub use conn::{Connection, Connector, PostCtx};
+pub use conn::{Connection, Connector, Executed, PostCtx};
 pub use doorbell::{Batched, batched};
 pub use endpoint::{Endpoint, EndpointConfig, WriteConfirm};
 pub use error::{AccessFault, Error, Result};

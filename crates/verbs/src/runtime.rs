@@ -78,6 +78,13 @@ pub fn io_handle() -> tokio::runtime::Handle {
     io_runtime().handle().clone()
 }
 
+/// Whether this thread is a worker of a multi-threaded tokio runtime (where a blocking wait
+/// must move off the worker, see [`blocking`]).
+pub(crate) fn on_worker() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+}
+
 /// Runs `f`, which blocks, without stalling the tasks of the runtime whose worker calls it: on
 /// a worker of a multi-threaded tokio runtime the worker's other tasks move to another thread
 /// while `f` runs (`tokio::task::block_in_place`). Elsewhere it just runs `f`.

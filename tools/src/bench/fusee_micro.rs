@@ -170,6 +170,7 @@ impl WallCluster {
         Ok(Replayer {
             ep: self.endpoint()?,
             scratch: self.scratch.clone(),
+            zeros: vec![0u8; 1 << 16],
             #[cfg(feature = "rdma")]
             raw,
         })
@@ -183,6 +184,9 @@ type Place = (VerbKind, u64, u32);
 struct Replayer {
     ep: Endpoint,
     scratch: HashMap<NodeId, RegionDesc>,
+    /// What replayed WRITEs write (made once: a fresh 64 KiB per round cost the replay a
+    /// zeroing and page faults the operation did not pay).
+    zeros: Vec<u8>,
     #[cfg(feature = "rdma")]
     raw: Option<HashMap<NodeId, dmkit_verbs::rdma::RdmaConnection>>,
 }
@@ -218,7 +222,7 @@ impl Replayer {
     /// One round through the verbs layer (an `execute_many`, as the operation did).
     fn through_verbs(&self, round: &RecordedRound) -> Result<(), CliError> {
         let places = self.places(round)?;
-        let zeros = vec![0u8; 1 << 16];
+        let zeros = &self.zeros;
         let batches = round
             .batches
             .iter()
@@ -311,6 +315,57 @@ struct OpStats {
     ops: u64,
     spans: HashMap<&'static str, Duration>,
     wall_sum: Duration,
+    /// (`--breakdown`) CPU time of the calling thread, CPU time of the process's other
+    /// threads, and the calling thread's voluntary and involuntary context switches, summed
+    /// over the operations.
+    usage: Usage,
+}
+
+/// What `getrusage` says a thread (or the process) used between two readings.
+#[derive(Debug, Clone, Copy, Default)]
+struct Usage {
+    cpu: Duration,
+    others_cpu: Duration,
+    vcsw: i64,
+    ivcsw: i64,
+}
+
+impl Usage {
+    /// (thread, process) readings now.
+    fn read() -> (libc::rusage, libc::rusage) {
+        // SAFETY: `getrusage` only writes the struct it is given; an all-zero `rusage` is a
+        // valid value of that plain C struct.
+        unsafe {
+            let mut t: libc::rusage = std::mem::zeroed();
+            let mut p: libc::rusage = std::mem::zeroed();
+            libc::getrusage(libc::RUSAGE_THREAD, &mut t);
+            libc::getrusage(libc::RUSAGE_SELF, &mut p);
+            (t, p)
+        }
+    }
+
+    fn between(a: &(libc::rusage, libc::rusage), b: &(libc::rusage, libc::rusage)) -> Usage {
+        let tv = |t: libc::timeval| {
+            Duration::from_secs(t.tv_sec.max(0) as u64)
+                + Duration::from_micros(t.tv_usec.max(0) as u64)
+        };
+        let cpu = |r: &libc::rusage| tv(r.ru_utime) + tv(r.ru_stime);
+        let thread = cpu(&b.0).saturating_sub(cpu(&a.0));
+        let process = cpu(&b.1).saturating_sub(cpu(&a.1));
+        Usage {
+            cpu: thread,
+            others_cpu: process.saturating_sub(thread),
+            vcsw: b.0.ru_nvcsw - a.0.ru_nvcsw,
+            ivcsw: b.0.ru_nivcsw - a.0.ru_nivcsw,
+        }
+    }
+
+    fn add(&mut self, o: Usage) {
+        self.cpu += o.cpu;
+        self.others_cpu += o.others_cpu;
+        self.vcsw += o.vcsw;
+        self.ivcsw += o.ivcsw;
+    }
 }
 
 impl OpStats {
@@ -324,6 +379,7 @@ impl OpStats {
             ops: 0,
             spans: HashMap::new(),
             wall_sum: Duration::ZERO,
+            usage: Usage::default(),
         }
     }
 
@@ -340,9 +396,13 @@ impl OpStats {
         // (Time spans read the clock around every verb: only when a breakdown is asked for.)
         record::start_with(breakdown);
         let sw = super::Stopwatch::new();
+        let u0 = breakdown.then(Usage::read);
         let t0 = sw.raw();
         let out = op();
         let wall = Duration::from_nanos(sw.delta_as_nanos(t0, sw.raw()));
+        if let Some(u0) = u0 {
+            self.usage.add(Usage::between(&u0, &Usage::read()));
+        }
         let rec: Recording = record::take();
         let out = out.map_err(rt)?;
         let s1 = snapshot(c);
@@ -463,15 +523,21 @@ impl OpStats {
         let span = |s: &str| mean(self.spans.get(s).copied().unwrap_or_default());
         let wall = mean(self.wall_sum);
         let (post, wait) = (span("verbs.post"), span("verbs.wait"));
-        format!(
-            "  {name:<22} {wall:>8.1} {post:>8.1} {wait:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>9.1} {:>8.1}",
+        let u = &self.usage;
+        let line = format!(
+            "  {name:<22} {wall:>8.1} {post:>8.1} {wait:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>9.1} {:>8.1} {:>8.1} {:>8.1} {:>6.2} {:>6.2}",
             span("verbs.wakeup"),
             span("fusee.alloc"),
             span("fusee.encode"),
             span("index"),
             (wall - post - wait).max(0.0),
             self.floor().mean() / 1000.0,
-        )
+            mean(u.cpu),
+            mean(u.others_cpu),
+            u.vcsw as f64 / n,
+            u.ivcsw as f64 / n,
+        );
+        line
     }
 }
 
@@ -629,7 +695,7 @@ pub fn run(
     if breakdown {
         println!("breakdown, mean us per operation:");
         println!(
-            "  {:<22} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8}",
+            "  {:<22} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>8} {:>8} {:>6} {:>6}",
             "operation",
             "wall",
             "post",
@@ -639,7 +705,11 @@ pub fn run(
             "encode",
             "index",
             "not-verbs",
-            "floor"
+            "floor",
+            "cpu",
+            "others",
+            "vcsw",
+            "ivcsw"
         );
         for l in &lines {
             println!("{l}");
@@ -648,7 +718,10 @@ pub fn run(
             "  (post: building and posting verbs; wait: waiting for completions, of which wakeup is the \
              hand-over from the thread that polled them; alloc, encode: FUSEE's allocator and object \
              encoding; index: the index call, verbs included; not-verbs: wall - post - wait; \
-             floor: the replayed rounds)"
+             floor: the replayed rounds; cpu: the calling thread's CPU time (user and system) in the \
+             operation, others: the process's other threads' CPU time meanwhile (memory nodes \
+             served in-process included), vcsw, ivcsw: the calling thread's voluntary and \
+             involuntary context switches per operation)"
         );
     }
     Ok(())

@@ -16,7 +16,7 @@ use super::wire::{self, RemoteRegion, Table};
 use super::{RdmaConfig, device_pd, select_device, sys};
 use crate::batch::{Batch, BatchResult, Op};
 use crate::buf::{BufAllocator, MemBuf};
-use crate::conn::{Connection, Connector, PostCtx};
+use crate::conn::{Connection, Connector, Executed, PostCtx};
 use crate::error::{AccessFault, Error, Result};
 use crate::node::OpKind;
 use crate::pending::{Pending, Progress, Slot, TimeoutHook};
@@ -116,6 +116,15 @@ impl InFlight {
     fn persist(&self) -> &[u8] {
         self.extra.as_ref().map_or(&[], |e| &e.persist)
     }
+}
+
+/// A batch checked and turned into work requests, not yet posted.
+struct Built {
+    id: u64,
+    ops: Vec<Op>,
+    bufs: Vec<MemBuf>,
+    wrs: smallvec::SmallVec<[Wr; 8]>,
+    extra: Option<Box<Extra>>,
 }
 
 /// The persist sender thread's queue: (request id, persist body).
@@ -443,6 +452,398 @@ impl Shared {
         }
     }
 
+    /// Checks a batch against the region table and builds its work requests (allocating
+    /// the registered memory they need). `Err`: the batch's result, with nothing posted (a
+    /// refused verb, a dead connection, an empty batch).
+    fn build(self: &Arc<Self>, batch: Batch) -> std::result::Result<Built, Result<BatchResult>> {
+        let s = self;
+        let node = s.node;
+        if !s.alive.load(Ordering::SeqCst) {
+            return Err(Err(s.dead()));
+        }
+        let (_, ops, mut bufs) = batch.into_parts();
+        let mut fault = None;
+        // (Inline storage: a verb's common case allocates nothing here.)
+        let mut targets: smallvec::SmallVec<[RemoteRegion; 4]> = smallvec::SmallVec::new();
+        let mut refreshed = false;
+        loop {
+            {
+                let table = s.regions.lock();
+                for (i, op) in ops.iter().enumerate().skip(targets.len()) {
+                    match check(&table, op) {
+                        Ok(r) => targets.push(r),
+                        Err(f) => {
+                            fault = Some((i, f));
+                            break;
+                        }
+                    }
+                }
+            }
+            // An rkey we do not know, or a fence: the node's table may have changed since we
+            // learned it (a rekey, a new region, an unfence). Learn it again, once, unless
+            // this thread is the one that delivers the answer.
+            let stale = matches!(
+                fault,
+                Some((_, AccessFault::UnknownRkey | AccessFault::Fenced))
+            );
+            if !stale || refreshed || IN_POLL.with(std::cell::Cell::get) {
+                break;
+            }
+            refreshed = true;
+            if s.refresh_regions().is_err() {
+                break;
+            }
+            fault = None;
+            targets.clear();
+        }
+        let n = targets.len();
+        if n == 0 {
+            let r = match fault {
+                Some((index, fault)) => {
+                    let op = ops[index];
+                    Err(Error::RemoteAccess {
+                        node,
+                        index,
+                        rkey: op.rkey,
+                        addr: op.addr,
+                        len: op.len,
+                        fault,
+                    })
+                }
+                None => Ok(BatchResult::new(node, ops, bufs)),
+            };
+            return Err(r);
+        }
+        let id = s.next_id.fetch_add(1, Ordering::Relaxed);
+        let alloc_err = |e: Error| Err(Err(e));
+        let needs_atomics = ops[..n]
+            .iter()
+            .any(|o| matches!(o.kind, OpKind::Cas { .. } | OpKind::Faa { .. }));
+        let atomics = if needs_atomics {
+            match s.alloc.alloc(8 * n) {
+                Ok(b) => Some(b),
+                Err(e) => return alloc_err(e),
+            }
+        } else {
+            None
+        };
+        let mut wrs: smallvec::SmallVec<[Wr; 8]> = smallvec::SmallVec::with_capacity(n + 1);
+        let mut bounce_reads = Vec::new();
+        let mut keep = Vec::new();
+        let mut persist = Vec::new();
+        let registered = |b: &MemBuf| b.is_registered() && s.alloc.same_pd(&s.pd);
+        for (i, (op, r)) in ops[..n].iter().zip(&targets).enumerate() {
+            let raddr = r.va + (op.addr - r.desc.base);
+            let rkey = r.nic_rkey;
+            let wid = (id << 16) | (i as u64 & 0xffff);
+            let mut wr = Wr {
+                id: wid,
+                kind: WrKind::Send,
+                addr: 0,
+                len: op.len,
+                lkey: 0,
+                signaled: false,
+                inline: false,
+            };
+            match op.kind {
+                OpKind::Read => {
+                    wr.kind = WrKind::Read { raddr, rkey };
+                    let b = &mut bufs[op.buf.expect("reads have a buffer")];
+                    if registered(b) || op.len == 0 {
+                        wr.addr = b.as_mut_ptr() as u64;
+                        wr.lkey = b.lkey();
+                    } else {
+                        let bb = match s.alloc.alloc(op.len as usize) {
+                            Ok(x) => x,
+                            Err(e) => return alloc_err(e),
+                        };
+                        wr.addr = bb.as_ptr() as u64;
+                        wr.lkey = bb.lkey();
+                        bounce_reads.push((i, bb));
+                    }
+                }
+                OpKind::Write { durable } => {
+                    wr.kind = WrKind::Write { raddr, rkey };
+                    let b = &bufs[op.buf.expect("writes have a buffer")];
+                    if registered(b) {
+                        wr.addr = b.as_ptr() as u64;
+                        wr.lkey = b.lkey();
+                        wr.inline = op.len <= s.max_inline;
+                    } else if op.len <= s.max_inline {
+                        // Inline: the NIC copies the bytes at post time, no lkey needed.
+                        wr.addr = b.as_ptr() as u64;
+                        wr.inline = true;
+                    } else {
+                        let mut bb = match s.alloc.alloc(op.len as usize) {
+                            Ok(x) => x,
+                            Err(e) => return alloc_err(e),
+                        };
+                        bb.copy_from_slice(b);
+                        wr.addr = bb.as_ptr() as u64;
+                        wr.lkey = bb.lkey();
+                        keep.push(bb);
+                    }
+                    wrs.push(wr);
+                    if durable && op.len > 0 {
+                        // Read-after-write flush: a READ on the same QP completes only after
+                        // the WRITE before it has been placed in the node's memory.
+                        let mut fb = match s.alloc.alloc(8) {
+                            Ok(x) => x,
+                            Err(e) => return alloc_err(e),
+                        };
+                        let tail = u64::from(op.len.min(8));
+                        wrs.push(Wr {
+                            id: wid,
+                            kind: WrKind::Read {
+                                raddr: raddr + u64::from(op.len) - tail,
+                                rkey,
+                            },
+                            addr: fb.as_mut_ptr() as u64,
+                            len: tail as u32,
+                            lkey: fb.lkey(),
+                            signaled: false,
+                            inline: false,
+                        });
+                        keep.push(fb);
+                        if r.desc.media == Media::Nvm {
+                            persist.extend_from_slice(&op.rkey.0.to_le_bytes());
+                            persist.extend_from_slice(&(op.addr - r.desc.base).to_le_bytes());
+                            persist.extend_from_slice(&u64::from(op.len).to_le_bytes());
+                        }
+                    }
+                    continue;
+                }
+                OpKind::Cas { expect, new } => {
+                    wr.kind = WrKind::Cas {
+                        raddr,
+                        rkey,
+                        expect,
+                        swap: new,
+                    };
+                }
+                OpKind::Faa { add } => wr.kind = WrKind::Faa { raddr, rkey, add },
+            }
+            if matches!(op.kind, OpKind::Cas { .. } | OpKind::Faa { .. }) {
+                let a = atomics.as_ref().expect("allocated above");
+                wr.addr = a.as_ptr() as u64 + 8 * i as u64;
+                wr.lkey = a.lkey();
+                wr.len = 8;
+                if r.desc.media == Media::Nvm {
+                    // An atomic on persistent memory completes once the node persisted its
+                    // word (the same request as durable writes', after the batch's verbs).
+                    persist.extend_from_slice(&op.rkey.0.to_le_bytes());
+                    persist.extend_from_slice(&(op.addr - r.desc.base).to_le_bytes());
+                    persist.extend_from_slice(&8u64.to_le_bytes());
+                }
+            }
+            wrs.push(wr);
+        }
+        let plain = bounce_reads.is_empty()
+            && keep.is_empty()
+            && atomics.is_none()
+            && fault.is_none()
+            && persist.is_empty();
+        let extra = (!plain).then(|| {
+            Box::new(Extra {
+                bounce_reads,
+                _keep: keep,
+                atomics,
+                fault,
+                persist,
+            })
+        });
+        Ok(Built {
+            id,
+            ops,
+            bufs,
+            wrs,
+            extra,
+        })
+    }
+
+    /// Posts a built batch; its completion is delivered through the returned [`Pending`] by
+    /// whichever thread polls the completion queue.
+    fn post_built(self: &Arc<Self>, b: Built) -> Pending<BatchResult> {
+        let s = self;
+        let node = s.node;
+        let Built {
+            id,
+            ops,
+            bufs,
+            mut wrs,
+            extra,
+        } = b;
+        // Selective signalling: one signalled WR per doorbell (per chunk of at most half the
+        // send queue), the last; RC completes in order, so it implies all before it.
+        let total = wrs.len() as u32;
+        let sq_depth = s.sq_depth;
+        let chunk = (sq_depth / 2).max(1) as usize;
+        let chunks = wrs.len().div_ceil(chunk);
+        for c in wrs.chunks_mut(chunk) {
+            c.last_mut().expect("non-empty").signaled = true;
+        }
+        // The first chunk's send-queue slots before anything is in flight: failing to get them
+        // fails this batch alone.
+        let mut parts = wrs.chunks(chunk);
+        let first = parts.next().expect("a batch has work requests");
+        if !s.take_send_slots(first.len() as u32) {
+            return Pending::ready(node, Err(s.dead()));
+        }
+        let slot = Slot::new();
+        s.inflight.lock().insert(
+            id,
+            InFlight {
+                slot: slot.clone(),
+                node,
+                ops,
+                bufs,
+                signaled_left: chunks,
+                chunks,
+                chunk: chunk as u32,
+                wrs: total,
+                extra,
+            },
+        );
+        for (k, c) in std::iter::once(first).chain(parts).enumerate() {
+            // A batch larger than the send queue (a split marks and freezes thousands of
+            // slots) waits for earlier chunks to complete. Half of it is already posted, so
+            // no slots in time breaks the connection (its verbs cannot be taken back).
+            if k > 0 && !s.take_send_slots(c.len() as u32) {
+                s.kill(format!(
+                    "no send-queue slots for {} more work requests within {:?}",
+                    c.len(),
+                    s.op_timeout
+                ));
+                break;
+            }
+            // SAFETY: every local segment is a registered buffer now owned by the InFlight
+            // entry (or an inline source read during this call); the entry is removed only
+            // on the batch's last completion or a flush, and the QP is destroyed before the
+            // map is dropped, so the NIC never touches freed memory.
+            if let Err(e) = unsafe { post::post_send(s.id.qp(), c) } {
+                s.kill(format!("post failed: {e}"));
+                break;
+            }
+        }
+        Pending::waiting(node, slot, s.op_timeout, Some(s.timeout_hook()))
+            .with_progress(s.progress())
+    }
+
+    /// Posts a built batch and polls for its completion on this thread, holding the poll
+    /// lock: the path of a caller that blocks on the batch anyway. No in-flight entry, no
+    /// completion slot, no hand-over to a waiter — what a raw post-and-poll loop does, as
+    /// `ib_read_lat` does. Completions of other work found meanwhile are delivered as usual.
+    /// `Err`: posted the general way instead ([`Self::post_built`]), when another thread
+    /// polls the queue, the batch needs more than one doorbell or the node's persist request,
+    /// the send queue is short of slots, or this thread is delivering completions.
+    fn execute_built(self: &Arc<Self>, mut b: Built) -> Executed {
+        let n = b.wrs.len();
+        let one_doorbell = n <= (self.sq_depth / 2).max(1) as usize;
+        let simple = one_doorbell
+            && b.extra.as_ref().is_none_or(|x| x.persist.is_empty())
+            && !IN_POLL.with(std::cell::Cell::get);
+        let Some(mut wcs) = simple.then(|| self.poll_lock.try_lock()).flatten() else {
+            return Executed::Posted(self.post_built(b));
+        };
+        {
+            let mut free = self.sq_free.lock();
+            if *free < n as u32 {
+                drop(free);
+                drop(wcs);
+                return Executed::Posted(self.post_built(b));
+            }
+            *free -= n as u32;
+        }
+        let give_back = || {
+            *self.sq_free.lock() += n as u32;
+            self.sq_cv.notify_all();
+        };
+        b.wrs
+            .last_mut()
+            .expect("a batch has work requests")
+            .signaled = true;
+        // SAFETY: every local segment is a registered buffer owned by `b` (or an inline
+        // source read during this call); `b` lives until the signalled completion says the
+        // NIC is done with all of them (RC completes in order), and is leaked below when that
+        // completion may never come.
+        if let Err(e) = unsafe { post::post_send(self.id.qp(), &b.wrs) } {
+            self.kill(format!("post failed: {e}"));
+            std::mem::forget(b);
+            return Executed::Done(Err(e));
+        }
+        // (Counted as a waiter's polls: the poll thread keeps off completion events while
+        // waiters drive the queue — an event per verb would wake it for nothing.)
+        self.waiter_polls.fetch_add(1, Ordering::Relaxed);
+        IN_POLL.with(|f| f.set(true));
+        // The clock is read only after many empty polls (it can cost a system call).
+        let (mut empty, mut deadline, mut timed_out) = (0u32, None, false);
+        let mine = loop {
+            let got = match self.cq.poll(&mut wcs[..]) {
+                Ok(k) => k,
+                Err(e) => {
+                    self.kill(e.to_string());
+                    break None;
+                }
+            };
+            let mut mine = None;
+            for wc in &wcs[..got] {
+                if wc.wr_id >> 16 == b.id && wc.wr_id & chan::TAG_MASK == 0 {
+                    mine = Some(*wc);
+                } else {
+                    deliver(self, wc);
+                }
+            }
+            if mine.is_some() {
+                break mine;
+            }
+            if got == 0 {
+                empty = empty.wrapping_add(1);
+                if empty % 4096 == 0 {
+                    let d = *deadline.get_or_insert_with(|| Instant::now() + self.op_timeout);
+                    if Instant::now() > d {
+                        self.kill(format!(
+                            "no completion within {:?}: node unresponsive",
+                            self.op_timeout
+                        ));
+                        timed_out = true;
+                        break None;
+                    }
+                }
+                std::hint::spin_loop();
+            }
+        };
+        IN_POLL.with(|f| f.set(false));
+        drop(wcs);
+        match mine {
+            Some(wc) if wc.status == sys::IBV_WC_SUCCESS => {
+                give_back();
+                Executed::Done(completed(self.node, b.ops, b.bufs, b.extra))
+            }
+            Some(wc) => {
+                // A failed work request: the queue pair is in error, and the rest of the
+                // batch is flushed without touching memory.
+                give_back();
+                let e = self.wc_error(&wc, &b.ops);
+                if wc.status != sys::IBV_WC_WR_FLUSH_ERR {
+                    self.kill(format!("work request failed: {}", status_reason(wc.status)));
+                }
+                Executed::Done(Err(e))
+            }
+            None => {
+                // No completion (timeout, a broken queue): the NIC may still use the buffers.
+                std::mem::forget(b);
+                Executed::Done(Err(if timed_out {
+                    Error::Timeout {
+                        node: self.node,
+                        after: self.op_timeout,
+                    }
+                } else {
+                    self.dead()
+                }))
+            }
+        }
+    }
+
     fn dead(&self) -> Error {
         Error::Disconnected {
             node: self.node,
@@ -571,76 +972,46 @@ impl Shared {
         self.finish(f);
     }
 
-    fn finish(&self, mut f: InFlight) {
-        // (Only batches with atomics have old values: no allocation for the others.)
-        let mut olds = Vec::new();
-        if let Some(x) = &mut f.extra {
-            if let Some(a) = &x.atomics {
-                olds.resize(f.ops.len(), 0u64);
-                for (i, o) in olds.iter_mut().enumerate() {
-                    let at = i * 8;
-                    if matches!(f.ops[i].kind, OpKind::Cas { .. } | OpKind::Faa { .. }) {
-                        *o = u64::from_ne_bytes(a[at..at + 8].try_into().expect("8 bytes"));
-                    }
+    fn finish(&self, f: InFlight) {
+        f.slot.complete(completed(f.node, f.ops, f.bufs, f.extra));
+    }
+
+    /// The error a failed completion `wc` of a batch of `ops` reports.
+    fn wc_error(&self, wc: &sys::ibv_wc, ops: &[Op]) -> Error {
+        match wc.status {
+            sys::IBV_WC_RETRY_EXC_ERR => Error::Timeout {
+                node: self.node,
+                after: self.op_timeout,
+            },
+            sys::IBV_WC_REM_ACCESS_ERR => {
+                self.healable.store(true, Ordering::SeqCst);
+                let index = (wc.wr_id & 0xffff) as usize;
+                let op = ops.get(index).copied().unwrap_or(ops[0]);
+                Error::RemoteAccess {
+                    node: self.node,
+                    index,
+                    rkey: op.rkey,
+                    addr: op.addr,
+                    len: op.len,
+                    // Our table said the rkey was valid: the node dropped the region.
+                    fault: AccessFault::UnknownRkey,
                 }
             }
-            for (i, b) in std::mem::take(&mut x.bounce_reads) {
-                if let Some(dst) = f.ops[i].buf {
-                    f.bufs[dst].copy_from_slice(&b);
-                }
-            }
+            _ => Error::Disconnected {
+                node: self.node,
+                reason: status_reason(wc.status),
+            },
         }
-        if let Some((index, fault)) = f.fault() {
-            let op = f.ops[index];
-            f.slot.complete(Err(Error::RemoteAccess {
-                node: f.node,
-                index,
-                rkey: op.rkey,
-                addr: op.addr,
-                len: op.len,
-                fault,
-            }));
-            return;
-        }
-        let mut r = BatchResult::new(f.node, f.ops, f.bufs);
-        r.olds = olds;
-        f.slot.complete(Ok(r));
     }
 
     fn on_batch_wc(self: &Arc<Self>, wc: &sys::ibv_wc) {
         let id = wc.wr_id >> 16;
         if wc.status != sys::IBV_WC_SUCCESS {
-            let f = self.inflight.lock().remove(&id);
-            let reason = status_reason(wc.status);
-            if let Some(f) = f {
-                let err = match wc.status {
-                    sys::IBV_WC_RETRY_EXC_ERR => Error::Timeout {
-                        node: self.node,
-                        after: self.op_timeout,
-                    },
-                    sys::IBV_WC_REM_ACCESS_ERR => {
-                        self.healable.store(true, Ordering::SeqCst);
-                        let index = (wc.wr_id & 0xffff) as usize;
-                        let op = f.ops.get(index).copied().unwrap_or(f.ops[0]);
-                        Error::RemoteAccess {
-                            node: self.node,
-                            index,
-                            rkey: op.rkey,
-                            addr: op.addr,
-                            len: op.len,
-                            // Our table said the rkey was valid: the node dropped the region.
-                            fault: AccessFault::UnknownRkey,
-                        }
-                    }
-                    _ => Error::Disconnected {
-                        node: self.node,
-                        reason: reason.clone(),
-                    },
-                };
-                f.slot.complete(Err(err));
+            if let Some(f) = self.inflight.lock().remove(&id) {
+                f.slot.complete(Err(self.wc_error(wc, &f.ops)));
             }
             if wc.status != sys::IBV_WC_WR_FLUSH_ERR {
-                self.kill(format!("work request failed: {reason}"));
+                self.kill(format!("work request failed: {}", status_reason(wc.status)));
             }
             return;
         }
@@ -673,6 +1044,48 @@ impl Shared {
         // by the read-after-write; now the node persists it, then the batch completes.
         self.send_persist(f);
     }
+}
+
+/// A batch's result once its last completion arrived: atomics' old values, reads through
+/// bounce buffers copied out, or the fault found when it was checked.
+fn completed(
+    node: NodeId,
+    ops: Vec<Op>,
+    mut bufs: Vec<MemBuf>,
+    mut extra: Option<Box<Extra>>,
+) -> Result<BatchResult> {
+    // (Only batches with atomics have old values: no allocation for the others.)
+    let mut olds = Vec::new();
+    if let Some(x) = &mut extra {
+        if let Some(a) = &x.atomics {
+            olds.resize(ops.len(), 0u64);
+            for (i, o) in olds.iter_mut().enumerate() {
+                let at = i * 8;
+                if matches!(ops[i].kind, OpKind::Cas { .. } | OpKind::Faa { .. }) {
+                    *o = u64::from_ne_bytes(a[at..at + 8].try_into().expect("8 bytes"));
+                }
+            }
+        }
+        for (i, b) in std::mem::take(&mut x.bounce_reads) {
+            if let Some(dst) = ops[i].buf {
+                bufs[dst].copy_from_slice(&b);
+            }
+        }
+        if let Some((index, fault)) = x.fault {
+            let op = ops[index];
+            return Err(Error::RemoteAccess {
+                node,
+                index,
+                rkey: op.rkey,
+                addr: op.addr,
+                len: op.len,
+                fault,
+            });
+        }
+    }
+    let mut r = BatchResult::new(node, ops, bufs);
+    r.olds = olds;
+    Ok(r)
 }
 
 fn status_reason(status: u32) -> String {
@@ -834,6 +1247,8 @@ impl RdmaConnection {
         // reused: it is leaked, on that failure path only).
         let mut outstanding = false;
         'ops: for _ in 0..n {
+            // (As a waiter: the poll thread keeps off completion events meanwhile.)
+            s.waiter_polls.fetch_add(1, Ordering::Relaxed);
             let t0 = now();
             // SAFETY: `buf` is registered and owned here; each READ is waited for before
             // the next, and `buf` is leaked below if one may still be outstanding.
@@ -960,6 +1375,10 @@ impl RdmaConnection {
             }
         }
         let mut wcs = [sys::ibv_wc::default(); POLL_BATCH];
+        for s in &shared {
+            // (As a waiter: the poll thread keeps off completion events meanwhile.)
+            s.waiter_polls.fetch_add(1, Ordering::Relaxed);
+        }
         let deadline = Instant::now() + shared.first().map_or(Duration::ZERO, |s| s.op_timeout);
         let mut empty = 0u32;
         while posted.iter().any(|p| !p.done) {
@@ -1166,9 +1585,11 @@ fn poll_loop(weak: &std::sync::Weak<Shared>, cq: &Cq) {
     let mut backoff = Duration::from_millis(1);
     loop {
         let Some(s) = weak.upgrade() else { return };
-        let n = {
-            let mut wcs = s.poll_lock.lock();
-            poll_once(&s, cq, &mut wcs[..], true)
+        // (A thread holding the lock is polling: it delivers what is there. Waiting for the
+        // lock would only cost it a wake-up of this thread when it lets go.)
+        let n = match s.poll_lock.try_lock() {
+            Some(mut wcs) => poll_once(&s, cq, &mut wcs[..], true),
+            None => 0,
         };
         if !s.alive.load(Ordering::SeqCst) {
             let t = *dead_since.get_or_insert_with(Instant::now);
@@ -1246,255 +1667,18 @@ impl Connection for RdmaConnection {
 
     fn post(&self, batch: Batch, _ctx: PostCtx) -> Pending<BatchResult> {
         let s = &self.shared();
-        let node = s.node;
-        if !s.alive.load(Ordering::SeqCst) {
-            return Pending::ready(node, Err(s.dead()));
+        match s.build(batch) {
+            Ok(b) => s.post_built(b),
+            Err(r) => Pending::ready(s.node, r),
         }
-        let (_, ops, mut bufs) = batch.into_parts();
-        let mut fault = None;
-        // (Inline storage: a verb's common case allocates nothing here.)
-        let mut targets: smallvec::SmallVec<[RemoteRegion; 4]> = smallvec::SmallVec::new();
-        let mut refreshed = false;
-        loop {
-            {
-                let table = s.regions.lock();
-                for (i, op) in ops.iter().enumerate().skip(targets.len()) {
-                    match check(&table, op) {
-                        Ok(r) => targets.push(r),
-                        Err(f) => {
-                            fault = Some((i, f));
-                            break;
-                        }
-                    }
-                }
-            }
-            // An rkey we do not know, or a fence: the node's table may have changed since we
-            // learned it (a rekey, a new region, an unfence). Learn it again, once, unless
-            // this thread is the one that delivers the answer.
-            let stale = matches!(
-                fault,
-                Some((_, AccessFault::UnknownRkey | AccessFault::Fenced))
-            );
-            if !stale || refreshed || IN_POLL.with(std::cell::Cell::get) {
-                break;
-            }
-            refreshed = true;
-            if s.refresh_regions().is_err() {
-                break;
-            }
-            fault = None;
-            targets.clear();
+    }
+
+    fn post_blocking(&self, batch: Batch, _ctx: PostCtx) -> Executed {
+        let s = &self.shared();
+        match s.build(batch) {
+            Ok(b) => s.execute_built(b),
+            Err(r) => Executed::Done(r),
         }
-        let n = targets.len();
-        if n == 0 {
-            let r = match fault {
-                Some((index, fault)) => {
-                    let op = ops[index];
-                    Err(Error::RemoteAccess {
-                        node,
-                        index,
-                        rkey: op.rkey,
-                        addr: op.addr,
-                        len: op.len,
-                        fault,
-                    })
-                }
-                None => Ok(BatchResult::new(node, ops, bufs)),
-            };
-            return Pending::ready(node, r);
-        }
-        let id = s.next_id.fetch_add(1, Ordering::Relaxed);
-        let alloc_err = |e: Error| Pending::ready(node, Err(e));
-        let needs_atomics = ops[..n]
-            .iter()
-            .any(|o| matches!(o.kind, OpKind::Cas { .. } | OpKind::Faa { .. }));
-        let atomics = if needs_atomics {
-            match s.alloc.alloc(8 * n) {
-                Ok(b) => Some(b),
-                Err(e) => return alloc_err(e),
-            }
-        } else {
-            None
-        };
-        let mut wrs: smallvec::SmallVec<[Wr; 8]> = smallvec::SmallVec::with_capacity(n + 1);
-        let mut bounce_reads = Vec::new();
-        let mut keep = Vec::new();
-        let mut persist = Vec::new();
-        let registered = |b: &MemBuf| b.is_registered() && s.alloc.same_pd(&s.pd);
-        for (i, (op, r)) in ops[..n].iter().zip(&targets).enumerate() {
-            let raddr = r.va + (op.addr - r.desc.base);
-            let rkey = r.nic_rkey;
-            let wid = (id << 16) | (i as u64 & 0xffff);
-            let mut wr = Wr {
-                id: wid,
-                kind: WrKind::Send,
-                addr: 0,
-                len: op.len,
-                lkey: 0,
-                signaled: false,
-                inline: false,
-            };
-            match op.kind {
-                OpKind::Read => {
-                    wr.kind = WrKind::Read { raddr, rkey };
-                    let b = &mut bufs[op.buf.expect("reads have a buffer")];
-                    if registered(b) || op.len == 0 {
-                        wr.addr = b.as_mut_ptr() as u64;
-                        wr.lkey = b.lkey();
-                    } else {
-                        let bb = match s.alloc.alloc(op.len as usize) {
-                            Ok(x) => x,
-                            Err(e) => return alloc_err(e),
-                        };
-                        wr.addr = bb.as_ptr() as u64;
-                        wr.lkey = bb.lkey();
-                        bounce_reads.push((i, bb));
-                    }
-                }
-                OpKind::Write { durable } => {
-                    wr.kind = WrKind::Write { raddr, rkey };
-                    let b = &bufs[op.buf.expect("writes have a buffer")];
-                    if registered(b) {
-                        wr.addr = b.as_ptr() as u64;
-                        wr.lkey = b.lkey();
-                        wr.inline = op.len <= s.max_inline;
-                    } else if op.len <= s.max_inline {
-                        // Inline: the NIC copies the bytes at post time, no lkey needed.
-                        wr.addr = b.as_ptr() as u64;
-                        wr.inline = true;
-                    } else {
-                        let mut bb = match s.alloc.alloc(op.len as usize) {
-                            Ok(x) => x,
-                            Err(e) => return alloc_err(e),
-                        };
-                        bb.copy_from_slice(b);
-                        wr.addr = bb.as_ptr() as u64;
-                        wr.lkey = bb.lkey();
-                        keep.push(bb);
-                    }
-                    wrs.push(wr);
-                    if durable && op.len > 0 {
-                        // Read-after-write flush: a READ on the same QP completes only after
-                        // the WRITE before it has been placed in the node's memory.
-                        let mut fb = match s.alloc.alloc(8) {
-                            Ok(x) => x,
-                            Err(e) => return alloc_err(e),
-                        };
-                        let tail = u64::from(op.len.min(8));
-                        wrs.push(Wr {
-                            id: wid,
-                            kind: WrKind::Read {
-                                raddr: raddr + u64::from(op.len) - tail,
-                                rkey,
-                            },
-                            addr: fb.as_mut_ptr() as u64,
-                            len: tail as u32,
-                            lkey: fb.lkey(),
-                            signaled: false,
-                            inline: false,
-                        });
-                        keep.push(fb);
-                        if r.desc.media == Media::Nvm {
-                            persist.extend_from_slice(&op.rkey.0.to_le_bytes());
-                            persist.extend_from_slice(&(op.addr - r.desc.base).to_le_bytes());
-                            persist.extend_from_slice(&u64::from(op.len).to_le_bytes());
-                        }
-                    }
-                    continue;
-                }
-                OpKind::Cas { expect, new } => {
-                    wr.kind = WrKind::Cas {
-                        raddr,
-                        rkey,
-                        expect,
-                        swap: new,
-                    };
-                }
-                OpKind::Faa { add } => wr.kind = WrKind::Faa { raddr, rkey, add },
-            }
-            if matches!(op.kind, OpKind::Cas { .. } | OpKind::Faa { .. }) {
-                let a = atomics.as_ref().expect("allocated above");
-                wr.addr = a.as_ptr() as u64 + 8 * i as u64;
-                wr.lkey = a.lkey();
-                wr.len = 8;
-                if r.desc.media == Media::Nvm {
-                    // An atomic on persistent memory completes once the node persisted its
-                    // word (the same request as durable writes', after the batch's verbs).
-                    persist.extend_from_slice(&op.rkey.0.to_le_bytes());
-                    persist.extend_from_slice(&(op.addr - r.desc.base).to_le_bytes());
-                    persist.extend_from_slice(&8u64.to_le_bytes());
-                }
-            }
-            wrs.push(wr);
-        }
-        // Selective signalling: one signalled WR per doorbell (per chunk of at most half the
-        // send queue), the last; RC completes in order, so it implies all before it.
-        let total = wrs.len() as u32;
-        let sq_depth = s.sq_depth;
-        let chunk = (sq_depth / 2).max(1) as usize;
-        let chunks = wrs.len().div_ceil(chunk);
-        for c in wrs.chunks_mut(chunk) {
-            c.last_mut().expect("non-empty").signaled = true;
-        }
-        // The first chunk's send-queue slots before anything is in flight: failing to get them
-        // fails this batch alone.
-        let mut parts = wrs.chunks(chunk);
-        let first = parts.next().expect("a batch has work requests");
-        if !s.take_send_slots(first.len() as u32) {
-            return Pending::ready(node, Err(s.dead()));
-        }
-        let plain = bounce_reads.is_empty()
-            && keep.is_empty()
-            && atomics.is_none()
-            && fault.is_none()
-            && persist.is_empty();
-        let extra = (!plain).then(|| {
-            Box::new(Extra {
-                bounce_reads,
-                _keep: keep,
-                atomics,
-                fault,
-                persist,
-            })
-        });
-        let slot = Slot::new();
-        s.inflight.lock().insert(
-            id,
-            InFlight {
-                slot: slot.clone(),
-                node,
-                ops,
-                bufs,
-                signaled_left: chunks,
-                chunks,
-                chunk: chunk as u32,
-                wrs: total,
-                extra,
-            },
-        );
-        for (k, c) in std::iter::once(first).chain(parts).enumerate() {
-            // A batch larger than the send queue (a split marks and freezes thousands of
-            // slots) waits for earlier chunks to complete. Half of it is already posted, so
-            // no slots in time breaks the connection (its verbs cannot be taken back).
-            if k > 0 && !s.take_send_slots(c.len() as u32) {
-                s.kill(format!(
-                    "no send-queue slots for {} more work requests within {:?}",
-                    c.len(),
-                    s.op_timeout
-                ));
-                break;
-            }
-            // SAFETY: every local segment is a registered buffer now owned by the InFlight
-            // entry (or an inline source read during this call); the entry is removed only
-            // on the batch's last completion or a flush, and the QP is destroyed before the
-            // map is dropped, so the NIC never touches freed memory.
-            if let Err(e) = unsafe { post::post_send(s.id.qp(), c) } {
-                s.kill(format!("post failed: {e}"));
-                break;
-            }
-        }
-        Pending::waiting(node, slot, s.op_timeout, Some(s.timeout_hook()))
-            .with_progress(s.progress())
     }
 
     fn rpc(&self, req: &[u8], _ctx: PostCtx) -> Pending<Vec<u8>> {

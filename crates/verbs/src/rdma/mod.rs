@@ -6,7 +6,11 @@
 //! followed by the persist request below); a durable write is followed by a
 //! READ on the same QP (the read-after-write flush) and, on persistent regions, by a
 //! persist request the node executes before it answers. RPC runs over SEND/RECV with
-//! pre-posted receive buffers and credits.
+//! pre-posted receive buffers and credits. A blocking caller ([`crate::Endpoint::execute`] and
+//! the one-verb helpers) posts its batch and polls the completion queue itself, on its own
+//! thread, as `ib_read_lat` does — unless another thread is polling that queue, the batch
+//! needs more than one doorbell or a persist request, or the caller is a runtime worker; then
+//! the batch goes the general way, its completion delivered by whichever thread polls.
 //!
 //! The memory node registers each region's memory with the NIC and sends, at connect, its
 //! region table with the real virtual address and NIC rkey of each region; the client
