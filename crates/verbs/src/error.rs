@@ -125,6 +125,23 @@ pub enum Error {
 }
 
 impl Error {
+    /// Verb `index` of a batch sent to `node`, `op`, was refused with `fault`.
+    pub(crate) fn refused(
+        node: NodeId,
+        index: usize,
+        op: &crate::batch::Op,
+        fault: AccessFault,
+    ) -> Error {
+        Error::RemoteAccess {
+            node,
+            index,
+            rkey: op.rkey,
+            addr: op.addr,
+            len: op.len,
+            fault,
+        }
+    }
+
     /// True for errors that mean the node (or the path to it) is gone, so an upper layer should
     /// fail over rather than retry on the same node.
     pub fn is_node_failure(&self) -> bool {

@@ -332,14 +332,7 @@ impl MemoryNode {
             match self.execute(op.kind, op.rkey, op.addr, op.len, data, dst) {
                 Ok(old) => olds[i] = old,
                 Err(fault) => {
-                    return Err(crate::Error::RemoteAccess {
-                        node,
-                        index: i,
-                        rkey: op.rkey,
-                        addr: op.addr,
-                        len: op.len,
-                        fault,
-                    });
+                    return Err(crate::Error::refused(node, i, op, fault));
                 }
             }
         }

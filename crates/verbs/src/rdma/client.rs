@@ -499,17 +499,7 @@ impl Shared {
         let n = targets.len();
         if n == 0 {
             let r = match fault {
-                Some((index, fault)) => {
-                    let op = ops[index];
-                    Err(Error::RemoteAccess {
-                        node,
-                        index,
-                        rkey: op.rkey,
-                        addr: op.addr,
-                        len: op.len,
-                        fault,
-                    })
-                }
+                Some((index, fault)) => Err(Error::refused(node, index, &ops[index], fault)),
                 None => Ok(BatchResult::new(node, ops, bufs)),
             };
             return Err(r);
@@ -986,16 +976,9 @@ impl Shared {
             sys::IBV_WC_REM_ACCESS_ERR => {
                 self.healable.store(true, Ordering::SeqCst);
                 let index = (wc.wr_id & 0xffff) as usize;
-                let op = ops.get(index).copied().unwrap_or(ops[0]);
-                Error::RemoteAccess {
-                    node: self.node,
-                    index,
-                    rkey: op.rkey,
-                    addr: op.addr,
-                    len: op.len,
-                    // Our table said the rkey was valid: the node dropped the region.
-                    fault: AccessFault::UnknownRkey,
-                }
+                let op = ops.get(index).unwrap_or(&ops[0]);
+                // Our table said the rkey was valid: the node dropped the region.
+                Error::refused(self.node, index, op, AccessFault::UnknownRkey)
             }
             _ => Error::Disconnected {
                 node: self.node,
@@ -1072,15 +1055,7 @@ fn completed(
             }
         }
         if let Some((index, fault)) = x.fault {
-            let op = ops[index];
-            return Err(Error::RemoteAccess {
-                node,
-                index,
-                rkey: op.rkey,
-                addr: op.addr,
-                len: op.len,
-                fault,
-            });
+            return Err(Error::refused(node, index, &ops[index], fault));
         }
     }
     let mut r = BatchResult::new(node, ops, bufs);
@@ -1210,14 +1185,8 @@ impl RdmaConnection {
             len,
             buf: None,
         };
-        let r = check(&s.regions.lock(), &op).map_err(|fault| Error::RemoteAccess {
-            node: s.node,
-            index: 0,
-            rkey: at.rkey,
-            addr: at.addr,
-            len,
-            fault,
-        })?;
+        let r =
+            check(&s.regions.lock(), &op).map_err(|fault| Error::refused(s.node, 0, &op, fault))?;
         let mut buf = s.alloc.alloc(len as usize)?;
         let wr = Wr {
             id: RAW_WR_ID,
@@ -1480,14 +1449,7 @@ fn raw_post<'a>(
             len: v.len,
             buf: None,
         };
-        let r = check(&table, &op).map_err(|fault| Error::RemoteAccess {
-            node: s.node,
-            index: i,
-            rkey: v.at.rkey,
-            addr: v.at.addr,
-            len: v.len,
-            fault,
-        })?;
+        let r = check(&table, &op).map_err(|fault| Error::refused(s.node, i, &op, fault))?;
         let raddr = r.va + (v.at.addr - r.desc.base);
         let rkey = r.nic_rkey;
         let mut wr = Wr {

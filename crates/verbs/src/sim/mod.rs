@@ -771,14 +771,7 @@ fn run_batch(
         match r {
             Ok(old) => olds[i] = old,
             Err(fault) => {
-                return Err(Error::RemoteAccess {
-                    node,
-                    index: i,
-                    rkey: op.rkey,
-                    addr: op.addr,
-                    len: op.len,
-                    fault,
-                });
+                return Err(Error::refused(node, i, op, fault));
             }
         }
     }

@@ -571,15 +571,7 @@ fn deliver(
             })();
             match parsed {
                 Ok((_, Some((index, fault)))) => {
-                    let op = ops[index];
-                    slot.complete(Err(Error::RemoteAccess {
-                        node,
-                        index,
-                        rkey: op.rkey,
-                        addr: op.addr,
-                        len: op.len,
-                        fault,
-                    }));
+                    slot.complete(Err(Error::refused(node, index, &ops[index], fault)));
                 }
                 Ok((olds, None)) => {
                     let mut r = BatchResult::new(node, ops, bufs);
