@@ -851,6 +851,48 @@ pub fn named_regions_are_found_by_name(h: &dyn Harness) {
     assert_eq!(ep.read("t", found.at(8000), 5).unwrap(), b"named");
 }
 
+/// Blocking and awaited verbs on one connection at once (threads blocking on single verbs,
+/// a thread with many awaited ones): whoever polls the completions delivers the others' (on
+/// rdma a blocking caller polls the queue itself, and falls back to the general path while
+/// another thread does), every verb completes exactly once, and nothing stays in flight.
+pub fn blocking_and_awaited_verbs_share_a_connection(h: &dyn Harness) {
+    const BLOCKING: u64 = 300;
+    const AWAITED: u64 = 256;
+    let r = simple_node(h, 0, 4096);
+    let ep = h.endpoint().unwrap();
+    std::thread::scope(|s| {
+        for t in 0..2u64 {
+            let ep = &ep;
+            s.spawn(move || {
+                for i in 0..BLOCKING {
+                    ep.faa("b", r.at(0), 1).unwrap();
+                    let slot = 64 + ((t * BLOCKING + i) % 64) * 8;
+                    ep.write("b", r.at(slot), &i.to_le_bytes()).unwrap();
+                    assert_eq!(ep.read("b", r.at(slot), 8).unwrap().len(), 8);
+                }
+            });
+        }
+        let ep = &ep;
+        s.spawn(move || {
+            let futs: Vec<_> = (0..AWAITED)
+                .map(|_| async move { ep.faa_async("a", r.at(8), 1).await })
+                .collect();
+            let mut olds: Vec<u64> = run_all(futs).into_iter().map(|o| o.unwrap()).collect();
+            olds.sort_unstable();
+            olds.dedup();
+            assert_eq!(
+                olds.len() as u64,
+                AWAITED,
+                "two awaited FAAs saw the same value"
+            );
+        });
+    });
+    let word = |at: u64| u64::from_le_bytes(ep.read("t", r.at(at), 8).unwrap().try_into().unwrap());
+    assert_eq!(word(0), 2 * BLOCKING);
+    assert_eq!(word(8), AWAITED);
+    assert_eq!(ep.in_flight(), 0, "verbs left in flight");
+}
+
 /// Instantiates every conformance case as a `#[test]` for the harness `$make` builds.
 #[macro_export]
 macro_rules! conformance_tests {
@@ -875,6 +917,7 @@ macro_rules! conformance_tests {
             cancelled_futures_leak_nothing,
             awaited_verbs_time_out_on_a_hung_node,
             async_proxied_writes_respect_staging,
+            blocking_and_awaited_verbs_share_a_connection,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
