@@ -273,6 +273,8 @@ impl Memnode {
             .expect("spawn dmkit memnode");
         let rx = lines(&mut child);
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        // What it said before it served (or gave up), for the failure message.
+        let mut said = Vec::new();
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             match rx.recv_timeout(left) {
@@ -289,10 +291,13 @@ impl Memnode {
                         stderr: rx,
                     };
                 }
-                Ok(_) => {}
+                Ok(line) => said.push(line),
                 Err(_) => {
                     let _ = child.kill();
-                    panic!("memnode {args:?} did not start");
+                    panic!(
+                        "memnode {args:?} did not start; it said:\n{}",
+                        said.join("\n")
+                    );
                 }
             }
         }

@@ -180,15 +180,23 @@ fn prometheus_scrapes_memnode_and_gateway_metrics() {
     let prom_bin = prometheus_bin();
     eprintln!("using {}", prom_bin.display());
     let dir = tempfile::tempdir().unwrap();
-    let metrics: Vec<String> = (0..3).map(|_| free_addr()).collect();
+    // Each node's metrics port is picked just before the node starts: picked all at once, a
+    // port freed for a later node could be taken meanwhile (an earlier node's ephemeral
+    // port), and that node failed to start (seen once in CI).
+    let metrics = std::sync::Mutex::new(Vec::new());
     let master_metrics = free_addr();
     let cluster = ProcCluster::start_full(
         3,
         3,
         "32MiB",
-        |i| vec!["--metrics".to_string(), metrics[i as usize].clone()],
+        |_| {
+            let a = free_addr();
+            metrics.lock().unwrap().push(a.clone());
+            vec!["--metrics".to_string(), a]
+        },
         &["--metrics", &master_metrics],
     );
+    let metrics = metrics.into_inner().unwrap();
     let file = cluster.file.clone();
     let resp_metrics = free_addr();
     let resp = Daemon::start(
