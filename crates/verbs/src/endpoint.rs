@@ -242,13 +242,13 @@ impl Endpoint {
 
     /// Posts a batch and waits for it: one round trip.
     pub fn execute(&self, tag: Tag, batch: Batch) -> Result<BatchResult> {
-        // (Off a runtime's workers a backend may run it to completion right here.)
-        if crate::runtime::on_worker() {
-            let p = self.post(tag, batch);
-            return self.wait(p);
-        }
         if crate::record::enabled() {
             crate::record::round(tag, [&batch]);
+        }
+        // (Off a runtime's workers a backend may run it to completion right here.)
+        if crate::runtime::on_worker() {
+            let p = self.post_counting(tag, batch, 1);
+            return self.wait(p);
         }
         let conn = self.counted_connection(tag, &batch, 1)?;
         // Nothing may wait on verbs this thread still holds back.

@@ -89,11 +89,10 @@ pub(crate) fn on_worker() -> bool {
 /// a worker of a multi-threaded tokio runtime the worker's other tasks move to another thread
 /// while `f` runs (`tokio::task::block_in_place`). Elsewhere it just runs `f`.
 pub fn blocking<R>(f: impl FnOnce() -> R) -> R {
-    match tokio::runtime::Handle::try_current() {
-        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(f)
-        }
-        _ => f(),
+    if on_worker() {
+        tokio::task::block_in_place(f)
+    } else {
+        f()
     }
 }
 
