@@ -306,7 +306,15 @@ pub(crate) struct Inner {
     pub(crate) large_seq: std::sync::atomic::AtomicU64,
     /// Write attempts made (their claim tokens).
     attempts: std::sync::atomic::AtomicU64,
+    /// How often an upsert of a key with no cached address lately found the key present
+    /// (+1) or absent (−1), clamped to ±[`PUT_GUESS_CLAMP`]: above zero, such upserts try
+    /// UPDATE first (see [`Client::put_async`]).
+    put_guess: std::sync::atomic::AtomicI32,
 }
+
+/// Bound of [`Inner::put_guess`]: a workload that turns from updates to fresh keys (or
+/// back) changes the guess within this many upserts.
+const PUT_GUESS_CLAMP: i32 = 4;
 
 impl std::fmt::Debug for Inner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -538,6 +546,7 @@ impl Client {
             block_lock: tokio::sync::Mutex::new(0),
             reconnector,
             large_seq: std::sync::atomic::AtomicU64::new(0),
+            put_guess: std::sync::atomic::AtomicI32::new(0),
             attempts: std::sync::atomic::AtomicU64::new(0),
         });
         Ok((Client { inner }, jobs))
@@ -1277,6 +1286,25 @@ impl Client {
     /// Whether `key`'s address is cached (it is most likely present).
     pub(crate) fn is_cached(&self, key: &[u8]) -> bool {
         self.inner.cache.contains(&key.to_vec())
+    }
+
+    /// Whether upserts of uncached keys have lately found their keys present (so the next
+    /// one should try UPDATE first).
+    pub(crate) fn uncached_puts_find_keys(&self) -> bool {
+        self.inner
+            .put_guess
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
+    }
+
+    /// An upsert of an uncached key found it `present` (or not) in its first attempt.
+    pub(crate) fn learn_put(&self, present: bool) {
+        let step = if present { 1 } else { -1 };
+        let _ = self.inner.put_guess.fetch_update(
+            std::sync::atomic::Ordering::Relaxed,
+            std::sync::atomic::Ordering::Relaxed,
+            |g| Some((g + step).clamp(-PUT_GUESS_CLAMP, PUT_GUESS_CLAMP)),
+        );
     }
 }
 

@@ -316,25 +316,38 @@ impl Client {
     }
 
     /// [`Client::put`], awaited. A key whose address is cached is most likely present: it
-    /// is updated first (the rounds of an UPDATE). Any other key is inserted first, which
-    /// for a new key takes the rounds of an INSERT (an UPDATE first would spend a round to
-    /// find it absent); a present key answers the INSERT's first round, and is updated.
+    /// is updated first (the rounds of an UPDATE). For any other key the client guesses
+    /// from the upserts of uncached keys before it: while they mostly found their keys
+    /// present (a loaded store, YCSB's updates), UPDATE first; otherwise (a store filling
+    /// up with fresh keys) INSERT first. A wrong guess costs the first attempt's rounds
+    /// plus one to take its object back (about three at r = 3), then the other operation.
     pub async fn put_async(&self, key: &[u8], value: &[u8], expires_at: Option<u64>) -> Result<()> {
         let p = self.prepare(key, value, expires_at).await?;
-        let mut update_first = self.is_cached(key);
+        let cached = self.is_cached(key);
+        // Learn only from uncached keys' first attempts (a cached key says nothing about
+        // the others).
+        let mut learn = !cached;
+        let mut update_first = cached || self.uncached_puts_find_keys();
         loop {
             if update_first {
                 let replaced = Mutex::new(None);
-                if self.update_raw_async(key, &p.raw, false, &replaced).await?
-                    == UpdateResult::Updated
-                {
+                let updated = self.update_raw_async(key, &p.raw, false, &replaced).await?
+                    == UpdateResult::Updated;
+                if std::mem::take(&mut learn) {
+                    self.learn_put(updated);
+                }
+                if updated {
                     self.after_write(key, replaced.into_inner()).await;
                     return Ok(());
                 }
             } else {
                 update_first = true;
             }
-            if self.insert_raw_async(key, &p.raw).await? == InsertResult::Inserted {
+            let inserted = self.insert_raw_async(key, &p.raw).await? == InsertResult::Inserted;
+            if std::mem::take(&mut learn) {
+                self.learn_put(!inserted);
+            }
+            if inserted {
                 return Ok(());
             }
         }

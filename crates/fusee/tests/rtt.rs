@@ -189,3 +189,40 @@ fn round_trips_per_operation_tcp_r3() {
         "tcp",
     );
 }
+
+/// An upsert of a key whose address is not cached guesses from the ones before it: on a
+/// store filling with fresh keys it takes an INSERT's rounds, on a loaded store (another
+/// client wrote the keys) an uncached UPDATE's — after at most a couple of wrong guesses.
+fn check_uncached_upserts(cluster: LocalCluster, r: usize) {
+    const N: usize = 16;
+    let want = expected(r);
+    let key = |i: usize| format!("upsert-key-{i:04}").into_bytes();
+    let a = warm(cluster.client(1).unwrap());
+    let fresh: Vec<_> = (0..N)
+        .map(|i| count(&a, || a.upsert(&key(i), b"first").unwrap()))
+        .collect();
+    assert_eq!(median(fresh).0, want.insert.0, "fresh keys, r = {r}");
+    // Client b has never seen the keys: they are present but not cached.
+    let b = warm(cluster.client(2).unwrap());
+    let loaded: Vec<_> = (0..N)
+        .map(|i| count(&b, || b.upsert(&key(i), b"second").unwrap()).0)
+        .collect();
+    let wrong = loaded
+        .iter()
+        .filter(|&&c| c > want.update_uncached.0)
+        .count();
+    assert!(
+        wrong <= 2,
+        "r = {r}: {wrong} upserts of present keys guessed INSERT: {loaded:?}"
+    );
+    assert_eq!(loaded[N - 1], want.update_uncached.0, "r = {r}: {loaded:?}");
+    for i in 0..N {
+        assert_eq!(b.search(&key(i)).unwrap().as_deref(), Some(&b"second"[..]));
+    }
+}
+
+#[test]
+fn uncached_upserts_guess_from_the_store_sim() {
+    check_uncached_upserts(LocalCluster::start(LocalConfig::new(1, 1)).unwrap(), 1);
+    check_uncached_upserts(LocalCluster::start(LocalConfig::new(3, 3)).unwrap(), 3);
+}
