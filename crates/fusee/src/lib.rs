@@ -33,6 +33,8 @@
 //! | UPDATE / DELETE, cached | 3 | 4 | 2 | object write + bucket read + cached object read; backup CAS; commit record; primary CAS |
 //! | UPDATE / DELETE, not cached | 4 | 5 | 2 | as cached, with the candidate object read in a round of its own |
 //! | compare-and-set / delete-if | as UPDATE / DELETE | | 2 | the object the round replaces is the one whose value was compared |
+//! | upsert (`put`), cached | as UPDATE, cached | | 2 | an UPDATE |
+//! | upsert, not cached | as INSERT or UPDATE, not cached | | 2 | INSERT first while the client's recent uncached upserts found their keys absent, UPDATE first while they found them present; a wrong guess adds its rounds and one to take its object back |
 //!
 //! This is the FUSEE paper's write path (FAST 2023, extended version, Fig. 9 and §4.6: "four
 //! RTTs are required in general cases" for INSERT, UPDATE and DELETE; the cached KV address
