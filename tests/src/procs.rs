@@ -188,6 +188,16 @@ impl Daemon {
         self.child.id()
     }
 
+    /// The stderr lines it printed since its start line (or since the last call), and how
+    /// it exited if it did (for a failing test's message).
+    pub fn log(&mut self) -> String {
+        let exit = match self.child.try_wait() {
+            Ok(Some(st)) => format!(" [exited: {st}]"),
+            _ => String::new(),
+        };
+        format!("{}{exit}", tail(&self.stderr))
+    }
+
     /// Waits up to `timeout` for it to exit by itself: its exit code (`None` if it still
     /// runs, then it is left running, or was killed by a signal).
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
@@ -208,6 +218,18 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         self.kill9();
     }
+}
+
+/// The lines in `rx` now, the last 60 of them, one per line.
+pub fn tail(rx: &mpsc::Receiver<String>) -> String {
+    let lines: Vec<String> = rx.try_iter().collect();
+    let skip = lines.len().saturating_sub(60);
+    let mut out = String::new();
+    for l in &lines[skip..] {
+        out.push_str("\n    ");
+        out.push_str(l);
+    }
+    out
 }
 
 fn lines(child: &mut Child) -> mpsc::Receiver<String> {

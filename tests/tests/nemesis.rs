@@ -161,6 +161,18 @@ impl Run {
 
     /// SIGKILLs memory node `i`, waits for its failover, restarts it on its address with an
     /// empty pool and waits until the master refilled and readmitted it.
+    /// What the master and the memory nodes printed lately (for a failure's message).
+    fn daemon_logs(&mut self) -> String {
+        let mut out = format!("\nmaster:{}", self.cluster.master.log());
+        for (i, m) in self.cluster.memnodes.iter().enumerate() {
+            out.push_str(&format!(
+                "\nmemnode {i}:{}",
+                dmkit_tests::procs::tail(&m.stderr)
+            ));
+        }
+        out
+    }
+
     fn restart_memnode(&mut self, i: usize) {
         let addr = self.cluster.memnodes[i].addr.clone();
         self.cluster.memnodes[i].kill9();
@@ -338,12 +350,15 @@ fn a_nemesis_over_processes_loses_no_acknowledged_write() {
     eprintln!("nemesis: {} faults: {:#?}", run.faults.len(), run.faults);
     for (i, c) in std::mem::take(&mut run.clients).into_iter().enumerate() {
         let out = c.wait_with_output();
-        assert!(
-            out.status.success(),
-            "client {i} failed: {}; faults: {:?}",
-            String::from_utf8_lossy(&out.stderr),
-            run.faults
-        );
+        if !out.status.success() {
+            let logs = run.daemon_logs();
+            panic!(
+                "client {i} failed: {}; faults: {:?}; the daemons' last lines:{}",
+                String::from_utf8_lossy(&out.stderr),
+                run.faults,
+                logs
+            );
+        }
     }
     // Every key, read through a fresh client.
     let mut all: Vec<&Path> = vec![&load_log];

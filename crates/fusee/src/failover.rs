@@ -236,26 +236,31 @@ impl Master {
         }
         // A member that does not answer now is the failure detector's to fail over (after
         // its heartbeats are missed and its lease has run out: it may only be cut off).
-        let silent: Vec<NodeId> = m
-            .members
-            .iter()
-            .map(|(n, _)| *n)
-            .filter(|n| membership::query(&master.ep, *n).is_err())
-            .collect();
+        let (mut silent, mut fenced) = (Vec::new(), Vec::new());
+        for (n, _) in &m.members {
+            match membership::query(&master.ep, *n) {
+                Err(_) => silent.push(*n),
+                Ok(q) if q.fenced => fenced.push(*n),
+                Ok(_) => {}
+            }
+        }
         for n in &silent {
             tracing::warn!(
                 node = n.0,
                 "memory node {n} is a member but does not answer; the failure detector will fail it over unless it comes back"
             );
         }
-        if m.repairing && silent.is_empty() {
-            // A master died mid-change: redo the repair over the same members. (With a member
-            // silent, the detector's failover of it redoes the repair.)
+        if (m.repairing || !fenced.is_empty()) && silent.is_empty() {
+            // A master died mid-change, or members fenced themselves while no master was
+            // there (their clients wait for a newer epoch): redo the repair over the same
+            // members, which publishes one. (With a member silent, the detector's failover
+            // of it does.)
             master.fail_over(&[])?;
         } else {
-            // Members that missed the last record get it again (those that answer).
+            // Members that missed the last record get it again (those that answer; not
+            // those fenced: the next epoch lifts their fence).
             for n in &master.nodes {
-                if !silent.contains(n) {
+                if !silent.contains(n) && !fenced.contains(n) {
                     let r = membership::publish_as(&master.ep, *n, &m, master.token);
                     if m.is_member(*n) {
                         r?;
@@ -305,14 +310,7 @@ impl Master {
     /// [`Master::probe`], awaited: one task per node on the I/O runtime, so a node that is
     /// slow to answer (or to reconnect to) delays no other node's heartbeat.
     pub async fn probe_async(self: &Arc<Self>) -> Vec<(NodeId, bool, bool, u64)> {
-        let req = match &self.leases {
-            Some(l) => Request::Heartbeat {
-                lease_ms: l.length.as_millis().min(u128::from(u32::MAX)) as u32,
-                peers: Peers(l.peers.clone()),
-            },
-            None => Request::MembershipGet,
-        };
-        let req = Arc::new(req.to_bytes());
+        let req = Arc::new(self.heartbeat_request());
         let rt = dmkit_verbs::runtime::io_runtime();
         let asks: Vec<_> = self
             .nodes
@@ -330,6 +328,19 @@ impl Master {
             });
         }
         out
+    }
+
+    /// The heartbeat's request: the lease and the peers that may vouch (or, without leases,
+    /// a membership query).
+    fn heartbeat_request(&self) -> Vec<u8> {
+        match &self.leases {
+            Some(l) => Request::Heartbeat {
+                lease_ms: l.length.as_millis().min(u128::from(u32::MAX)) as u32,
+                peers: Peers(l.peers.clone()),
+            },
+            None => Request::MembershipGet,
+        }
+        .to_bytes()
     }
 
     /// One node's heartbeat; reconnects once (a blocking connect, moved off the runtime's
@@ -724,40 +735,68 @@ impl Master {
             cfg.heartbeat * cfg.miss_limit,
             cfg.heartbeat * 3,
         ));
-        // The heartbeat is a task on the I/O runtime (its probes one task per node), apart
-        // from this loop, so leases stay fresh during a repair.
-        let beat = {
-            let (m, detector, stop) = (self.clone(), detector.clone(), stop.clone());
-            let hb = cfg.heartbeat;
-            dmkit_verbs::runtime::io_runtime().spawn(async move {
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    let t = Instant::now();
-                    for (n, answered, _fenced, epoch) in m.probe_async().await {
-                        if answered {
+        // Members that said, in a heartbeat of the current epoch, that they fenced
+        // themselves (their lease ran out: no heartbeat and no majority vouching in time).
+        let fenced: Arc<Mutex<Vec<NodeId>>> = Arc::default();
+        // Heartbeats: a task per node on the I/O runtime, apart from this loop (leases stay
+        // fresh during a repair) and from each other (a node cut off, whose probe waits out
+        // its timeout, delays no other node's: in lockstep rounds one node partitioned for a
+        // second cost every node its lease and every member was declared dead).
+        let beats: Vec<_> = self
+            .nodes
+            .iter()
+            .map(|&n| {
+                let (m, detector, stop) = (self.clone(), detector.clone(), stop.clone());
+                let fenced = fenced.clone();
+                let hb = cfg.heartbeat;
+                dmkit_verbs::runtime::io_runtime().spawn(async move {
+                    let req = m.heartbeat_request();
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let t = Instant::now();
+                        if let Ok(q) = m.ask(n, &req).await {
+                            let epoch = q.record.as_ref().map_or(0, |r| r.epoch);
                             detector.heard(n, epoch == 0);
+                            let now = m.membership();
+                            if q.fenced && epoch == now.epoch && now.is_member(n) {
+                                let mut f = fenced.lock();
+                                if !f.contains(&n) {
+                                    f.push(n);
+                                }
+                            }
+                        }
+                        if let Some(rest) = hb.checked_sub(t.elapsed()) {
+                            dmkit_verbs::sleep(rest).await;
                         }
                     }
-                    if let Some(rest) = hb.checked_sub(t.elapsed()) {
-                        dmkit_verbs::sleep(rest).await;
-                    }
-                }
+                })
             })
-        };
+            .collect();
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
             std::thread::sleep(cfg.heartbeat);
             let m = self.membership();
             let Verdict { failed: dead, back } =
                 detector.verdict(self.nodes.iter().copied(), |n| m.is_member(*n));
+            let self_fenced: Vec<NodeId> = std::mem::take(&mut *fenced.lock());
             if !dead.is_empty() {
                 match self.fail_over(&dead) {
                     Ok(_) => dead.iter().for_each(|n| detector.forget(*n)),
                     Err(e) => tracing::error!(error = %e, ?dead, "failover failed; retrying"),
                 }
-            } else if m.repairing {
+            } else if m.repairing || !self_fenced.is_empty() {
                 // A repair left unfinished by an earlier master, while a member was silent
-                // when this one started (it answers again): redo it over the members.
+                // when this one started (it answers again); or members that fenced themselves
+                // and refuse every client of this epoch (a heartbeat does not lift a lease's
+                // fence: only a newer membership does): redo the repair over the members,
+                // which publishes the next epoch.
+                if !self_fenced.is_empty() {
+                    tracing::warn!(
+                        nodes = ?self_fenced.iter().map(|n| n.0).collect::<Vec<_>>(),
+                        epoch = m.epoch,
+                        "members fenced themselves (their lease ran out): resuming them in a new epoch"
+                    );
+                }
                 if let Err(e) = self.fail_over(&[]) {
-                    tracing::error!(error = %e, "finishing the interrupted repair failed; retrying");
+                    tracing::error!(error = %e, "repairing over the members failed; retrying");
                 }
             } else if cfg.auto_rejoin {
                 for n in back {
@@ -767,6 +806,8 @@ impl Master {
                 }
             }
         }
-        let _ = dmkit_verbs::block_on(beat);
+        for beat in beats {
+            let _ = dmkit_verbs::block_on(beat);
+        }
     }
 }

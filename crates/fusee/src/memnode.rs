@@ -423,16 +423,13 @@ impl Memnode {
                     .lease
                     .renew(std::time::Duration::from_millis(u64::from(lease_ms)))
                 {
-                    // The master is back; serve again if it still counts this node in.
-                    let member = self
-                        .membership
-                        .lock()
-                        .as_ref()
-                        .is_some_and(|m| m.is_member(self.node.id()));
-                    if member {
-                        tracing::info!("the master is back: serving again");
-                        self.node.set_fenced(false);
-                    }
+                    // The master is back. The fence stays until it publishes a newer
+                    // membership (it does when this reply says the node is fenced): clients
+                    // this node refused wait for a newer epoch, and one cut off meanwhile may
+                    // have been failed over by a record it never got.
+                    tracing::info!(
+                        "the master is back: fenced until it publishes the next membership"
+                    );
                 }
                 return self.dispatch(&Request::MembershipGet.to_bytes());
             }
@@ -648,6 +645,62 @@ mod tests {
         // Run out: taken over.
         std::thread::sleep(std::time::Duration::from_millis(60));
         assert_eq!(master_claim(&m, 1, 10_000, "a"), (true, "a".into()));
+    }
+
+    /// Whether the node says, in a membership reply, that it is fenced.
+    fn says_fenced(reply: &[u8]) -> bool {
+        let mut r = Reader::new(reply);
+        assert_eq!(r.u8().unwrap(), status::OK);
+        r.u8().unwrap() != 0
+    }
+
+    #[test]
+    fn a_lease_fence_stays_until_a_newer_membership() {
+        let pool = Pool::create_dram(
+            4 << 20,
+            dmkit_pmem_pool::PoolOptions::default().block_size(64 << 10),
+        )
+        .unwrap();
+        let m = Memnode::new(NodeId(0), pool).unwrap();
+        use dmkit_verbs::RKey;
+        let record = |epoch| Membership {
+            cluster: 1,
+            epoch,
+            repairing: false,
+            members: (0..3).map(|n| (NodeId(n), RKey(1))).collect(),
+            deletes: Vec::new(),
+            blind: Vec::new(),
+            primary_lost: Vec::new(),
+        };
+        let publish = |epoch| {
+            let req = Request::MembershipSet {
+                record: record(epoch).encode(),
+            };
+            assert_eq!(m.dispatch(&req.to_bytes()).unwrap()[0], status::OK);
+        };
+        let heartbeat = || {
+            let req = Request::Heartbeat {
+                lease_ms: 20,
+                peers: Peers(Vec::new()),
+            };
+            says_fenced(&m.dispatch(&req.to_bytes()).unwrap())
+        };
+        publish(5);
+        assert!(!heartbeat());
+        // No heartbeat and no peer vouching for a whole lease: fenced.
+        std::thread::sleep(std::time::Duration::from_millis(40));
+        assert!(!m.keep_lease(|_, _, _| false));
+        assert!(m.node().is_fenced());
+        // The master is back: its heartbeat renews the lease, but the node stays fenced (and
+        // says so) — clients it refused wait for a newer epoch, and a record failing it over
+        // may have been published while it was cut off.
+        assert!(heartbeat(), "a heartbeat lifted the lease's fence");
+        assert!(!m.keep_lease(|_, _, _| false), "serving on a renewed lease");
+        assert!(m.node().is_fenced());
+        // A newer record naming the node a member lifts the fence.
+        publish(6);
+        assert!(!m.node().is_fenced());
+        assert!(!heartbeat());
     }
 
     fn claim(m: &Memnode, round: DeleteRound, client: u64) -> u64 {

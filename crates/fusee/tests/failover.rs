@@ -298,3 +298,42 @@ fn with_a_member_silent_and_not_failed_over_reads_go_on() {
     let e = reader.search(&key(1)).unwrap_err().to_string();
     assert!(e.contains("node 0"), "{e}");
 }
+
+/// A member that fenced itself (its lease ran out: the master's heartbeats and its peers
+/// were late) refuses every client of the epoch; its heartbeat reply says it is fenced, the
+/// master resumes the members in a new epoch, and the refused writes land there. (A
+/// heartbeat alone used to lift the fence in the same epoch, while the refused clients waited
+/// for a newer one that never came: nemesis seed 1796297604794.)
+#[test]
+fn a_member_that_fenced_itself_is_resumed_in_a_new_epoch() {
+    let c = cluster(3);
+    let master = c.master().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let m = master.clone();
+    let s = stop.clone();
+    let detector = std::thread::spawn(move || {
+        m.run(
+            MasterConfig {
+                heartbeat: Duration::from_millis(20),
+                miss_limit: 5,
+                auto_rejoin: false,
+            },
+            s,
+        )
+    });
+    let mut cfg = dmkit_fusee::ClientConfig::new(1);
+    cfg.failover_wait = Duration::from_secs(10);
+    let kv = c.client_with(cfg).unwrap();
+    kv.insert(b"before", b"1").unwrap();
+    let epoch = kv.epoch();
+    c.memnodes[1].node().set_fenced(true);
+    for i in 0..20 {
+        kv.upsert(&key(i), b"after the fence").unwrap();
+    }
+    assert!(kv.epoch() > epoch, "the writes went on in epoch {epoch}");
+    assert!(master.membership().is_member(NodeId(1)), "failed over");
+    assert!(!c.memnodes[1].node().is_fenced());
+    assert_eq!(kv.search(b"before").unwrap().as_deref(), Some(&b"1"[..]));
+    stop.store(true, Ordering::Relaxed);
+    detector.join().unwrap();
+}
