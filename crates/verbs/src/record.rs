@@ -87,6 +87,25 @@ thread_local! {
     static ON: Cell<bool> = const { Cell::new(false) };
     static TIMES: Cell<bool> = const { Cell::new(false) };
     static REC: RefCell<Recording> = RefCell::new(Recording::default());
+    static DOORBELLS: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+}
+
+/// This thread's doorbells so far — `(doorbells, work requests)` it posted straight to a
+/// queue pair (the rdma backend's `ibv_post_send` calls, raw replays included) — counted
+/// always, recording or not: a benchmark takes the difference around an operation to set
+/// its doorbells beside its replay's (on rxe each doorbell is a system call that runs the
+/// verbs in the kernel).
+pub fn doorbells() -> (u64, u64) {
+    DOORBELLS.with(Cell::get)
+}
+
+/// Counts one doorbell of `wrs` work requests on this thread (see [`doorbells`]).
+#[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+pub(crate) fn count_doorbell(wrs: usize) {
+    DOORBELLS.with(|d| {
+        let (n, w) = d.get();
+        d.set((n + 1, w + wrs as u64));
+    });
 }
 
 /// Completions are time-stamped (for `verbs.wakeup`) once any thread has recorded.

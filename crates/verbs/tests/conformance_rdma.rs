@@ -186,3 +186,30 @@ fn measure() {
          RPC (no handler) round trip {rpc:?}"
     );
 }
+
+/// `record::doorbells` counts this thread's `ibv_post_send` calls: one batch of several verbs
+/// on one node is one doorbell, whatever its length (what `bench fusee --breakdown` sets beside
+/// the raw replay's).
+#[test]
+fn a_batch_is_one_doorbell() {
+    use dmkit_verbs::{Access, DramBacking, record};
+    let h = RdmaHarness::new();
+    let node = Arc::new(MemoryNode::new(NodeId(0)));
+    let region = node
+        .register(Arc::new(DramBacking::new(4096)), Access::ALL, None)
+        .unwrap();
+    h.start_node(node).unwrap();
+    let ep = h.endpoint().unwrap();
+    // (The first verb may learn the region table; count from the second.)
+    ep.write("warm", region.at(0), b"warm").unwrap();
+    let (n0, w0) = record::doorbells();
+    let mut b = ep.batch(NodeId(0));
+    b.write(region.at(64), b"hello");
+    let read = b.read(region.at(64), 5);
+    b.cas(region.at(128), 0, 7);
+    let res = ep.execute("doorbells", b).unwrap();
+    assert_eq!(res.read(read), b"hello");
+    let (n1, w1) = record::doorbells();
+    assert_eq!(n1 - n0, 1, "one batch, one doorbell");
+    assert_eq!(w1 - w0, 3, "its three work requests");
+}

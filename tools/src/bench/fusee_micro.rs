@@ -319,6 +319,10 @@ struct OpStats {
     /// threads, and the calling thread's voluntary and involuntary context switches, summed
     /// over the operations.
     usage: Usage,
+    /// Doorbells (rdma: `ibv_post_send` calls) of the calling thread in the operations, and in
+    /// their raw replays, summed.
+    doorbells: u64,
+    raw_doorbells: u64,
 }
 
 /// What `getrusage` says a thread (or the process) used between two readings.
@@ -380,6 +384,8 @@ impl OpStats {
             spans: HashMap::new(),
             wall_sum: Duration::ZERO,
             usage: Usage::default(),
+            doorbells: 0,
+            raw_doorbells: 0,
         }
     }
 
@@ -397,9 +403,11 @@ impl OpStats {
         record::start_with(breakdown);
         let sw = super::Stopwatch::new();
         let u0 = breakdown.then(Usage::read);
+        let d0 = record::doorbells().0;
         let t0 = sw.raw();
         let out = op();
         let wall = Duration::from_nanos(sw.delta_as_nanos(t0, sw.raw()));
+        self.doorbells += record::doorbells().0 - d0;
         if let Some(u0) = u0 {
             self.usage.add(Usage::between(&u0, &Usage::read()));
         }
@@ -436,6 +444,7 @@ impl OpStats {
             rep.through_verbs(r)?;
         }
         let _ = self.verbs.record(sw.delta_as_nanos(t, sw.raw()).max(1));
+        let d0 = record::doorbells().0;
         let t = sw.raw();
         let mut any_raw = false;
         for r in &rec.rounds {
@@ -446,6 +455,7 @@ impl OpStats {
         }
         if any_raw {
             let _ = self.raw.record(sw.delta_as_nanos(t, sw.raw()).max(1));
+            self.raw_doorbells += record::doorbells().0 - d0;
         }
         Ok(out)
     }
@@ -525,7 +535,7 @@ impl OpStats {
         let (post, wait) = (span("verbs.post"), span("verbs.wait"));
         let u = &self.usage;
         let line = format!(
-            "  {name:<22} {wall:>8.1} {post:>8.1} {wait:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>9.1} {:>8.1} {:>8.1} {:>8.1} {:>6.2} {:>6.2}",
+            "  {name:<22} {wall:>8.1} {post:>8.1} {wait:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>9.1} {:>8.1} {:>8.1} {:>8.1} {:>6.2} {:>6.2} {:>6.2} {:>6.2}",
             span("verbs.wakeup"),
             span("fusee.alloc"),
             span("fusee.encode"),
@@ -536,6 +546,8 @@ impl OpStats {
             mean(u.others_cpu),
             u.vcsw as f64 / n,
             u.ivcsw as f64 / n,
+            self.doorbells as f64 / n,
+            self.raw_doorbells as f64 / n,
         );
         line
     }
@@ -695,7 +707,7 @@ pub fn run(
     if breakdown {
         println!("breakdown, mean us per operation:");
         println!(
-            "  {:<22} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>8} {:>8} {:>6} {:>6}",
+            "  {:<22} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6}",
             "operation",
             "wall",
             "post",
@@ -709,7 +721,9 @@ pub fn run(
             "cpu",
             "others",
             "vcsw",
-            "ivcsw"
+            "ivcsw",
+            "db",
+            "db-raw"
         );
         for l in &lines {
             println!("{l}");
@@ -721,7 +735,8 @@ pub fn run(
              floor: the replayed rounds; cpu: the calling thread's CPU time (user and system) in the \
              operation, others: the process's other threads' CPU time meanwhile (memory nodes \
              served in-process included), vcsw, ivcsw: the calling thread's voluntary and \
-             involuntary context switches per operation)"
+             involuntary context switches per operation; db, db-raw: the calling thread's \
+             doorbells (ibv_post_send calls, rdma only) per operation and per raw replay of its rounds)"
         );
     }
     Ok(())

@@ -55,6 +55,7 @@ pub(crate) unsafe fn post_send(qp: *mut sys::ibv_qp, wrs: &[Wr]) -> Result<()> {
     if n == 0 {
         return Ok(());
     }
+    crate::record::count_doorbell(n);
     // Small lists (the common case) are built on the stack, and nothing is zeroed that is
     // written afterwards: no allocation and no memset per doorbell.
     const STACK: usize = 8;
