@@ -431,13 +431,27 @@ fn leases_expire_and_free_waits_for_them() {
     let rtts = || a.endpoint().stats().tag(tags::READ).round_trips;
     // With its lease: one round trip. After it expired (leases last at most 100 ms times the
     // lease scale): the lease RPC and the read.
+    // An early renewal posted by one read (past half of its lease) completes during the
+    // next and is counted under its tag, and on a loaded machine a lease may lapse between
+    // the check and the read (CI saw 2 once): a few tries, each at most the lease RPC and
+    // the read, one of them the read alone.
     b.read(o).unwrap();
-    a.read(o).unwrap();
-    let r0 = rtts();
-    if a.has_lease(o) {
+    let mut took = Vec::new();
+    for _ in 0..5 {
         a.read(o).unwrap();
-        assert_eq!(rtts() - r0, 1, "a read under a valid lease");
+        let r0 = rtts();
+        if a.has_lease(o) {
+            a.read(o).unwrap();
+            took.push(rtts() - r0);
+            if took.last() == Some(&1) {
+                break;
+            }
+        }
     }
+    assert!(
+        took.contains(&1) && took.iter().all(|&t| t <= 2),
+        "reads under a valid lease took {took:?} round trips"
+    );
     std::thread::sleep(Duration::from_millis(100 * u64::from(lease_scale()) + 300));
     assert!(!a.has_lease(o), "the lease outlived its longest duration");
     let r1 = rtts();
