@@ -321,8 +321,8 @@ struct OpStats {
     usage: Usage,
     /// Doorbells (rdma: `ibv_post_send` calls) of the calling thread in the operations, and in
     /// their raw replays, summed.
-    doorbells: u64,
-    raw_doorbells: u64,
+    doorbells: (u64, u64),
+    raw_doorbells: (u64, u64),
 }
 
 /// What `getrusage` says a thread (or the process) used between two readings.
@@ -384,8 +384,8 @@ impl OpStats {
             spans: HashMap::new(),
             wall_sum: Duration::ZERO,
             usage: Usage::default(),
-            doorbells: 0,
-            raw_doorbells: 0,
+            doorbells: (0, 0),
+            raw_doorbells: (0, 0),
         }
     }
 
@@ -403,11 +403,13 @@ impl OpStats {
         record::start_with(breakdown);
         let sw = super::Stopwatch::new();
         let u0 = breakdown.then(Usage::read);
-        let d0 = record::doorbells().0;
+        let d0 = record::doorbells();
         let t0 = sw.raw();
         let out = op();
         let wall = Duration::from_nanos(sw.delta_as_nanos(t0, sw.raw()));
-        self.doorbells += record::doorbells().0 - d0;
+        let d1 = record::doorbells();
+        self.doorbells.0 += d1.0 - d0.0;
+        self.doorbells.1 += d1.1 - d0.1;
         if let Some(u0) = u0 {
             self.usage.add(Usage::between(&u0, &Usage::read()));
         }
@@ -444,7 +446,7 @@ impl OpStats {
             rep.through_verbs(r)?;
         }
         let _ = self.verbs.record(sw.delta_as_nanos(t, sw.raw()).max(1));
-        let d0 = record::doorbells().0;
+        let d0 = record::doorbells();
         let t = sw.raw();
         let mut any_raw = false;
         for r in &rec.rounds {
@@ -455,7 +457,9 @@ impl OpStats {
         }
         if any_raw {
             let _ = self.raw.record(sw.delta_as_nanos(t, sw.raw()).max(1));
-            self.raw_doorbells += record::doorbells().0 - d0;
+            let d1 = record::doorbells();
+            self.raw_doorbells.0 += d1.0 - d0.0;
+            self.raw_doorbells.1 += d1.1 - d0.1;
         }
         Ok(out)
     }
@@ -535,7 +539,7 @@ impl OpStats {
         let (post, wait) = (span("verbs.post"), span("verbs.wait"));
         let u = &self.usage;
         let line = format!(
-            "  {name:<22} {wall:>8.1} {post:>8.1} {wait:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>9.1} {:>8.1} {:>8.1} {:>8.1} {:>6.2} {:>6.2} {:>6.2} {:>6.2}",
+            "  {name:<22} {wall:>8.1} {post:>8.1} {wait:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>9.1} {:>8.1} {:>8.1} {:>8.1} {:>6.2} {:>6.2} {:>6.2} {:>6.2} {:>6.2} {:>6.2}",
             span("verbs.wakeup"),
             span("fusee.alloc"),
             span("fusee.encode"),
@@ -546,8 +550,10 @@ impl OpStats {
             mean(u.others_cpu),
             u.vcsw as f64 / n,
             u.ivcsw as f64 / n,
-            self.doorbells as f64 / n,
-            self.raw_doorbells as f64 / n,
+            self.doorbells.0 as f64 / n,
+            self.raw_doorbells.0 as f64 / n,
+            self.doorbells.1 as f64 / n,
+            self.raw_doorbells.1 as f64 / n,
         );
         line
     }
@@ -707,7 +713,7 @@ pub fn run(
     if breakdown {
         println!("breakdown, mean us per operation:");
         println!(
-            "  {:<22} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6}",
+            "  {:<22} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6}",
             "operation",
             "wall",
             "post",
@@ -723,7 +729,9 @@ pub fn run(
             "vcsw",
             "ivcsw",
             "db",
-            "db-raw"
+            "db-raw",
+            "wr",
+            "wr-raw"
         );
         for l in &lines {
             println!("{l}");
@@ -736,7 +744,7 @@ pub fn run(
              operation, others: the process's other threads' CPU time meanwhile (memory nodes \
              served in-process included), vcsw, ivcsw: the calling thread's voluntary and \
              involuntary context switches per operation; db, db-raw: the calling thread's \
-             doorbells (ibv_post_send calls, rdma only) per operation and per raw replay of its rounds)"
+             doorbells (ibv_post_send calls, rdma only) per operation and per raw replay of its rounds; wr, wr-raw: the work requests they carried)"
         );
     }
     Ok(())
