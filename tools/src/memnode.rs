@@ -262,33 +262,34 @@ fn keep_lease(
     use dmkit_verbs::{Connection, Endpoint};
 
     let cache: parking_lot::Mutex<HashMap<NodeId, Arc<dyn Connection>>> = Default::default();
-    let ask = move |peer: NodeId, addr: &str, req: &[u8]| -> bool {
-        let cached = cache.lock().get(&peer).cloned();
-        let c = match cached {
-            Some(c) => c,
-            None => match conn.connect(addr) {
-                Ok(c) if c.node() == peer => {
-                    cache.lock().insert(peer, c.clone());
-                    c
+    let ask: Arc<dyn Fn(NodeId, &str, &[u8]) -> bool + Send + Sync> =
+        Arc::new(move |peer: NodeId, addr: &str, req: &[u8]| -> bool {
+            let cached = cache.lock().get(&peer).cloned();
+            let c = match cached {
+                Some(c) => c,
+                None => match conn.connect(addr) {
+                    Ok(c) if c.node() == peer => {
+                        cache.lock().insert(peer, c.clone());
+                        c
+                    }
+                    _ => return false,
+                },
+            };
+            let ep = Endpoint::default();
+            ep.add_connection(c);
+            match ep.rpc("fusee_lease", peer, req) {
+                Ok(r) => r.first() == Some(&0) && r.get(1) == Some(&1),
+                Err(_) => {
+                    cache.lock().remove(&peer);
+                    false
                 }
-                _ => return false,
-            },
-        };
-        let ep = Endpoint::default();
-        ep.add_connection(c);
-        match ep.rpc("fusee_lease", peer, req) {
-            Ok(r) => r.first() == Some(&0) && r.get(1) == Some(&1),
-            Err(_) => {
-                cache.lock().remove(&peer);
-                false
             }
-        }
-    };
+        });
     std::thread::Builder::new()
         .name("memnode-lease".into())
         .spawn(move || {
             loop {
-                memnode.keep_lease(&ask);
+                memnode.keep_lease(ask.clone());
                 std::thread::sleep(std::time::Duration::from_millis(50));
             }
         })

@@ -302,7 +302,7 @@ impl Memnode {
     /// arrive nothing happens; when they stop for half a lease, asks the peers to vouch
     /// (`ask(peer, address, request) -> vouched?`) and renews on a majority of the members;
     /// when the lease runs out, fences the node. Returns whether the node serves.
-    pub fn keep_lease(&self, ask: impl Fn(NodeId, &str, &[u8]) -> bool + Sync) -> bool {
+    pub fn keep_lease(&self, ask: Arc<dyn Fn(NodeId, &str, &[u8]) -> bool + Send + Sync>) -> bool {
         let vouched = || {
             let Some(m) = self.membership() else {
                 return false;
@@ -320,9 +320,12 @@ impl Memnode {
                 epoch: m.epoch,
             }
             .to_bytes();
-            dmkit_lease::vouched_by_majority(m.members.len(), &others, |(n, addr)| {
-                ask(*n, addr, &req)
-            })
+            let ask = ask.clone();
+            dmkit_lease::vouched_by_majority(
+                m.members.len(),
+                others,
+                Arc::new(move |(n, addr): &(NodeId, String)| ask(*n, addr, &req)),
+            )
         };
         let fence = || {
             if self.node.is_fenced() {
@@ -689,13 +692,16 @@ mod tests {
         assert!(!heartbeat());
         // No heartbeat and no peer vouching for a whole lease: fenced.
         std::thread::sleep(std::time::Duration::from_millis(40));
-        assert!(!m.keep_lease(|_, _, _| false));
+        assert!(!m.keep_lease(Arc::new(|_, _, _| false)));
         assert!(m.node().is_fenced());
         // The master is back: its heartbeat renews the lease, but the node stays fenced (and
         // says so) — clients it refused wait for a newer epoch, and a record failing it over
         // may have been published while it was cut off.
         assert!(heartbeat(), "a heartbeat lifted the lease's fence");
-        assert!(!m.keep_lease(|_, _, _| false), "serving on a renewed lease");
+        assert!(
+            !m.keep_lease(Arc::new(|_, _, _| false)),
+            "serving on a renewed lease"
+        );
         assert!(m.node().is_fenced());
         // A newer record naming the node a member lifts the fence.
         publish(6);
