@@ -87,6 +87,9 @@ thread_local! {
     static ON: Cell<bool> = const { Cell::new(false) };
     static TIMES: Cell<bool> = const { Cell::new(false) };
     static REC: RefCell<Recording> = RefCell::new(Recording::default());
+    /// The rounds recorded since [`start`], flat: kept between recordings so that recording
+    /// a round allocates nothing (a benchmark records inside the operation it times).
+    static FLAT: RefCell<Flat> = RefCell::new(Flat::default());
     static DOORBELLS: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
 }
 
@@ -126,6 +129,7 @@ pub fn start_with(times: bool) {
         let _ = EPOCH.get_or_init(Instant::now);
     }
     REC.with(|r| *r.borrow_mut() = Recording::default());
+    FLAT.with(|f| f.borrow_mut().clear());
     TIMES.with(|t| t.set(times));
     ON.with(|o| o.set(true));
 }
@@ -134,7 +138,43 @@ pub fn start_with(times: bool) {
 pub fn take() -> Recording {
     ON.with(|o| o.set(false));
     TIMES.with(|t| t.set(false));
-    REC.with(|r| std::mem::take(&mut *r.borrow_mut()))
+    let mut rec = REC.with(|r| std::mem::take(&mut *r.borrow_mut()));
+    rec.rounds = FLAT.with(|f| f.borrow().rounds());
+    rec
+}
+
+/// Recorded rounds, flat: each round's tag and first batch, each batch's node and first verb.
+#[derive(Default)]
+struct Flat {
+    rounds: Vec<(Tag, usize)>,
+    batches: Vec<(NodeId, usize)>,
+    verbs: Vec<RecordedVerb>,
+}
+
+impl Flat {
+    fn clear(&mut self) {
+        self.rounds.clear();
+        self.batches.clear();
+        self.verbs.clear();
+    }
+
+    fn rounds(&self) -> Vec<RecordedRound> {
+        let batch_end = |b: usize| self.batches.get(b).map_or(self.verbs.len(), |x| x.1);
+        let round_end = |r: usize| self.rounds.get(r).map_or(self.batches.len(), |x| x.1);
+        (self.rounds.iter().enumerate())
+            .map(|(r, &(tag, first))| RecordedRound {
+                tag,
+                batches: (first..round_end(r + 1))
+                    .map(|b| {
+                        (
+                            self.batches[b].0,
+                            self.verbs[self.batches[b].1..batch_end(b + 1)].to_vec(),
+                        )
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
 }
 
 fn timing() -> bool {
@@ -233,24 +273,77 @@ pub(crate) fn woke(at: u64) {
 }
 
 pub(crate) fn round<'a>(tag: Tag, batches: impl IntoIterator<Item = &'a Batch>) {
-    let batches = batches
-        .into_iter()
-        .map(|b| {
-            let verbs = b
-                .ops
-                .iter()
-                .map(|o| RecordedVerb {
-                    kind: match o.kind {
-                        OpKind::Read => VerbKind::Read,
-                        OpKind::Write { durable } => VerbKind::Write { durable },
-                        OpKind::Cas { .. } => VerbKind::Cas,
-                        OpKind::Faa { .. } => VerbKind::Faa,
-                    },
-                    len: o.len,
-                })
-                .collect();
-            (b.node, verbs)
-        })
-        .collect();
-    REC.with(|r| r.borrow_mut().rounds.push(RecordedRound { tag, batches }));
+    FLAT.with(|f| {
+        let f = &mut *f.borrow_mut();
+        f.rounds.push((tag, f.batches.len()));
+        for b in batches {
+            f.batches.push((b.node, f.verbs.len()));
+            f.verbs.extend(b.ops.iter().map(|o| RecordedVerb {
+                kind: match o.kind {
+                    OpKind::Read => VerbKind::Read,
+                    OpKind::Write { durable } => VerbKind::Write { durable },
+                    OpKind::Cas { .. } => VerbKind::Cas,
+                    OpKind::Faa { .. } => VerbKind::Faa,
+                },
+                len: o.len,
+            }));
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{RKey, RemoteAddr};
+
+    fn at(node: u16) -> RemoteAddr {
+        RemoteAddr {
+            node: NodeId(node),
+            rkey: RKey(1),
+            addr: 64,
+        }
+    }
+
+    /// Rounds of several batches come back as posted, and a new recording starts empty.
+    #[test]
+    fn rounds_come_back_as_posted() {
+        start_with(false);
+        let (mut a, mut b, mut c) = (
+            Batch::new(NodeId(0)),
+            Batch::new(NodeId(1)),
+            Batch::new(NodeId(2)),
+        );
+        a.write(at(0), b"0123456789");
+        a.read(at(0), 16);
+        b.cas(at(1), 0, 1);
+        round("first", [&a, &b]);
+        c.faa(at(2), 1);
+        round("second", [&c]);
+        round("empty", std::iter::empty());
+        let rec = take();
+        assert_eq!(rec.rounds.len(), 3);
+        let r0 = &rec.rounds[0];
+        assert_eq!(r0.tag, "first");
+        let kinds: Vec<Vec<(VerbKind, u32)>> = r0
+            .batches
+            .iter()
+            .map(|(_, v)| v.iter().map(|x| (x.kind, x.len)).collect())
+            .collect();
+        assert_eq!(
+            kinds,
+            vec![
+                vec![
+                    (VerbKind::Write { durable: false }, 10),
+                    (VerbKind::Read, 16)
+                ],
+                vec![(VerbKind::Cas, 8)],
+            ]
+        );
+        assert_eq!(r0.batches[1].0, NodeId(1));
+        assert_eq!(rec.rounds[1].batches.len(), 1);
+        assert_eq!(rec.rounds[1].batches[0].1[0].kind, VerbKind::Faa);
+        assert!(rec.rounds[2].batches.is_empty());
+        start_with(false);
+        assert!(take().rounds.is_empty());
+    }
 }
