@@ -53,7 +53,7 @@ pub struct FreeObject {
 #[derive(Debug, Clone)]
 pub struct Allocation {
     pub addr: Addr,
-    pub replicas: Vec<Addr>,
+    pub replicas: crate::cluster::Replicas<Addr>,
     pub class: usize,
     pub generation: u32,
     pub prev: u64,
@@ -114,7 +114,7 @@ impl FreeLists {
 
 /// Every copy of the object whose primary is `addr` (same block id and offset on each data
 /// replica of the block).
-pub fn replicas_of(view: &ClusterView, addr: Addr) -> Vec<Addr> {
+pub fn replicas_of(view: &ClusterView, addr: Addr) -> crate::cluster::Replicas<Addr> {
     view.block_replicas(addr.offset / view.block_size)
         .into_iter()
         .map(|node: NodeId| Addr {

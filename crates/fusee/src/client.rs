@@ -669,12 +669,11 @@ impl Client {
 
     async fn search_once_async(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         let inner = &self.inner;
-        let k = key.to_vec();
         if !inner.cache.should_bypass() {
-            if let Some(c) = inner.cache.get(&k) {
+            if let Some(c) = inner.cache.get(key) {
                 match inner.cached_search_async(key, c).await {
                     Ok(Some(v)) => return Ok(Some(v)),
-                    Ok(None) => inner.cache.report_stale(&k),
+                    Ok(None) => inner.cache.report_stale(key),
                     // The cached object's node does not answer: the uncached path below
                     // reads the buckets and the object from a replica that does.
                     Err(e) if needs_membership(&e) => {}
@@ -695,7 +694,7 @@ impl Client {
                     return Err(Error::Corrupt("verifier matched another slot".into()));
                 }
                 inner.cache.insert(
-                    k,
+                    key.to_vec(),
                     CachedAddr {
                         slot,
                         pos,
@@ -705,7 +704,7 @@ impl Client {
                 Ok(Some(obj.value))
             }
             None => {
-                inner.cache.remove(&k);
+                inner.cache.remove(key);
                 Ok(None)
             }
         }
@@ -875,7 +874,7 @@ impl Client {
         match m {
             None => {
                 inner.take_back_lost(&a, last).await?;
-                inner.cache.remove(&key.to_vec());
+                inner.cache.remove(key);
                 Ok(CondStep::Done(match guard.mismatch() {
                     Some(held) => CasResult::Mismatch(held),
                     None => CasResult::NotFound,
@@ -914,7 +913,7 @@ impl Client {
                 // won (maybe a delete-if): write again, after it. A conditional loser: the
                 // winner's value decides (read and compare again).
                 inner.take_back_lost(&a, last).await?;
-                inner.cache.remove(&key.to_vec());
+                inner.cache.remove(key);
                 if matches!(expected, Expect::Exactly(_)) {
                     return Ok(CondStep::Lost);
                 }
@@ -1034,7 +1033,7 @@ impl Client {
                 }
             };
             let found = v.take();
-            inner.cache.remove(&key.to_vec());
+            inner.cache.remove(key);
             match m {
                 None => {
                     inner.take_back_lost(&a, last).await?;
@@ -1138,7 +1137,7 @@ impl Client {
             _ => took,
         };
         if took {
-            inner.cache.remove(&key.to_vec());
+            inner.cache.remove(key);
             return Ok(Some(done));
         }
         Ok(None)
@@ -1285,7 +1284,7 @@ impl Client {
 
     /// Whether `key`'s address is cached (it is most likely present).
     pub(crate) fn is_cached(&self, key: &[u8]) -> bool {
-        self.inner.cache.contains(&key.to_vec())
+        self.inner.cache.contains(key)
     }
 
     /// Whether upserts of uncached keys have lately found their keys present (so the next
@@ -1713,7 +1712,7 @@ impl Inner {
         // same round trip (FUSEE, Fig. 9: "read the KV pair according to the index cache").
         let mut prefetch = None;
         if matches!(op, Op::Update | Op::Delete) && !self.cache.should_bypass() {
-            if let Some(c) = self.cache.get(&key.to_vec()) {
+            if let Some(c) = self.cache.get(key) {
                 let o = slot_addr(c.slot);
                 if let Some(at) = view.acting(o.node, o.offset) {
                     let k = match batches.iter().position(|b| b.node() == at.node) {

@@ -19,6 +19,9 @@ use crate::error::{Error, Result};
 use crate::memnode::POOL_BASE;
 use dmkit_pmem_pool::remote::{BlockClient, BlockRequest};
 
+/// A block's replicas (a handful: held inline, no allocation on an operation's path).
+pub type Replicas<T> = smallvec::SmallVec<[T; 4]>;
+
 /// Owner id of block 0 (the superblock) in every node's block table.
 pub const SUPER_OWNER: u64 = MAX_OWNER;
 /// Owner id of the index blocks.
@@ -150,7 +153,7 @@ impl ClusterView {
     }
 
     /// Every data replica of block `b` as formatted (its primary first), members or not.
-    pub fn all_block_replicas(&self, b: u64) -> Vec<NodeId> {
+    pub fn all_block_replicas(&self, b: u64) -> Replicas<NodeId> {
         let n = self.nodes.len() as u64;
         (0..self.data_replicas as u64)
             .map(|i| self.node_at(((b % n) + i) as usize))
@@ -159,7 +162,7 @@ impl ClusterView {
 
     /// The serving data replicas of block `b`: its acting primary (the first serving one)
     /// first. Empty when every replica is down.
-    pub fn block_replicas(&self, b: u64) -> Vec<NodeId> {
+    pub fn block_replicas(&self, b: u64) -> Replicas<NodeId> {
         self.all_block_replicas(b)
             .into_iter()
             .filter(|n| self.is_member(*n))
