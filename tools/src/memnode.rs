@@ -262,7 +262,7 @@ fn keep_lease(
     use dmkit_verbs::{Connection, Endpoint};
 
     let cache: parking_lot::Mutex<HashMap<NodeId, Arc<dyn Connection>>> = Default::default();
-    let ask: Arc<dyn Fn(NodeId, &str, &[u8]) -> bool + Send + Sync> =
+    let ask: dmkit_fusee::memnode::VouchAsk =
         Arc::new(move |peer: NodeId, addr: &str, req: &[u8]| -> bool {
             let cached = cache.lock().get(&peer).cloned();
             let c = match cached {

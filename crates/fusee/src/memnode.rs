@@ -227,6 +227,10 @@ type DeleteRound = (u64, u64, u64);
 /// Claims of DELETE rounds a node remembers.
 const CLAIMS_KEPT: usize = 4096;
 
+/// How a memory node asks a peer to vouch for it: `(peer, address, request) -> vouched?`
+/// (bounded by the caller; shared with the threads that ask the peers at once).
+pub type VouchAsk = Arc<dyn Fn(NodeId, &str, &[u8]) -> bool + Send + Sync>;
+
 impl Memnode {
     /// Serves `pool` as memory node `id`: registers its data area at [`POOL_BASE`] and installs
     /// the block RPCs. Serve [`Memnode::node`] with any verbs backend.
@@ -302,7 +306,7 @@ impl Memnode {
     /// arrive nothing happens; when they stop for half a lease, asks the peers to vouch
     /// (`ask(peer, address, request) -> vouched?`) and renews on a majority of the members;
     /// when the lease runs out, fences the node. Returns whether the node serves.
-    pub fn keep_lease(&self, ask: Arc<dyn Fn(NodeId, &str, &[u8]) -> bool + Send + Sync>) -> bool {
+    pub fn keep_lease(&self, ask: VouchAsk) -> bool {
         let vouched = || {
             let Some(m) = self.membership() else {
                 return false;
