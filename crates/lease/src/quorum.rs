@@ -30,7 +30,6 @@ pub fn vouched_by_majority<P: Send + 'static>(
         return true;
     }
     let (tx, rx) = mpsc::channel();
-    let mut asked = 0;
     for p in others {
         let (tx, ask) = (tx.clone(), ask.clone());
         let spawned = std::thread::Builder::new()
@@ -39,20 +38,16 @@ pub fn vouched_by_majority<P: Send + 'static>(
                 let _ = tx.send(ask(&p));
             });
         // A thread that cannot start is a peer that did not vouch.
-        match spawned {
-            Ok(_) => asked += 1,
-            Err(_) => no += 1,
-        }
+        no += usize::from(spawned.is_err());
     }
     drop(tx);
-    let mut left = asked;
-    while yes < need && members.saturating_sub(no) >= need && left > 0 {
+    // Until decided; every answer in (each asking thread dropped its sender) ends it too.
+    while yes < need && members.saturating_sub(no) >= need {
         match rx.recv() {
             Ok(true) => yes += 1,
             Ok(false) => no += 1,
             Err(_) => break,
         }
-        left -= 1;
     }
     yes >= need
 }
