@@ -226,3 +226,45 @@ fn uncached_upserts_guess_from_the_store_sim() {
     check_uncached_upserts(LocalCluster::start(LocalConfig::new(1, 1)).unwrap(), 1);
     check_uncached_upserts(LocalCluster::start(LocalConfig::new(3, 3)).unwrap(), 3);
 }
+
+/// Every round of a write posts one batch per node: the object write, the cached object's
+/// read and the bucket read to the same node go out behind one doorbell (on a software NIC
+/// each doorbell is a system call that runs the verbs).
+#[test]
+fn a_round_posts_one_batch_per_node() {
+    for (nodes, r) in [(1, 1), (3, 3)] {
+        let cluster = LocalCluster::start(LocalConfig::new(nodes, r)).unwrap();
+        let a = warm(cluster.client(1).unwrap());
+        let k = b"one-batch-per-node".to_vec();
+        let ops: [(&str, &dyn Fn()); 3] = [
+            ("insert", &|| {
+                a.insert(&k, b"first").unwrap();
+            }),
+            ("update", &|| {
+                a.update(&k, b"second").unwrap();
+            }),
+            ("delete", &|| {
+                a.delete(&k).unwrap();
+            }),
+        ];
+        for (name, op) in ops {
+            a.flush().unwrap();
+            dmkit_verbs::record::start();
+            op();
+            let rec = dmkit_verbs::record::take();
+            assert!(!rec.rounds.is_empty(), "{name}: no rounds recorded");
+            for (i, round) in rec.rounds.iter().enumerate() {
+                let mut nodes: Vec<_> = round.batches.iter().map(|(n, _)| *n).collect();
+                let posted = nodes.len();
+                nodes.sort_unstable();
+                nodes.dedup();
+                assert_eq!(
+                    nodes.len(),
+                    posted,
+                    "{name}, r = {r}: round {i} ({}) posts two batches to one node",
+                    round.tag
+                );
+            }
+        }
+    }
+}

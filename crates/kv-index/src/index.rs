@@ -654,7 +654,9 @@ impl RaceIndex {
     }
 
     /// [`Self::read_view_async`] with the caller's batches (to other nodes, or the same one)
-    /// posted in the same round trip, once.
+    /// posted in the same round trip, once. The bucket reads join the caller's batch to the
+    /// primary when there is one (one doorbell per node: on a software NIC each doorbell is
+    /// a system call); the caller's verbs keep their indexes, as theirs come first.
     pub(crate) async fn read_view_with_async(
         &self,
         tag: Tag,
@@ -665,18 +667,23 @@ impl RaceIndex {
         let mut backoff = Backoff::new(self.wait_timeout);
         loop {
             let e = self.lookup(kh);
-            let mut b = self.ep.batch(self.primary_node());
-            let [r0, r1] = self.post_reads(e.subtable, kh).map(|(a, l)| b.read(a, l));
-            let res = if extra.is_empty() {
-                self.ep.execute_async(tag, b).await?
+            let (res, [r0, r1]) = if extra.is_empty() {
+                let mut b = self.ep.batch(self.primary_node());
+                let reads = self.post_reads(e.subtable, kh).map(|(a, l)| b.read(a, l));
+                (self.ep.execute_async(tag, b).await?, reads)
             } else {
-                let mut all = vec![b];
-                all.append(&mut extra);
-                let mut results = self.ep.execute_many_async(tag, all).await.into_iter();
-                let res = results.next().expect("the bucket batch")?;
-                let done = results.collect::<std::result::Result<Vec<_>, _>>()?;
-                hooks.first_round_done(&done);
-                res
+                let mut all = std::mem::take(&mut extra);
+                let theirs = all.len();
+                let k = self.ep.batch_for(&mut all, self.primary_node());
+                let reads = self
+                    .post_reads(e.subtable, kh)
+                    .map(|(a, l)| all[k].read(a, l));
+                let results = self.ep.execute_many_async(tag, all).await;
+                let mut done = results
+                    .into_iter()
+                    .collect::<std::result::Result<Vec<_>, _>>()?;
+                hooks.first_round_done(&done[..theirs]);
+                (done.swap_remove(k), reads)
             };
             if let Some(v) = self.parse_view(e.subtable, kh, [res.read(r0), res.read(r1)])? {
                 return Ok(v);
