@@ -289,11 +289,14 @@ pub(crate) struct Inner {
     pub(crate) nodes: Vec<NodeId>,
     pub free: Mutex<FreeLists>,
     cache: AddressCache<Vec<u8>, CachedAddr>,
-    /// The background task's jobs. Those queued inside an operation wake the task when the
-    /// operation ends ([`op_timed`]), not in its middle.
+    /// The background task's jobs. Those queued inside an operation are handed to the task
+    /// when the operation ends ([`Inner::kick_jobs`]), not in its middle.
     jobs: Arc<Background<Job>>,
     /// Cleanups queued for the background task and not finished yet.
     backlog: std::sync::atomic::AtomicUsize,
+    /// A job that should not wait for a batch (a prefetch: the free list runs low) was
+    /// queued since the last kick.
+    urgent: std::sync::atomic::AtomicBool,
     /// Wakes callers waiting for the background task to catch up.
     caught_up: tokio::sync::Notify,
     allocs: std::sync::atomic::AtomicU64,
@@ -432,18 +435,19 @@ impl WriteHooks for Hooks<'_> {
 
 /// Runs one client operation, recording its latency in `dmkit_fusee_op_seconds{op}` and a
 /// failure in `dmkit_fusee_op_errors_total{op}` (an upsert records the update and insert it
-/// is made of). When it is over, the jobs it queued for the background task wake the task
-/// (after the reply is ready, not in the middle of the operation). A plain future, not an
+/// is made of). When it is over, the jobs it queued for the background task are handed to
+/// the task ([`Inner::kick_jobs`]: after the reply is ready, not in the middle of the
+/// operation). A plain future, not an
 /// `async fn`: that would keep the operation's future twice in its state (the argument and
 /// the awaited copy), and every caller moves it.
 fn op_timed<'a, T, F: Future<Output = Result<T>>>(
-    jobs: &'a Background<Job>,
+    inner: &'a Inner,
     op: &'static str,
     f: F,
 ) -> OpTimed<'a, F> {
     OpTimed {
         f,
-        jobs,
+        inner,
         op,
         start: None,
     }
@@ -453,7 +457,7 @@ pin_project_lite::pin_project! {
     struct OpTimed<'a, F> {
         #[pin]
         f: F,
-        jobs: &'a Background<Job>,
+        inner: &'a Inner,
         op: &'static str,
         start: Option<std::time::Instant>,
     }
@@ -466,7 +470,7 @@ impl<T, F: Future<Output = Result<T>>> Future for OpTimed<'_, F> {
         let this = self.project();
         let t = *this.start.get_or_insert_with(std::time::Instant::now);
         let r = std::task::ready!(this.f.poll(cx));
-        this.jobs.kick();
+        this.inner.kick_jobs();
         let op = *this.op;
         metrics::histogram!("dmkit_fusee_op_seconds", "op" => op).record(t.elapsed().as_secs_f64());
         if r.is_err() {
@@ -540,6 +544,7 @@ impl Client {
             cache,
             jobs: jobs.clone(),
             backlog: std::sync::atomic::AtomicUsize::new(0),
+            urgent: std::sync::atomic::AtomicBool::new(false),
             caught_up: tokio::sync::Notify::new(),
             allocs: std::sync::atomic::AtomicU64::new(0),
             cfg,
@@ -643,7 +648,7 @@ impl Client {
     /// address-cache hit (the slot and the object read together), two otherwise (buckets,
     /// then object).
     pub(crate) async fn search_raw_async(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        op_timed(&self.inner.jobs, "search", async move {
+        op_timed(&self.inner, "search", async move {
             self.with_failover_async(
                 || self.search_once_async(key),
                 Some(&|view: &ClusterView, index: &RaceIndex| {
@@ -712,7 +717,7 @@ impl Client {
 
     /// INSERT: `key → value` (stored bytes) unless the key is present (expired or not).
     pub(crate) async fn insert_raw_async(&self, key: &[u8], value: &[u8]) -> Result<InsertResult> {
-        op_timed(&self.inner.jobs, "insert", async move {
+        op_timed(&self.inner, "insert", async move {
             let last = Mutex::new(None);
             self.with_failover_async(
                 || self.insert_once(key, value, &last),
@@ -780,7 +785,7 @@ impl Client {
         live: bool,
         replaced: &Mutex<Option<Vec<u8>>>,
     ) -> Result<UpdateResult> {
-        op_timed(&self.inner.jobs, "update", async move {
+        op_timed(&self.inner, "update", async move {
             let expect = if live {
                 Expect::Live(self.inner.cfg.clock_skew_ms)
             } else {
@@ -835,7 +840,7 @@ impl Client {
     ) -> Result<CasResult> {
         let unused = Mutex::new(None);
         op_timed(
-            &self.inner.jobs,
+            &self.inner,
             "update",
             self.update_until_done(key, value, Expect::Exactly(expected), &unused),
         )
@@ -948,7 +953,7 @@ impl Client {
         live: bool,
         replaced: &Mutex<Option<Vec<u8>>>,
     ) -> Result<DeleteResult> {
-        op_timed(&self.inner.jobs, "delete", async move {
+        op_timed(&self.inner, "delete", async move {
             let last = Mutex::new(None);
             let expect = if live {
                 Expect::Live(self.inner.cfg.clock_skew_ms)
@@ -978,7 +983,7 @@ impl Client {
         key: &[u8],
         expected: &[u8],
     ) -> Result<CasResult> {
-        op_timed(&self.inner.jobs, "delete", async move {
+        op_timed(&self.inner, "delete", async move {
             let last = Mutex::new(None);
             let unused = Mutex::new(None);
             self.with_failover_async(
@@ -1665,8 +1670,12 @@ impl Inner {
             self.backlog
                 .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         }
-        // Cleanups, prefetches and reclaims are queued inside an operation: the task is woken
-        // when the operation ends. A flush is waited for: wake it now.
+        // Cleanups, prefetches and reclaims are queued inside an operation: the task gets them
+        // when the operation ends (`kick_jobs`). A flush is waited for: wake it now.
+        if matches!(j, Job::Prefetch(_)) {
+            self.urgent
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         let sent = if matches!(j, Job::Flush(_)) {
             self.jobs.push(j).is_ok()
         } else {
@@ -1931,6 +1940,23 @@ impl Inner {
         }
     }
 
+    /// Hands the jobs queued so far to the background task, at the end of an operation: a
+    /// prefetch wakes it at once; cleanups (the frees and log marks of won writes) wake it
+    /// once [`LAZY_BATCH`] wait, or within [`LAZY_DELAY`] — so a client running operation
+    /// after operation pays a wake-up of the task (a system call, and on a machine with few
+    /// cores a preemption) once per batch rather than per write, and the task runs the
+    /// batch's cleanups in two round trips. [`Client::flush`] wakes it at once.
+    fn kick_jobs(&self) {
+        if self
+            .urgent
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
+        {
+            self.jobs.kick();
+        } else {
+            self.jobs.kick_lazily(LAZY_BATCH, LAZY_DELAY);
+        }
+    }
+
     /// The background task finished `n` cleanups.
     fn cleaned(&self, n: usize) {
         let left = self
@@ -1974,6 +2000,13 @@ impl Inner {
 
 /// Cleanups taken off the queue together at most (their verbs go out as two round trips).
 const CLEANUP_BATCH: usize = 64;
+
+/// Jobs that wake the background task at the end of an operation ([`Inner::kick_jobs`]).
+const LAZY_BATCH: usize = 16;
+
+/// How long fewer jobs may wait for the background task ([`Inner::kick_jobs`]): long enough
+/// that arming it never wakes the verbs timer thread.
+const LAZY_DELAY: std::time::Duration = std::time::Duration::from_millis(40);
 
 /// Cleanups a client's background task may be behind before writers wait for it.
 const MAX_BACKLOG: usize = 4 * CLEANUP_BATCH;
