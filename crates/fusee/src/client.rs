@@ -15,7 +15,9 @@
 //!
 //! Then, off the critical path (the client's background task): free the replaced object
 //! (one FAA on its block's bitmap, with its "outdated" flag set for cached readers) and mark
-//! the log entry finished. A writer that lost the round, or found nothing to update, takes
+//! the log entry finished. The task gets this work in batches: an operation wakes it only
+//! once 16 jobs wait (otherwise the verbs timer thread does within 40 ms, or a
+//! [`Client::flush`] at once), so a write does not pay the wake-up of a parked runtime worker. A writer that lost the round, or found nothing to update, takes
 //! its object back *before* returning, so a crash can never redo an operation whose outcome
 //! was already reported.
 
