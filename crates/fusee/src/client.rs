@@ -296,8 +296,9 @@ pub(crate) struct Inner {
     jobs: Arc<Background<Job>>,
     /// Cleanups queued for the background task and not finished yet.
     backlog: std::sync::atomic::AtomicUsize,
-    /// A job that should not wait for a batch (a prefetch: the free list runs low) was
-    /// queued since the last kick.
+    /// A job that should not wait for a batch (a prefetch: the free list runs low; a
+    /// reclaim: freed objects to take back before more blocks are fetched) was queued since
+    /// the last kick.
     urgent: std::sync::atomic::AtomicBool,
     /// Wakes callers waiting for the background task to catch up.
     caught_up: tokio::sync::Notify,
@@ -1674,7 +1675,7 @@ impl Inner {
         }
         // Cleanups, prefetches and reclaims are queued inside an operation: the task gets them
         // when the operation ends (`kick_jobs`). A flush is waited for: wake it now.
-        if matches!(j, Job::Prefetch(_)) {
+        if matches!(j, Job::Prefetch(_) | Job::Reclaim) {
             self.urgent
                 .store(true, std::sync::atomic::Ordering::Relaxed);
         }
@@ -1943,7 +1944,7 @@ impl Inner {
     }
 
     /// Hands the jobs queued so far to the background task, at the end of an operation: a
-    /// prefetch wakes it at once; cleanups (the frees and log marks of won writes) wake it
+    /// prefetch or a reclaim wakes it at once; cleanups (the frees and log marks of won writes) wake it
     /// once [`LAZY_BATCH`] wait, or within [`LAZY_DELAY`] — so a client running operation
     /// after operation pays a wake-up of the task (a system call, and on a machine with few
     /// cores a preemption) once per batch rather than per write, and the task runs the
