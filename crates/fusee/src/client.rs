@@ -17,9 +17,10 @@
 //! (one FAA on its block's bitmap, with its "outdated" flag set for cached readers) and mark
 //! the log entry finished. The task gets this work in batches: an operation wakes it only
 //! once 16 jobs wait (otherwise the verbs timer thread does within 40 ms, or a
-//! [`Client::flush`] at once), so a write does not pay the wake-up of a parked runtime worker. A writer that lost the round, or found nothing to update, takes
-//! its object back *before* returning, so a crash can never redo an operation whose outcome
-//! was already reported.
+//! [`Client::flush`] at once), so a write does not pay the wake-up of a parked runtime
+//! worker. A writer that lost the round, or found nothing to update, takes its object back
+//! *before* returning, so a crash can never redo an operation whose outcome was already
+//! reported.
 
 use dmkit_verbs::background::Background;
 use std::convert::Infallible;
@@ -440,9 +441,8 @@ impl WriteHooks for Hooks<'_> {
 /// failure in `dmkit_fusee_op_errors_total{op}` (an upsert records the update and insert it
 /// is made of). When it is over, the jobs it queued for the background task are handed to
 /// the task ([`Inner::kick_jobs`]: after the reply is ready, not in the middle of the
-/// operation). A plain future, not an
-/// `async fn`: that would keep the operation's future twice in its state (the argument and
-/// the awaited copy), and every caller moves it.
+/// operation). A plain future, not an `async fn`: that would keep the operation's future
+/// twice in its state (the argument and the awaited copy), and every caller moves it.
 fn op_timed<'a, T, F: Future<Output = Result<T>>>(
     inner: &'a Inner,
     op: &'static str,
@@ -1944,11 +1944,11 @@ impl Inner {
     }
 
     /// Hands the jobs queued so far to the background task, at the end of an operation: a
-    /// prefetch or a reclaim wakes it at once; cleanups (the frees and log marks of won writes) wake it
-    /// once [`LAZY_BATCH`] wait, or within [`LAZY_DELAY`] — so a client running operation
-    /// after operation pays a wake-up of the task (a system call, and on a machine with few
-    /// cores a preemption) once per batch rather than per write, and the task runs the
-    /// batch's cleanups in two round trips. [`Client::flush`] wakes it at once.
+    /// prefetch or a reclaim wakes it at once; cleanups (the frees and log marks of won
+    /// writes) wake it once [`LAZY_BATCH`] wait, or within [`LAZY_DELAY`] — so a client
+    /// running operation after operation pays a wake-up of the task (a system call, and on a
+    /// machine with few cores a preemption) once per batch rather than per write, and the
+    /// task runs the batch's cleanups in two round trips. [`Client::flush`] wakes it at once.
     fn kick_jobs(&self) {
         if self
             .urgent
