@@ -7,12 +7,12 @@ import json
 import sys
 
 EXPECTED = {  # operation: (r = 1, r = 3)
-    "insert": (3, 4),
+    "insert": (2, 4),
     "search": (1, 1),
-    "update": (3, 4),
-    "upsert": (3, 4),
+    "update": (2, 4),
+    "upsert": (2, 4),
     "search_uncached": (2, 2),
-    "delete": (3, 4),
+    "delete": (2, 4),
 }
 
 report = json.load(open(sys.argv[1]))

@@ -11,7 +11,8 @@
 //! 2. CAS the index backups (SNAPSHOT);
 //! 3. if this writer is the last writer: write the commit record (the primary's old value
 //!    and the old object's generation, with a crc32c) to the log entry;
-//! 4. CAS the index primary.
+//! 4. CAS the index primary — in phase 3's round trip when the record's writes all go to the
+//!    primary's node and are durable before the CAS runs (r = 1 on one memory node).
 //!
 //! Then, off the critical path (the client's background task): free the replaced object
 //! (one FAA on its block's bitmap, with its "outdated" flag set for cached readers) and mark
@@ -355,6 +356,22 @@ pub(crate) struct Hooks<'a> {
     key: &'a [u8],
 }
 
+impl Hooks<'_> {
+    /// The generation of the object the slot word `old` names, if this operation read it
+    /// (0 for a word that names none: an INSERT's empty slot).
+    fn known_generation(&self, old: u64) -> Option<u32> {
+        if matches!(Slot::from_raw(old), Ok(None)) {
+            return Some(0);
+        }
+        self.verifier
+            .found
+            .lock()
+            .as_ref()
+            .filter(|(s, _)| s.raw() == old)
+            .map(|(_, o)| o.generation)
+    }
+}
+
 impl WriteHooks for Hooks<'_> {
     fn first_round(&self) -> Vec<Batch> {
         self.first.lock().take().unwrap_or_default()
@@ -396,6 +413,32 @@ impl WriteHooks for Hooks<'_> {
         dmkit_verbs::block_on(self.before_primary_async(old))
     }
 
+    /// The commit record in the primary CAS's batch, when all of it goes to the primary's
+    /// node and is durable there before the CAS runs (r = 1 with the object on the index's
+    /// node): a write's commit round and swap round are one. The node executes the batch in
+    /// order, so a swap without its record cannot happen; a batch cut short leaves the
+    /// record alone (as a failure between the two rounds did) or nothing.
+    fn with_primary(&self, old: u64, primary: NodeId) -> Option<Batch> {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.swapping.store(true, Relaxed);
+        let old_gen = self.known_generation(old)?;
+        let (mut batches, ordered) = self
+            .inner
+            .commit_batches(
+                self.verifier.view,
+                self.ours,
+                self.op,
+                Commit { old, old_gen },
+                old,
+            )
+            .ok()?;
+        if !ordered || batches.len() != 1 || batches[0].node() != primary {
+            return None;
+        }
+        self.posted.store(true, Relaxed);
+        batches.pop()
+    }
+
     fn before_primary_async(
         &self,
         old: u64,
@@ -403,13 +446,7 @@ impl WriteHooks for Hooks<'_> {
         Box::pin(async move {
             self.swapping
                 .store(true, std::sync::atomic::Ordering::Relaxed);
-            let known = self
-                .verifier
-                .found
-                .lock()
-                .as_ref()
-                .filter(|(s, _)| s.raw() == old)
-                .map(|(_, o)| o.generation);
+            let known = self.known_generation(old);
             let to_index = |e: Error| match e {
                 Error::Verbs(v) => dmkit_kv_index::Error::from(v),
                 e => dmkit_kv_index::Error::Verifier(e.to_string()),
@@ -1775,9 +1812,7 @@ impl Inner {
     }
 
     /// Phase 3: the commit record, on every data replica, and the replaced object marked
-    /// outdated — one round trip. The mark goes on *before* the primary swap, so an object
-    /// that left the index by replacement always carries it: recovery tells "completed, then
-    /// replaced by someone" (marked) from "never swapped in" (not marked).
+    /// outdated — one round trip ([`Self::commit_batches`]).
     async fn write_commit(
         &self,
         view: &ClusterView,
@@ -1786,39 +1821,58 @@ impl Inner {
         c: Commit,
         old_raw: u64,
     ) -> Result<()> {
-        let rec = object::encode_commit(&c, a.generation, op, a.addr);
-        let at = a.log_offset + object::COMMIT_OFF as u64;
-        let mut batches: Vec<_> = alloc::replicas_of(view, a.addr)
-            .iter()
-            .filter_map(|r| {
-                let region = view.region(r.node)?;
-                let mut b = self.ep.batch(r.node);
-                b.write_durable(region.at(r.offset + at), &rec);
-                Some(b)
-            })
-            .collect();
-        if let Some(old) = Slot::from_raw(old_raw)? {
-            let o = slot_addr(old);
-            if let Some(flag) = view.acting(o.node, o.offset + object::FLAGS_OFF as u64) {
-                match batches.iter_mut().find(|b| b.node() == flag.node) {
-                    // Durable, as the commit record: recovery takes an outdated flag for
-                    // "swapped in and replaced since" (its replacer frees what it replaced);
-                    // a power cut must not leave the swap without the flag.
-                    Some(b) => {
-                        b.write_durable(flag, &[object::FLAG_OUTDATED]);
-                    }
-                    None => {
-                        let mut b = self.ep.batch(flag.node);
-                        b.write_durable(flag, &[object::FLAG_OUTDATED]);
-                        batches.push(b);
-                    }
-                }
-            }
-        }
+        let (batches, _) = self.commit_batches(view, a, op, c, old_raw)?;
         for r in self.ep.execute_many_async(tags::COMMIT, batches).await {
             r?;
         }
         Ok(())
+    }
+
+    /// The commit record's writes, one batch per node: the record on every data replica of
+    /// `a`, and the replaced object's outdated flag. The mark goes on *before* the primary
+    /// swap, so an object that left the index by replacement always carries it: recovery
+    /// tells "completed, then replaced by someone" (marked) from "never swapped in" (not
+    /// marked). With whether every one of these writes is durable before the later verbs of
+    /// its batch run ([`Endpoint::durable_in_order`]): then a batch of them can carry the
+    /// primary CAS too.
+    fn commit_batches(
+        &self,
+        view: &ClusterView,
+        a: &Allocation,
+        op: Op,
+        c: Commit,
+        old_raw: u64,
+    ) -> Result<(Vec<Batch>, bool)> {
+        let rec = object::encode_commit(&c, a.generation, op, a.addr);
+        let at = a.log_offset + object::COMMIT_OFF as u64;
+        let mut ordered = true;
+        let mut batches: Vec<Batch> = Vec::new();
+        let mut write = |to: dmkit_verbs::RemoteAddr, bytes: &[u8]| {
+            ordered &= self.ep.durable_in_order(to);
+            let k = match batches.iter().position(|b| b.node() == to.node) {
+                Some(k) => k,
+                None => {
+                    batches.push(self.ep.batch(to.node));
+                    batches.len() - 1
+                }
+            };
+            batches[k].write_durable(to, bytes);
+        };
+        for r in alloc::replicas_of(view, a.addr) {
+            if let Some(region) = view.region(r.node) {
+                write(region.at(r.offset + at), &rec);
+            }
+        }
+        if let Some(old) = Slot::from_raw(old_raw)? {
+            let o = slot_addr(old);
+            if let Some(flag) = view.acting(o.node, o.offset + object::FLAGS_OFF as u64) {
+                // Durable, as the commit record: recovery takes an outdated flag for
+                // "swapped in and replaced since" (its replacer frees what it replaced);
+                // a power cut must not leave the swap without the flag.
+                write(flag, &[object::FLAG_OUTDATED]);
+            }
+        }
+        Ok((batches, ordered))
     }
 
     /// [`Self::take_back`] once the index decided the attempt in `last` did not take effect

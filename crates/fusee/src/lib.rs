@@ -29,18 +29,25 @@
 //! |---|---|---|---|---|
 //! | SEARCH, address cached | 1 | 1 | 0 | slot word and object, read together |
 //! | SEARCH, not cached | 2 | 2 | 0 | buckets; the candidate object |
-//! | INSERT | 3 | 4 | 1 | object write + bucket read; backup CAS (r ≥ 2); commit record; primary CAS |
-//! | UPDATE / DELETE, cached | 3 | 4 | 2 | object write + bucket read + cached object read; backup CAS; commit record; primary CAS |
-//! | UPDATE / DELETE, not cached | 4 | 5 | 2 | as cached, with the candidate object read in a round of its own |
+//! | INSERT | 2 | 4 | 1 | object write + bucket read; backup CAS (r ≥ 2); commit record; primary CAS (with r = 1 the commit record rides in the primary CAS's batch) |
+//! | UPDATE / DELETE, cached | 2 | 4 | 2 | object write + bucket read + cached object read; backup CAS; commit record; primary CAS (as INSERT at r = 1) |
+//! | UPDATE / DELETE, not cached | 3 | 5 | 2 | as cached, with the candidate object read in a round of its own |
 //! | compare-and-set / delete-if | as UPDATE / DELETE | | 2 | the object the round replaces is the one whose value was compared |
 //! | upsert (`put`), cached | as UPDATE, cached | | 2 | an UPDATE |
 //! | upsert, not cached | as INSERT or UPDATE, not cached | | 2 | INSERT first while the client's recent uncached upserts found their keys absent, UPDATE first while they found them present; a wrong guess adds its rounds and one to take its object back |
 //!
 //! This is the FUSEE paper's write path (FAST 2023, extended version, Fig. 9 and §4.6: "four
 //! RTTs are required in general cases" for INSERT, UPDATE and DELETE; the cached KV address
-//! is read "in parallel with searching the hash index"). One deliberate difference: with
-//! r = 1 the paper skips the log commit (§6.1), we do not — our recovery frees the object a
-//! crashed write replaced using the old value in the commit record, so r = 1 costs 3, not 2.
+//! is read "in parallel with searching the hash index"). With r = 1 the paper skips the log
+//! commit (§6.1) and takes two; we keep the commit record — recovery frees the object a
+//! crashed write replaced using the old value in it — and still take two: when every write
+//! of the record goes to the index primary's node (r = 1 with the object on that node, always
+//! with one memory node) and is durable before the verbs after it in its batch run
+//! ([`dmkit_verbs::Endpoint::durable_in_order`]: sim and tcp; rdma on DRAM regions), the
+//! record and the primary CAS go in one batch ([`dmkit_kv_index::WriteHooks::with_primary`]):
+//! the node executes it in order, so the swap never lands without its record. Otherwise (the
+//! object on another node, or an rdma region on NVM, persisted only after the batch) the
+//! record takes a round of its own: 3 at r = 1.
 //! Rule-2/3 SNAPSHOT rounds add one or two, a directory refresh one, a split its own. An
 //! uncached SEARCH that finds an object whose writer has not finished yet (a write in flight,
 //! or its background `finished` mark not landed) reads the slot word once more before it

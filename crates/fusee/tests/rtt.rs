@@ -107,20 +107,22 @@ fn measure(cluster: &LocalCluster) -> Rounds {
     }
 }
 
-/// The contract: (critical, background) per operation for r = 1 and r ≥ 2.
+/// The contract: (critical, background) per operation for r = 1 (one memory node) and r ≥ 2.
 fn expected(r: usize) -> Rounds {
     // Critical: object write + bucket read [+ cached object read] | backup CAS (r ≥ 2) |
-    // commit record | primary CAS; an uncached UPDATE/DELETE reads the candidate object in a
-    // round of its own. Background: the cleanup's free FAA and the log entry's finish.
-    let b = u64::from(r >= 2);
+    // commit record | primary CAS — with r = 1 the commit record goes in the primary CAS's
+    // batch (one node, executed in order); an uncached UPDATE/DELETE reads the candidate
+    // object in a round of its own. Background: the cleanup's free FAA and the log entry's
+    // finish.
+    let b = 2 * u64::from(r >= 2);
     Rounds {
-        insert: (3 + b, 1),
+        insert: (2 + b, 1),
         search_cached: (1, 0),
-        update_cached: (3 + b, 2),
-        delete_cached: (3 + b, 2),
+        update_cached: (2 + b, 2),
+        delete_cached: (2 + b, 2),
         search_uncached: (2, 0),
-        update_uncached: (4 + b, 2),
-        delete_uncached: (4 + b, 2),
+        update_uncached: (3 + b, 2),
+        delete_uncached: (3 + b, 2),
     }
 }
 
@@ -267,4 +269,63 @@ fn a_round_posts_one_batch_per_node() {
             }
         }
     }
+}
+
+/// With r = 1 the commit record rides in the primary CAS's batch only when it goes to the
+/// primary's node: on three memory nodes a write whose object (or the object it replaces)
+/// lives elsewhere writes its record in a round of its own first. Either way the record is
+/// written before the swap: in the swap's own batch ahead of the CAS, or in the round before.
+#[test]
+fn with_r1_the_commit_record_rides_the_swap_only_on_the_primarys_node() {
+    use dmkit_verbs::record::VerbKind;
+    let cluster = LocalCluster::start(LocalConfig::new(3, 1)).unwrap();
+    let clients: Vec<Client> = (1..=3).map(|i| warm(cluster.client(i).unwrap())).collect();
+    let (mut merged, mut apart) = (0, 0);
+    for (i, c) in clients.iter().cycle().take(48).enumerate() {
+        let k = format!("r1-commit-{i:03}").into_bytes();
+        for update in [false, true] {
+            c.flush().unwrap();
+            dmkit_verbs::record::start();
+            if update {
+                c.update(&k, b"second").unwrap();
+            } else {
+                c.insert(&k, b"first").unwrap();
+            }
+            let rounds = dmkit_verbs::record::take().rounds;
+            let last = rounds.last().expect("a write has rounds");
+            assert_eq!(
+                last.batches.len(),
+                1,
+                "the swap round goes to the primary alone"
+            );
+            let kinds: Vec<VerbKind> = last.batches[0].1.iter().map(|v| v.kind).collect();
+            let cas = kinds
+                .iter()
+                .position(|k| *k == VerbKind::Cas)
+                .expect("the swap round holds the primary CAS");
+            match rounds.len() {
+                2 => {
+                    merged += 1;
+                    assert!(
+                        kinds[..cas].contains(&VerbKind::Write { durable: true }),
+                        "a two-round write carries its commit record ahead of the CAS: {kinds:?}"
+                    );
+                }
+                3 => {
+                    apart += 1;
+                    assert_eq!(rounds[1].tag, dmkit_fusee::tags::COMMIT, "{rounds:?}");
+                }
+                n => panic!("a write at r = 1 took {n} rounds: {rounds:?}"),
+            }
+        }
+    }
+    eprintln!("r = 1 on three nodes: {merged} writes merged their commit record, {apart} did not");
+    assert!(
+        merged > 0,
+        "no write merged its commit record ({apart} apart)"
+    );
+    assert!(
+        apart > 0,
+        "every write merged its commit record ({merged}): objects all on the primary?"
+    );
 }

@@ -2,7 +2,7 @@
 //! write protocol, slot positions for its address cache, and resuming a crashed writer's
 //! round during recovery.
 
-use dmkit_verbs::{Batch, BatchResult, RemoteAddr};
+use dmkit_verbs::{Batch, BatchResult, NodeId, RemoteAddr};
 
 use crate::error::Result;
 use crate::index::{Backoff, RaceIndex};
@@ -37,6 +37,18 @@ pub trait WriteHooks: Sync {
     /// [`WriteHooks::before_primary`] for async operations (the default runs it in place).
     fn before_primary_async(&self, old: u64) -> crate::BoxFuture<'_, Result<()>> {
         Box::pin(std::future::ready(self.before_primary(old)))
+    }
+
+    /// Instead of [`WriteHooks::before_primary_async`]: verbs that go *in the primary CAS's
+    /// batch*, ahead of the CAS, to `primary` — one round trip for both, as a batch executes
+    /// in order. FUSEE's commit record goes here when every write of it is to the primary's
+    /// node and durable there before the CAS runs ([`dmkit_verbs::Endpoint::durable_in_order`]):
+    /// with r = 1 and one memory node a write takes the FUSEE paper's two round trips, commit
+    /// record included. `None` (the default): `before_primary_async` runs first, in round
+    /// trips of its own.
+    fn with_primary(&self, old: u64, primary: NodeId) -> Option<Batch> {
+        let _ = (old, primary);
+        None
     }
 
     /// A SNAPSHOT round is about to start on `pos`, replacing `expected` (raw). Called before

@@ -145,9 +145,8 @@ impl RaceIndex {
         hooks: &dyn WriteHooks,
     ) -> Result<(RawOutcome, Vec<Vec<u8>>)> {
         let r = if self.spaces.len() == 1 {
-            hooks.before_primary_async(expected).await?;
             let (ok, now, bytes) = self
-                .cas_primary_async(tag, pos, expected, new, post)
+                .swap_primary_async(tag, pos, expected, new, post, hooks)
                 .await?;
             if ok {
                 (RawOutcome::Won(Rule::PrimaryOnly), bytes)
@@ -210,7 +209,30 @@ impl RaceIndex {
         Ok(())
     }
 
-    /// CAS on the primary plus trailing READs in the same batch: one round trip.
+    /// The last writer's primary swap: the hooks' work before it (in the CAS's batch where
+    /// they can put it there, [`WriteHooks::with_primary`]), then the CAS.
+    async fn swap_primary_async(
+        &self,
+        tag: Tag,
+        pos: SlotPos,
+        expected: u64,
+        new: u64,
+        post: &[(RemoteAddr, usize)],
+        hooks: &dyn WriteHooks,
+    ) -> Result<(bool, u64, Vec<Vec<u8>>)> {
+        let primary = self.primary_node();
+        let lead = hooks
+            .with_primary(expected, primary)
+            .filter(|b| b.node() == primary);
+        if lead.is_none() {
+            hooks.before_primary_async(expected).await?;
+        }
+        self.cas_primary_async(tag, pos, expected, new, post, lead)
+            .await
+    }
+
+    /// CAS on the primary plus trailing READs in the same batch, after `lead`'s verbs (a batch
+    /// for the primary's node) when there are some: one round trip.
     pub(crate) async fn cas_primary_async(
         &self,
         tag: Tag,
@@ -218,8 +240,9 @@ impl RaceIndex {
         expected: u64,
         new: u64,
         post: &[(RemoteAddr, usize)],
+        lead: Option<dmkit_verbs::Batch>,
     ) -> Result<(bool, u64, Vec<Vec<u8>>)> {
-        let mut b = self.ep.batch(self.primary_node());
+        let mut b = lead.unwrap_or_else(|| self.ep.batch(self.primary_node()));
         let c = b.cas(self.slot_addr(0, pos), expected, new);
         let reads: Vec<_> = post.iter().map(|(a, l)| b.read(*a, *l)).collect();
         let res = self.ep.execute_async(tag, b).await?;
@@ -320,9 +343,8 @@ impl RaceIndex {
                 self.force_backup_async(tag, k, pos, new).await?;
             }
         }
-        hooks.before_primary_async(expected).await?;
         let (ok, now, bytes) = self
-            .cas_primary_async(tag, pos, expected, new, post)
+            .swap_primary_async(tag, pos, expected, new, post, hooks)
             .await?;
         if ok || (now == new && (!is_empty_word(new) || hooks.delete_mark() != 0)) {
             // (`now == new` with a unique value — an object's word, a marked tombstone:

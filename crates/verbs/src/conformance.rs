@@ -702,6 +702,73 @@ pub fn durable_writes_persist_before_completing(h: &dyn Harness) {
     assert_eq!(nvm.persisted.lock().last(), Some(&(1000, 10)));
 }
 
+/// An NVM medium that notes, at every persist, the word at `watch` (what a later verb of the
+/// batch may have swapped already).
+#[derive(Debug)]
+struct WatchingNvm {
+    nvm: RecordingNvm,
+    watch: usize,
+    /// `(offset, len, word at watch)` of every persist, in order.
+    seen: Mutex<Vec<(usize, usize, u64)>>,
+}
+
+impl Backing for WatchingNvm {
+    fn as_ptr(&self) -> *mut u8 {
+        self.nvm.as_ptr()
+    }
+    fn len(&self) -> usize {
+        self.nvm.len()
+    }
+    fn media(&self) -> Media {
+        Media::Nvm
+    }
+    fn persist(&self, offset: usize, len: usize) -> std::io::Result<()> {
+        let mut w = [0u8; 8];
+        // SAFETY: `watch + 8 <= len()` (checked at construction); the read races only with
+        // the node's own verbs, which write whole aligned words.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.nvm.as_ptr().add(self.watch), w.as_mut_ptr(), 8)
+        };
+        self.seen.lock().push((offset, len, u64::from_le_bytes(w)));
+        Ok(())
+    }
+}
+
+/// [`Endpoint::durable_in_order`] is never wrong: where it says so, a durable WRITE is
+/// persisted before the next verb of its batch (a CAS) runs; a DRAM region says so on every
+/// backend (its writes are placed in order, and there is nothing to persist).
+pub fn durable_in_order_is_kept(h: &dyn Harness) {
+    let node = Arc::new(MemoryNode::new(NodeId(0)));
+    let nvm = Arc::new(WatchingNvm {
+        nvm: RecordingNvm::new(8192),
+        watch: 512,
+        seen: Mutex::new(Vec::new()),
+    });
+    assert!(nvm.watch + 8 <= nvm.len());
+    let r = node.register(nvm.clone(), Access::ALL, None).unwrap();
+    let dram = node
+        .register(Arc::new(DramBacking::new(4096)), Access::ALL, None)
+        .unwrap();
+    h.start_node(node).unwrap();
+    let ep = h.endpoint().unwrap();
+    assert!(ep.durable_in_order(dram.at(0)), "a DRAM region is ordered");
+    let mut b = ep.batch(NodeId(0));
+    b.write_durable(r.at(0), &[7; 64]);
+    let c = b.cas(r.at(512), 0, 1);
+    assert_eq!(ep.execute("t", b).unwrap().old(c), 0);
+    let seen = nvm.seen.lock().clone();
+    let record = seen
+        .iter()
+        .find(|(off, len, _)| *off == 0 && *len == 64)
+        .unwrap_or_else(|| panic!("the durable write was never persisted: {seen:?}"));
+    if ep.durable_in_order(r.at(0)) {
+        assert_eq!(
+            record.2, 0,
+            "durable_in_order said the write would be durable before the CAS ran; it was not"
+        );
+    }
+}
+
 /// Clients learn the node's regions at connect, and new ones on refresh.
 pub fn regions_are_learned_at_connect(h: &dyn Harness) {
     let node = Arc::new(MemoryNode::new(NodeId(0)));
@@ -910,6 +977,7 @@ macro_rules! conformance_tests {
             killed_node_is_an_error_not_a_hang,
             hung_node_times_out,
             durable_writes_persist_before_completing,
+            durable_in_order_is_kept,
             regions_are_learned_at_connect,
             named_regions_are_found_by_name,
             rekeys_and_fences_cut_peers_off,

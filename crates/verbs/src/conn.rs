@@ -53,6 +53,15 @@ pub trait Connection: Send + Sync + std::fmt::Debug {
     fn in_flight(&self) -> usize {
         0
     }
+    /// Whether a durable WRITE to region `rkey` is durable before the verbs after it in its
+    /// batch execute — so one batch can carry a record and the swap that publishes it, and a
+    /// power cut never keeps the swap without the record. True for backends that persist a
+    /// durable write as they execute it (the default; sim and tcp); rdma persists an NVM
+    /// region's writes only after the batch's verbs (its persist request), so false there.
+    fn durable_in_order(&self, rkey: crate::types::RKey) -> bool {
+        let _ = rkey;
+        true
+    }
 }
 
 /// What [`Connection::post_blocking`] did with a batch.

@@ -129,6 +129,14 @@ impl Endpoint {
             .ok_or(Error::NoSuchNode(node))
     }
 
+    /// Whether a durable WRITE to `remote` is durable before the later verbs of its batch
+    /// execute ([`Connection::durable_in_order`]); false for a node this endpoint has no
+    /// connection to.
+    pub fn durable_in_order(&self, remote: RemoteAddr) -> bool {
+        self.connection(remote.node)
+            .is_ok_and(|c| c.durable_in_order(remote.rkey))
+    }
+
     /// The regions `node` registered, as learned at connect.
     pub fn regions(&self, node: NodeId) -> Result<Vec<RegionDesc>> {
         Ok(self.connection(node)?.regions())

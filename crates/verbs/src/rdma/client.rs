@@ -1627,6 +1627,20 @@ impl Connection for RdmaConnection {
         self.shared().refresh_regions()
     }
 
+    /// A DRAM region's write is placed before the later verbs of its queue pair execute (RC
+    /// order); an NVM region's is durable only once the node answers the batch's persist
+    /// request, after all of them. (An unknown region: not known to be ordered.)
+    fn durable_in_order(&self, rkey: crate::types::RKey) -> bool {
+        self.current
+            .lock()
+            .regions
+            .lock()
+            .regions
+            .iter()
+            .find(|r| r.desc.rkey == rkey)
+            .is_some_and(|r| r.desc.media != Media::Nvm)
+    }
+
     fn post(&self, batch: Batch, _ctx: PostCtx) -> Pending<BatchResult> {
         let s = &self.shared();
         match s.build(batch) {
