@@ -172,6 +172,9 @@ pub struct Pending<T> {
     timeout: Duration,
     on_timeout: Option<TimeoutHook>,
     progress: Option<Progress>,
+    /// The completion is delivered by another thread soon (tcp: the connection's reader): a
+    /// waiter with nothing to poll watches for it for [`spin`] before it sleeps.
+    spin: bool,
     /// Modeled completion time in virtual nanoseconds (sim with a latency model).
     pub(crate) modeled_done: Option<u64>,
     /// The timeout armed on [`timer`] while the future is awaited (disarmed when dropped).
@@ -234,6 +237,7 @@ impl<T: Send + 'static> Pending<T> {
             timeout: Duration::MAX,
             on_timeout: None,
             progress: None,
+            spin: false,
             modeled_done: None,
             armed: None,
         }
@@ -266,6 +270,7 @@ impl<T: Send + 'static> Pending<T> {
             timeout,
             on_timeout,
             progress: None,
+            spin: false,
             modeled_done: None,
             armed: None,
         }
@@ -314,7 +319,12 @@ impl<T: Send + 'static> Pending<T> {
                         .unwrap_or_else(|| t + Duration::from_secs(86400 * 365))
                 };
                 let got = match &self.progress {
-                    None => slot.wait_until(far(Instant::now())),
+                    None => {
+                        if self.spin {
+                            spin_until(spin(), || slot.delivered.load(Ordering::Acquire));
+                        }
+                        slot.wait_until(far(Instant::now()))
+                    }
                     // The clock is read only every `CLOCK_EVERY` polls while spinning (and
                     // before each nap): on emulated machines a clock read is a system call,
                     // dearer than the poll itself.
@@ -389,6 +399,14 @@ impl<T: Send + 'static> Pending<T> {
         self
     }
 
+    /// The completion comes from another thread soon (tcp: the connection's reader thread):
+    /// a waiter with nothing to poll watches for it for [`spin`] (`DMKIT_VERBS_SPIN_US`)
+    /// before it sleeps, sparing the round trip the wake-up of a sleeping thread.
+    pub(crate) fn spinning(mut self) -> Self {
+        self.spin = true;
+        self
+    }
+
     /// Runs `cb` when the completion arrives (at once if it already has), on whichever thread
     /// delivers it. The result itself stays available to `wait`.
     pub(crate) fn on_complete(&self, cb: impl FnOnce(&Result<T>) + Send + 'static) {
@@ -417,6 +435,34 @@ thread_local! {
     /// connections' completions to their poll threads: a thread handoff per completion, and
     /// on a busy or emulated host a spinning waiter starving the threads it waited for.)
     static PROGRESS: std::cell::RefCell<Vec<Progress>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+thread_local! {
+    /// A completion polled on this thread since the last wait was not ready and comes from
+    /// another thread soon ([`Pending::spinning`]): [`block_on`] watches for it before parking.
+    static SPIN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Watches `done` for up to `limit`, yielding the CPU between looks (the thread that
+/// delivers may need it), reading the clock only every `CLOCK_EVERY` looks; true if `done`.
+fn spin_until(limit: Duration, done: impl Fn() -> bool) -> bool {
+    if limit.is_zero() {
+        return done();
+    }
+    let (mut looks, mut start) = (0u32, None);
+    loop {
+        if done() {
+            return true;
+        }
+        looks = looks.wrapping_add(1);
+        if looks % CLOCK_EVERY == 0 {
+            let now = Instant::now();
+            if now - *start.get_or_insert(now) > limit {
+                return false;
+            }
+        }
+        std::thread::yield_now();
+    }
 }
 
 /// Notes `p` as a hook the current [`block_on`] wait drives (once per connection).
@@ -464,6 +510,7 @@ fn block_on_here<F: Future>(f: F) -> F::Output {
     let mut hooks: Vec<Progress> = Vec::new();
     loop {
         PROGRESS.with(|p| p.borrow_mut().clear());
+        SPIN.with(|s| s.set(false));
         if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
             return v;
         }
@@ -474,6 +521,9 @@ fn block_on_here<F: Future>(f: F) -> F::Output {
         PROGRESS.with(|p| std::mem::swap(&mut *p.borrow_mut(), &mut hooks));
         match hooks.len() {
             0 => {
+                if SPIN.with(std::cell::Cell::get) {
+                    spin_until(spin(), || unpark.woken.load(Ordering::Acquire));
+                }
                 while !woken() {
                     std::thread::park();
                 }
@@ -572,6 +622,8 @@ impl<T: Send + 'static> Future for Pending<T> {
         }
         if let Some(p) = &this.progress {
             note_progress(p);
+        } else if this.spin {
+            SPIN.with(|s| s.set(true));
         }
         if this.armed.is_none() {
             // Long timeouts (the connections') start from the timer's coarse clock.

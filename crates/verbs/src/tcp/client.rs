@@ -741,6 +741,7 @@ impl Connection for TcpConnection {
             self.shared.op_timeout,
             Some(self.timeout_hook()),
         )
+        .spinning()
     }
 
     fn rpc(&self, req: &[u8], _ctx: PostCtx) -> Pending<Vec<u8>> {
@@ -762,6 +763,7 @@ impl Connection for TcpConnection {
             self.shared.op_timeout,
             Some(self.timeout_hook()),
         )
+        .spinning()
     }
 
     fn is_alive(&self) -> bool {
