@@ -348,3 +348,52 @@ impl BatchResult {
         Some(std::mem::replace(&mut self.bufs[b], MemBuf::heap(0)))
     }
 }
+
+/// Which durable WRITEs of a batch get a read-after-write flush READ right after them: those
+/// no READ follows later in the batch. On one queue pair a READ completes only after every
+/// WRITE posted before it has been placed in the node's memory, so one READ — the batch's own
+/// (a bucket read behind an object write) or one flush behind the last durable write —
+/// covers every durable write before it. In batch order.
+#[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+pub(crate) fn flushes(
+    ops: impl DoubleEndedIterator<Item = (OpKind, u32)> + ExactSizeIterator,
+) -> Vec<bool> {
+    let mut out = vec![false; ops.len()];
+    let mut covered = false;
+    for (i, (kind, len)) in ops.enumerate().rev() {
+        match kind {
+            OpKind::Read if len > 0 => covered = true,
+            OpKind::Write { durable: true } if len > 0 && !covered => {
+                out[i] = true;
+                covered = true;
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DW: OpKind = OpKind::Write { durable: true };
+    const W: OpKind = OpKind::Write { durable: false };
+    const CAS: OpKind = OpKind::Cas { expect: 0, new: 1 };
+
+    #[test]
+    fn one_read_flushes_every_durable_write_before_it() {
+        // An object write behind which the bucket reads go: no flush of its own.
+        let f = flushes([(DW, 100), (OpKind::Read, 64), (OpKind::Read, 64)].into_iter());
+        assert_eq!(f, [false, false, false]);
+        // A commit record and a flag, then the CAS: one flush, behind the last.
+        let f = flushes([(DW, 16), (DW, 1), (CAS, 8)].into_iter());
+        assert_eq!(f, [false, true, false]);
+        // A durable write after the last READ needs its own; plain writes need none.
+        let f = flushes([(DW, 8), (OpKind::Read, 8), (W, 8), (DW, 8)].into_iter());
+        assert_eq!(f, [false, false, false, true]);
+        // Empty writes and empty reads neither need nor give a flush.
+        let f = flushes([(DW, 8), (OpKind::Read, 0), (DW, 0)].into_iter());
+        assert_eq!(f, [true, false, false]);
+    }
+}

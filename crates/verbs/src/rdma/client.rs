@@ -517,6 +517,7 @@ impl Shared {
         } else {
             None
         };
+        let flush = crate::batch::flushes(ops[..n].iter().map(|o| (o.kind, o.len)));
         let mut wrs: smallvec::SmallVec<[Wr; 8]> = smallvec::SmallVec::with_capacity(n + 1);
         let mut bounce_reads = Vec::new();
         let mut keep = Vec::new();
@@ -575,26 +576,28 @@ impl Shared {
                     }
                     wrs.push(wr);
                     if durable && op.len > 0 {
-                        // Read-after-write flush: a READ on the same QP completes only after
-                        // the WRITE before it has been placed in the node's memory.
-                        let mut fb = match s.alloc.alloc(8) {
-                            Ok(x) => x,
-                            Err(e) => return alloc_err(e),
-                        };
-                        let tail = u64::from(op.len.min(8));
-                        wrs.push(Wr {
-                            id: wid,
-                            kind: WrKind::Read {
-                                raddr: raddr + u64::from(op.len) - tail,
-                                rkey,
-                            },
-                            addr: fb.as_mut_ptr() as u64,
-                            len: tail as u32,
-                            lkey: fb.lkey(),
-                            signaled: false,
-                            inline: false,
-                        });
-                        keep.push(fb);
+                        // Read-after-write flush, unless a READ follows later in the batch
+                        // (see `flushes`).
+                        if flush[i] {
+                            let mut fb = match s.alloc.alloc(8) {
+                                Ok(x) => x,
+                                Err(e) => return alloc_err(e),
+                            };
+                            let tail = u64::from(op.len.min(8));
+                            wrs.push(Wr {
+                                id: wid,
+                                kind: WrKind::Read {
+                                    raddr: raddr + u64::from(op.len) - tail,
+                                    rkey,
+                                },
+                                addr: fb.as_mut_ptr() as u64,
+                                len: tail as u32,
+                                lkey: fb.lkey(),
+                                signaled: false,
+                                inline: false,
+                            });
+                            keep.push(fb);
+                        }
                         if r.desc.media == Media::Nvm {
                             persist.extend_from_slice(&op.rkey.0.to_le_bytes());
                             persist.extend_from_slice(&(op.addr - r.desc.base).to_le_bytes());
@@ -1430,18 +1433,24 @@ fn raw_post<'a>(
     let mut ends = Vec::with_capacity(lists.len());
     let mut left = lists.iter().map(|l| l.len());
     let mut in_list = left.next().unwrap_or(0);
+    let op_kind = |k: VerbKind| match k {
+        VerbKind::Read => OpKind::Read,
+        VerbKind::Write { durable } => OpKind::Write { durable },
+        VerbKind::Cas => OpKind::Cas { expect: 0, new: 0 },
+        VerbKind::Faa => OpKind::Faa { add: 0 },
+    };
+    // The flush READs the full path adds (per batch: one list is one batch).
+    let flush: Vec<bool> = lists
+        .iter()
+        .flat_map(|l| crate::batch::flushes(l.iter().map(|v| (op_kind(v.kind), v.len))))
+        .collect();
     for (i, v) in verbs.enumerate() {
         while in_list == 0 {
             ends.push(wrs.len());
             in_list = left.next().unwrap_or(usize::MAX);
         }
         in_list -= 1;
-        let kind = match v.kind {
-            VerbKind::Read => OpKind::Read,
-            VerbKind::Write { durable } => OpKind::Write { durable },
-            VerbKind::Cas => OpKind::Cas { expect: 0, new: 0 },
-            VerbKind::Faa => OpKind::Faa { add: 0 },
-        };
+        let kind = op_kind(v.kind);
         let op = Op {
             kind,
             rkey: v.at.rkey,
@@ -1466,7 +1475,7 @@ fn raw_post<'a>(
             OpKind::Write { durable } => {
                 wr.kind = WrKind::Write { raddr, rkey };
                 wr.inline = v.len <= s.max_inline;
-                if durable && v.len > 0 {
+                if durable && v.len > 0 && flush[i] {
                     wrs.push(wr);
                     let tail = v.len.min(8);
                     wr = Wr {
