@@ -771,8 +771,31 @@ impl Master {
                 })
             })
             .collect();
+        // The I/O runtime's pulse: when it last ran a task of ours, the time it ran late and
+        // not yet excused, and how much of its current lateness was already excused. A
+        // runtime held off the CPU — an overloaded host, or busy tasks on the same runtime —
+        // runs the heartbeat tasks late and reads the answers late: that time is no member's
+        // silence.
+        let pulse: Arc<Mutex<Pulse>> = Arc::new(Mutex::new(Pulse::new()));
+        let beat = {
+            let (pulse, stop, hb) = (pulse.clone(), stop.clone(), cfg.heartbeat);
+            dmkit_verbs::runtime::io_runtime().spawn(async move {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    dmkit_verbs::sleep(hb).await;
+                    pulse.lock().beat(hb);
+                }
+            })
+        };
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
             std::thread::sleep(cfg.heartbeat);
+            let stall = pulse.lock().stall(cfg.heartbeat);
+            if !stall.is_zero() {
+                tracing::debug!(
+                    stall_ms = stall.as_millis() as u64,
+                    "heartbeats ran late (the master was held off the CPU): not counted as silence"
+                );
+                detector.excuse(stall);
+            }
             let m = self.membership();
             let Verdict { failed: dead, back } =
                 detector.verdict(self.nodes.iter().copied(), |n| m.is_member(*n));
@@ -806,8 +829,53 @@ impl Master {
                 }
             }
         }
-        for beat in beats {
+        for beat in beats.into_iter().chain([beat]) {
             let _ = dmkit_verbs::block_on(beat);
         }
+    }
+}
+
+/// When the master's I/O runtime last ran its pulse task, and how late it has run: what the
+/// failure detector excuses ([`FailureDetector::excuse`]).
+#[derive(Debug)]
+struct Pulse {
+    last: Instant,
+    /// Lateness not yet excused.
+    pending: Duration,
+    /// How much of the lateness since `last` was already excused (while it was running).
+    excused: Duration,
+}
+
+impl Pulse {
+    fn new() -> Self {
+        Self {
+            last: Instant::now(),
+            pending: Duration::ZERO,
+            excused: Duration::ZERO,
+        }
+    }
+
+    /// The pulse task ran (it meant to every `hb`): a gap of more than two beats was a stall.
+    fn beat(&mut self, hb: Duration) {
+        let now = Instant::now();
+        let late = now.saturating_duration_since(self.last).saturating_sub(hb);
+        if late > hb {
+            self.pending += late.saturating_sub(self.excused);
+        }
+        self.last = now;
+        self.excused = Duration::ZERO;
+    }
+
+    /// The stall to excuse now: what the pulse reported, and — while it is overdue by more
+    /// than a beat right now — the part of its current lateness not excused yet.
+    fn stall(&mut self, hb: Duration) -> Duration {
+        let late = self.last.elapsed().saturating_sub(hb);
+        let ongoing = if late > hb {
+            late.saturating_sub(self.excused)
+        } else {
+            Duration::ZERO
+        };
+        self.excused += ongoing;
+        std::mem::take(&mut self.pending) + ongoing
     }
 }

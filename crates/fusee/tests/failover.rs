@@ -337,3 +337,59 @@ fn a_member_that_fenced_itself_is_resumed_in_a_new_epoch() {
     stop.store(true, Ordering::Relaxed);
     detector.join().unwrap();
 }
+
+/// A master whose heartbeats run late fails no live member over: here 48 tasks on its I/O
+/// runtime (where the heartbeat tasks run) each spin 5 ms and sleep 1 ms, for a second and a
+/// half, so a heartbeat waits up to about the detector's whole window (100 ms) for its turn.
+/// The answers come in late; the members did not fall silent. (Before the master told its
+/// detector of such stalls this test failed live members over, as the load test with 64
+/// busy tasks and this window did: membership epoch 59 and 107 in two runs without any
+/// restart.)
+#[test]
+fn a_master_whose_heartbeats_run_late_fails_no_live_member_over() {
+    let c = cluster(3);
+    let master = c.master().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (m, s) = (master.clone(), stop.clone());
+    let detector = std::thread::spawn(move || {
+        m.run(
+            MasterConfig {
+                heartbeat: Duration::from_millis(20),
+                miss_limit: 5,
+                auto_rejoin: false,
+            },
+            s,
+        )
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let before = master.membership();
+    let until = Instant::now() + Duration::from_millis(1500);
+    let hogs: Vec<_> = (0..48)
+        .map(|_| {
+            dmkit_verbs::runtime::io_runtime().spawn(async move {
+                while Instant::now() < until {
+                    let slice = Instant::now();
+                    while slice.elapsed() < Duration::from_millis(5) {
+                        std::hint::spin_loop();
+                    }
+                    dmkit_verbs::sleep(Duration::from_millis(1)).await;
+                }
+            })
+        })
+        .collect();
+    for h in hogs {
+        dmkit_verbs::block_on(h).unwrap();
+    }
+    // A few verdicts after the load.
+    std::thread::sleep(Duration::from_millis(300));
+    let after = master.membership();
+    stop.store(true, Ordering::Relaxed);
+    detector.join().unwrap();
+    assert_eq!(
+        after.epoch, before.epoch,
+        "a live member was failed over while the heartbeats ran late"
+    );
+    for n in 0..3 {
+        assert!(after.is_member(NodeId(n)), "node {n} is no longer a member");
+    }
+}

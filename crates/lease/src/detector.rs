@@ -55,7 +55,8 @@ pub struct FailureDetector<N, C: Clock> {
     clock: C,
     silent_for: Duration,
     fresh_for: Duration,
-    started: Timestamp,
+    /// Silence of a server never heard counts from here (the start, moved on by excuses).
+    started: Mutex<Timestamp>,
     /// Each server's last answer: when, and whether it said it had restarted.
     heard: Mutex<HashMap<N, (Timestamp, bool)>>,
 }
@@ -69,7 +70,7 @@ impl<N: Copy + Eq + Hash, C: Clock> FailureDetector<N, C> {
             clock,
             silent_for,
             fresh_for,
-            started,
+            started: Mutex::new(started),
             heard: Mutex::new(HashMap::new()),
         }
     }
@@ -86,6 +87,24 @@ impl<N: Copy + Eq + Hash, C: Clock> FailureDetector<N, C> {
         self.heard.lock().remove(&node);
     }
 
+    /// The coordinator itself could not hear anyone for `stalled` just now (its process or
+    /// its heartbeat tasks were held off the CPU: answers that arrived meanwhile were not
+    /// read): that time counts as no server's silence. Every server's last answer, and the
+    /// start, move `stalled` later (never past now). Without this, a coordinator starved for
+    /// longer than `silent_for` fails every live member over when it runs again.
+    pub fn excuse(&self, stalled: Duration) {
+        let now = self.clock.now();
+        let later = |t: Timestamp| {
+            let t = t.saturating_add(stalled);
+            if t > now { now } else { t }
+        };
+        let mut started = self.started.lock();
+        *started = later(*started);
+        for (t, _) in self.heard.lock().values_mut() {
+            *t = later(*t);
+        }
+    }
+
     /// The members of `nodes` that failed and the non-members that are back, now.
     pub fn verdict(
         &self,
@@ -93,6 +112,7 @@ impl<N: Copy + Eq + Hash, C: Clock> FailureDetector<N, C> {
         is_member: impl Fn(&N) -> bool,
     ) -> Verdict<N> {
         let now = self.clock.now();
+        let started = *self.started.lock();
         let heard = self.heard.lock();
         let mut v = Verdict {
             failed: Vec::new(),
@@ -102,7 +122,7 @@ impl<N: Copy + Eq + Hash, C: Clock> FailureDetector<N, C> {
             let last = heard.get(&n).copied();
             let since = |t: Timestamp| now.saturating_duration_since(t);
             if is_member(&n) {
-                let (t, restarted) = last.unwrap_or((self.started, false));
+                let (t, restarted) = last.unwrap_or((started, false));
                 if since(t) >= self.silent_for || (last.is_some() && restarted) {
                     v.failed.push(n);
                 }
@@ -171,6 +191,34 @@ mod tests {
         d.forget(0);
         // Never heard since, and the start is recent: not failed (again) yet.
         assert!(d.verdict([0], |_| true).failed.is_empty());
+        clock.advance(500 * MS);
+        assert_eq!(d.verdict([0], |_| true).failed, vec![0]);
+    }
+
+    #[test]
+    fn a_stall_of_the_coordinator_counts_as_no_ones_silence() {
+        let clock = VirtualClock::new();
+        let d = detector(&clock);
+        clock.advance(100 * MS);
+        d.heard(0, false);
+        clock.advance(50 * MS);
+        d.heard(1, false);
+        // The coordinator is held off the CPU for 2 s: nobody is heard meanwhile.
+        clock.advance(2000 * MS);
+        d.excuse(2000 * MS);
+        // Outside the stall node 0 was silent 50 ms, node 1 not at all, node 2 (never heard)
+        // 150 ms since the start: none failed.
+        assert!(d.verdict([0, 1, 2], |_| true).failed.is_empty());
+        // Silence after the stall counts again, each from where it stood.
+        clock.advance(350 * MS);
+        assert_eq!(d.verdict([0, 1, 2], |_| true).failed, vec![2]);
+        clock.advance(100 * MS);
+        assert_eq!(d.verdict([0, 1, 2], |_| true).failed, vec![0, 2]);
+        clock.advance(50 * MS);
+        assert_eq!(d.verdict([0, 1, 2], |_| true).failed, vec![0, 1, 2]);
+        // An excuse never moves an answer past now.
+        d.heard(0, false);
+        d.excuse(10_000 * MS);
         clock.advance(500 * MS);
         assert_eq!(d.verdict([0], |_| true).failed, vec![0]);
     }
