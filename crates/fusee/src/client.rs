@@ -357,6 +357,17 @@ pub(crate) struct Hooks<'a> {
 }
 
 impl Hooks<'_> {
+    /// This write's commit record (replacing `old`, whose object has generation `old_gen`):
+    /// [`Inner::commit_batches`].
+    fn commit_batches(&self, old: u64, old_gen: u32) -> Result<(Vec<Batch>, bool)> {
+        self.inner.commit_batches(
+            self.verifier.view,
+            self.ours,
+            self.op,
+            Commit { old, old_gen },
+        )
+    }
+
     /// The generation of the object the slot word `old` names, if this operation read it
     /// (0 for a word that names none: an INSERT's empty slot).
     fn known_generation(&self, old: u64) -> Option<u32> {
@@ -422,16 +433,7 @@ impl WriteHooks for Hooks<'_> {
         use std::sync::atomic::Ordering::Relaxed;
         self.swapping.store(true, Relaxed);
         let old_gen = self.known_generation(old)?;
-        let (mut batches, ordered) = self
-            .inner
-            .commit_batches(
-                self.verifier.view,
-                self.ours,
-                self.op,
-                Commit { old, old_gen },
-                old,
-            )
-            .ok()?;
+        let (mut batches, ordered) = self.commit_batches(old, old_gen).ok()?;
         if !ordered || batches.len() != 1 || batches[0].node() != primary {
             return None;
         }
@@ -457,16 +459,17 @@ impl WriteHooks for Hooks<'_> {
                 // generation now (one round trip, only on that path).
                 None => self.inner.generation_of(old).map_err(to_index)?,
             };
-            self.inner
-                .write_commit(
-                    self.verifier.view,
-                    self.ours,
-                    self.op,
-                    Commit { old, old_gen },
-                    old,
-                )
+            // Phase 3 in a round trip of its own: the commit record and the replaced object's
+            // outdated flag.
+            let (batches, _) = self.commit_batches(old, old_gen).map_err(to_index)?;
+            for r in self
+                .inner
+                .ep
+                .execute_many_async(tags::COMMIT, batches)
                 .await
-                .map_err(to_index)?;
+            {
+                r?;
+            }
             self.posted
                 .store(true, std::sync::atomic::Ordering::Relaxed);
             Ok(())
@@ -1811,23 +1814,6 @@ impl Inner {
         }
     }
 
-    /// Phase 3: the commit record, on every data replica, and the replaced object marked
-    /// outdated — one round trip ([`Self::commit_batches`]).
-    async fn write_commit(
-        &self,
-        view: &ClusterView,
-        a: &Allocation,
-        op: Op,
-        c: Commit,
-        old_raw: u64,
-    ) -> Result<()> {
-        let (batches, _) = self.commit_batches(view, a, op, c, old_raw)?;
-        for r in self.ep.execute_many_async(tags::COMMIT, batches).await {
-            r?;
-        }
-        Ok(())
-    }
-
     /// The commit record's writes, one batch per node: the record on every data replica of
     /// `a`, and the replaced object's outdated flag. The mark goes on *before* the primary
     /// swap, so an object that left the index by replacement always carries it: recovery
@@ -1841,7 +1827,6 @@ impl Inner {
         a: &Allocation,
         op: Op,
         c: Commit,
-        old_raw: u64,
     ) -> Result<(Vec<Batch>, bool)> {
         let rec = object::encode_commit(&c, a.generation, op, a.addr);
         let at = a.log_offset + object::COMMIT_OFF as u64;
@@ -1863,7 +1848,7 @@ impl Inner {
                 write(region.at(r.offset + at), &rec);
             }
         }
-        if let Some(old) = Slot::from_raw(old_raw)? {
+        if let Some(old) = Slot::from_raw(c.old)? {
             let o = slot_addr(old);
             if let Some(flag) = view.acting(o.node, o.offset + object::FLAGS_OFF as u64) {
                 // Durable, as the commit record: recovery takes an outdated flag for

@@ -23,6 +23,27 @@ fn key(i: usize) -> Vec<u8> {
     format!("key-{i}").into_bytes()
 }
 
+/// Runs `master`'s failure detector (20 ms heartbeats, `miss_limit`) on a thread of its own
+/// until the returned flag is set.
+fn run_detector(
+    master: &Arc<dmkit_fusee::failover::Master>,
+    miss_limit: u32,
+) -> (Arc<AtomicBool>, std::thread::JoinHandle<()>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let (m, s) = (master.clone(), stop.clone());
+    let detector = std::thread::spawn(move || {
+        m.run(
+            MasterConfig {
+                heartbeat: Duration::from_millis(20),
+                miss_limit,
+                auto_rejoin: false,
+            },
+            s,
+        )
+    });
+    (stop, detector)
+}
+
 #[test]
 fn every_write_survives_the_loss_of_the_index_primary_and_then_of_another_node() {
     let c = cluster(3);
@@ -91,19 +112,7 @@ fn with_the_master_down_healthy_clients_keep_serving() {
 fn writers_ride_through_a_failover_the_detector_runs() {
     let c = Arc::new(cluster(3));
     let master = c.master().unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let m = master.clone();
-    let s = stop.clone();
-    let detector = std::thread::spawn(move || {
-        m.run(
-            MasterConfig {
-                heartbeat: Duration::from_millis(20),
-                miss_limit: 3,
-                auto_rejoin: false,
-            },
-            s,
-        )
-    });
+    let (stop, detector) = run_detector(&master, 3);
     let done = Arc::new(AtomicU64::new(0));
     let writers_stop = Arc::new(AtomicBool::new(false));
     let mut handles = Vec::new();
@@ -308,19 +317,7 @@ fn with_a_member_silent_and_not_failed_over_reads_go_on() {
 fn a_member_that_fenced_itself_is_resumed_in_a_new_epoch() {
     let c = cluster(3);
     let master = c.master().unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let m = master.clone();
-    let s = stop.clone();
-    let detector = std::thread::spawn(move || {
-        m.run(
-            MasterConfig {
-                heartbeat: Duration::from_millis(20),
-                miss_limit: 5,
-                auto_rejoin: false,
-            },
-            s,
-        )
-    });
+    let (stop, detector) = run_detector(&master, 5);
     let mut cfg = dmkit_fusee::ClientConfig::new(1);
     cfg.failover_wait = Duration::from_secs(10);
     let kv = c.client_with(cfg).unwrap();
@@ -349,18 +346,7 @@ fn a_member_that_fenced_itself_is_resumed_in_a_new_epoch() {
 fn a_master_whose_heartbeats_run_late_fails_no_live_member_over() {
     let c = cluster(3);
     let master = c.master().unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let (m, s) = (master.clone(), stop.clone());
-    let detector = std::thread::spawn(move || {
-        m.run(
-            MasterConfig {
-                heartbeat: Duration::from_millis(20),
-                miss_limit: 5,
-                auto_rejoin: false,
-            },
-            s,
-        )
-    });
+    let (stop, detector) = run_detector(&master, 5);
     std::thread::sleep(Duration::from_millis(300));
     let before = master.membership();
     let until = Instant::now() + Duration::from_millis(1500);

@@ -1616,20 +1616,20 @@ fn check(table: &Table, op: &Op) -> Result<RemoteRegion, AccessFault> {
     Ok(*r)
 }
 
+impl RdmaConnection {
+    /// `f` over the node's region table as this connection knows it.
+    fn region_table<R>(&self, f: impl FnOnce(&super::wire::Table) -> R) -> R {
+        f(&self.current.lock().regions.lock())
+    }
+}
+
 impl Connection for RdmaConnection {
     fn node(&self) -> NodeId {
         self.current.lock().node
     }
 
     fn regions(&self) -> Vec<RegionDesc> {
-        self.current
-            .lock()
-            .regions
-            .lock()
-            .regions
-            .iter()
-            .map(|r| r.desc)
-            .collect()
+        self.region_table(|t| t.regions.iter().map(|r| r.desc).collect())
     }
 
     fn refresh_regions(&self) -> Result<Vec<RegionDesc>> {
@@ -1640,14 +1640,12 @@ impl Connection for RdmaConnection {
     /// order); an NVM region's is durable only once the node answers the batch's persist
     /// request, after all of them. (An unknown region: not known to be ordered.)
     fn durable_in_order(&self, rkey: crate::types::RKey) -> bool {
-        self.current
-            .lock()
-            .regions
-            .lock()
-            .regions
-            .iter()
-            .find(|r| r.desc.rkey == rkey)
-            .is_some_and(|r| r.desc.media != Media::Nvm)
+        self.region_table(|t| {
+            t.regions
+                .iter()
+                .find(|r| r.desc.rkey == rkey)
+                .is_some_and(|r| r.desc.media != Media::Nvm)
+        })
     }
 
     fn post(&self, batch: Batch, _ctx: PostCtx) -> Pending<BatchResult> {
