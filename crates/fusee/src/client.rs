@@ -432,6 +432,16 @@ impl WriteHooks for Hooks<'_> {
     fn with_primary(&self, old: u64, primary: NodeId) -> Option<Batch> {
         use std::sync::atomic::Ordering::Relaxed;
         self.swapping.store(true, Relaxed);
+        // (With r ≥ 2 the record goes to r nodes, never one batch: not built here, and again
+        // by `before_primary_async`.)
+        let view = self.verifier.view;
+        if view
+            .block_replicas(self.ours.addr.offset / view.block_size)
+            .len()
+            != 1
+        {
+            return None;
+        }
         let old_gen = self.known_generation(old)?;
         let (mut batches, ordered) = self.commit_batches(old, old_gen).ok()?;
         if !ordered || batches.len() != 1 || batches[0].node() != primary {
