@@ -305,6 +305,8 @@ pub(crate) struct Inner {
     /// Wakes callers waiting for the background task to catch up.
     caught_up: tokio::sync::Notify,
     allocs: std::sync::atomic::AtomicU64,
+    /// `dmkit_fusee_op_seconds{op}` by [`OpName`].
+    op_seconds: [std::sync::OnceLock<metrics::Histogram>; 4],
     cfg: ClientConfig,
     /// One block acquisition at a time.
     pub(crate) block_lock: tokio::sync::Mutex<u64>,
@@ -495,7 +497,7 @@ impl WriteHooks for Hooks<'_> {
 /// twice in its state (the argument and the awaited copy), and every caller moves it.
 fn op_timed<'a, T, F: Future<Output = Result<T>>>(
     inner: &'a Inner,
-    op: &'static str,
+    op: OpName,
     f: F,
 ) -> OpTimed<'a, F> {
     OpTimed {
@@ -506,12 +508,32 @@ fn op_timed<'a, T, F: Future<Output = Result<T>>>(
     }
 }
 
+/// The `op` label of an operation's metrics.
+#[derive(Debug, Clone, Copy)]
+enum OpName {
+    Search,
+    Insert,
+    Update,
+    Delete,
+}
+
+impl OpName {
+    fn label(self) -> &'static str {
+        match self {
+            OpName::Search => "search",
+            OpName::Insert => "insert",
+            OpName::Update => "update",
+            OpName::Delete => "delete",
+        }
+    }
+}
+
 pin_project_lite::pin_project! {
     struct OpTimed<'a, F> {
         #[pin]
         f: F,
         inner: &'a Inner,
-        op: &'static str,
+        op: OpName,
         start: Option<std::time::Instant>,
     }
 }
@@ -525,9 +547,13 @@ impl<T, F: Future<Output = Result<T>>> Future for OpTimed<'_, F> {
         let r = std::task::ready!(this.f.poll(cx));
         this.inner.kick_jobs();
         let op = *this.op;
-        metrics::histogram!("dmkit_fusee_op_seconds", "op" => op).record(t.elapsed().as_secs_f64());
+        // (The handle is looked up once per client, under the recorder of its first
+        // operation: not a key built and hashed per operation.)
+        this.inner.op_seconds[op as usize]
+            .get_or_init(|| metrics::histogram!("dmkit_fusee_op_seconds", "op" => op.label()))
+            .record(t.elapsed().as_secs_f64());
         if r.is_err() {
-            metrics::counter!("dmkit_fusee_op_errors_total", "op" => op).increment(1);
+            metrics::counter!("dmkit_fusee_op_errors_total", "op" => op.label()).increment(1);
         }
         Poll::Ready(r)
     }
@@ -600,6 +626,7 @@ impl Client {
             urgent: std::sync::atomic::AtomicBool::new(false),
             caught_up: tokio::sync::Notify::new(),
             allocs: std::sync::atomic::AtomicU64::new(0),
+            op_seconds: Default::default(),
             cfg,
             block_lock: tokio::sync::Mutex::new(0),
             reconnector,
@@ -701,7 +728,7 @@ impl Client {
     /// address-cache hit (the slot and the object read together), two otherwise (buckets,
     /// then object).
     pub(crate) async fn search_raw_async(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        op_timed(&self.inner, "search", async move {
+        op_timed(&self.inner, OpName::Search, async move {
             self.with_failover_async(
                 || self.search_once_async(key),
                 Some(&|view: &ClusterView, index: &RaceIndex| {
@@ -770,7 +797,7 @@ impl Client {
 
     /// INSERT: `key → value` (stored bytes) unless the key is present (expired or not).
     pub(crate) async fn insert_raw_async(&self, key: &[u8], value: &[u8]) -> Result<InsertResult> {
-        op_timed(&self.inner, "insert", async move {
+        op_timed(&self.inner, OpName::Insert, async move {
             let last = Mutex::new(None);
             self.with_failover_async(
                 || self.insert_once(key, value, &last),
@@ -838,7 +865,7 @@ impl Client {
         live: bool,
         replaced: &Mutex<Option<Vec<u8>>>,
     ) -> Result<UpdateResult> {
-        op_timed(&self.inner, "update", async move {
+        op_timed(&self.inner, OpName::Update, async move {
             let expect = if live {
                 Expect::Live(self.inner.cfg.clock_skew_ms)
             } else {
@@ -894,7 +921,7 @@ impl Client {
         let unused = Mutex::new(None);
         op_timed(
             &self.inner,
-            "update",
+            OpName::Update,
             self.update_until_done(key, value, Expect::Exactly(expected), &unused),
         )
         .await
@@ -1006,7 +1033,7 @@ impl Client {
         live: bool,
         replaced: &Mutex<Option<Vec<u8>>>,
     ) -> Result<DeleteResult> {
-        op_timed(&self.inner, "delete", async move {
+        op_timed(&self.inner, OpName::Delete, async move {
             let last = Mutex::new(None);
             let expect = if live {
                 Expect::Live(self.inner.cfg.clock_skew_ms)
@@ -1036,7 +1063,7 @@ impl Client {
         key: &[u8],
         expected: &[u8],
     ) -> Result<CasResult> {
-        op_timed(&self.inner, "delete", async move {
+        op_timed(&self.inner, OpName::Delete, async move {
             let last = Mutex::new(None);
             let unused = Mutex::new(None);
             self.with_failover_async(

@@ -180,6 +180,8 @@ pub struct RaceIndex {
     pub(crate) layout: Layout,
     pub(crate) dir: RwLock<DirCache>,
     pub(crate) wait_timeout: Duration,
+    /// `dmkit_kv_index_snapshot_rounds_total` by outcome (see `snapshot::record`).
+    pub(crate) rounds: crate::snapshot::RoundCounters,
 }
 
 /// Two combined buckets of a key, as read from the primary.
@@ -405,6 +407,7 @@ impl RaceIndex {
                 entries: Vec::new(),
             }),
             wait_timeout: Duration::from_secs(10),
+            rounds: Default::default(),
         };
         idx.refresh_directory()?;
         Ok(idx)

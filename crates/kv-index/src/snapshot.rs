@@ -115,16 +115,23 @@ pub fn decide(expected: u64, new: u64, olds: &[u64]) -> Option<Rule> {
     (view.iter().min() == Some(&new)).then_some(Rule::SmallestValue)
 }
 
-fn record(outcome: &RawOutcome) {
-    match outcome {
-        RawOutcome::Won(r) => {
-            metrics::counter!("dmkit_kv_index_snapshot_rounds_total", "outcome" => "won", "rule" => r.label())
-                .increment(1);
-        }
-        RawOutcome::Lost(_) => {
-            metrics::counter!("dmkit_kv_index_snapshot_rounds_total", "outcome" => "lost", "rule" => "none")
-                .increment(1);
-        }
+/// The handles of `dmkit_kv_index_snapshot_rounds_total`, one per outcome (a won round by its
+/// rule, then a lost one), each looked up once per index under the recorder of its first
+/// round: no key built and hashed per write.
+#[derive(Debug, Default)]
+pub(crate) struct RoundCounters([std::sync::OnceLock<metrics::Counter>; 5]);
+
+impl RoundCounters {
+    fn record(&self, outcome: &RawOutcome) {
+        let (i, labels) = match outcome {
+            RawOutcome::Won(r) => (*r as usize, ("won", r.label())),
+            RawOutcome::Lost(_) => (4, ("lost", "none")),
+        };
+        self.0[i]
+            .get_or_init(|| {
+                metrics::counter!("dmkit_kv_index_snapshot_rounds_total", "outcome" => labels.0, "rule" => labels.1)
+            })
+            .increment(1);
     }
 }
 
@@ -158,7 +165,7 @@ impl RaceIndex {
             self.finish_round_async(tag, pos, expected, new, &olds[0], post, hooks)
                 .await?
         };
-        record(&r.0);
+        self.rounds.record(&r.0);
         Ok(r)
     }
 

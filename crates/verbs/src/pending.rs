@@ -179,6 +179,8 @@ pub struct Pending<T> {
     pub(crate) modeled_done: Option<u64>,
     /// The timeout armed on [`timer`] while the future is awaited (disarmed when dropped).
     armed: Option<timer::Armed>,
+    /// Polled before and found waiting (the completion, when it comes, is handed over).
+    waited: bool,
 }
 
 impl<T> std::fmt::Debug for Pending<T> {
@@ -240,6 +242,7 @@ impl<T: Send + 'static> Pending<T> {
             spin: false,
             modeled_done: None,
             armed: None,
+            waited: false,
         }
     }
 
@@ -273,6 +276,7 @@ impl<T: Send + 'static> Pending<T> {
             spin: false,
             modeled_done: None,
             armed: None,
+            waited: false,
         }
     }
 
@@ -443,6 +447,12 @@ thread_local! {
     static SPIN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+thread_local! {
+    /// The executor polling on this thread ([`block_on`]) polls once more before it sleeps
+    /// (and then with this unset): a waiting [`Pending`] need not arm its timeout yet.
+    static LAZY_TIMEOUTS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// Watches `done` for up to `limit`, yielding the CPU between looks (the thread that
 /// delivers may need it), reading the clock only every `CLOCK_EVERY` looks; true if `done`.
 fn spin_until(limit: Duration, done: impl Fn() -> bool) -> bool {
@@ -508,10 +518,18 @@ fn block_on_here<F: Future>(f: F) -> F::Output {
     // The verbs of one poll (every operation it advances) share doorbells.
     let mut f = std::pin::pin!(crate::doorbell::batched(f));
     let mut hooks: Vec<Progress> = Vec::new();
+    // Completions come within microseconds, timeouts after seconds: a poll leaves the
+    // timeouts of what it waits on unarmed, and the wait polls once more, arming them,
+    // before it sleeps (or naps) — the timer's lock and map are not on the fast path.
+    let mut arm = false;
     loop {
         PROGRESS.with(|p| p.borrow_mut().clear());
         SPIN.with(|s| s.set(false));
-        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+        let lazy = !std::mem::take(&mut arm);
+        let outer = LAZY_TIMEOUTS.with(|l| l.replace(lazy));
+        let polled = f.as_mut().poll(&mut cx);
+        LAZY_TIMEOUTS.with(|l| l.set(outer));
+        if let Poll::Ready(v) = polled {
             return v;
         }
         let woken = || unpark.woken.swap(false, Ordering::Acquire);
@@ -521,8 +539,12 @@ fn block_on_here<F: Future>(f: F) -> F::Output {
         PROGRESS.with(|p| std::mem::swap(&mut *p.borrow_mut(), &mut hooks));
         match hooks.len() {
             0 => {
-                if SPIN.with(std::cell::Cell::get) {
+                if lazy && SPIN.with(std::cell::Cell::get) {
                     spin_until(spin(), || unpark.woken.load(Ordering::Acquire));
+                }
+                if lazy && !unpark.woken.load(Ordering::Acquire) {
+                    arm = true;
+                    continue;
                 }
                 while !woken() {
                     std::thread::park();
@@ -541,13 +563,20 @@ fn block_on_here<F: Future>(f: F) -> F::Output {
                         busy |= p();
                     }
                     polls = polls.wrapping_add(1);
-                    if busy || polls % CLOCK_EVERY != 0 {
+                    if polls % CLOCK_EVERY != 0 {
                         std::hint::spin_loop();
                         continue;
                     }
                     let now = Instant::now();
                     if now - *start.get_or_insert(now) > spin() {
-                        std::thread::park_timeout(nap());
+                        // (Armed even while other completions keep the queue busy.)
+                        if lazy {
+                            arm = true;
+                            break;
+                        }
+                        if !busy {
+                            std::thread::park_timeout(nap());
+                        }
                     }
                 }
             }
@@ -613,7 +642,7 @@ impl<T: Send + 'static> Future for Pending<T> {
         if let Some(r) = got {
             // Polled before (and found waiting): the completion was handed over to this
             // task — the hand-over counts as `verbs.wakeup`, as for a blocking wait.
-            if let (Some(_), State::Waiting(slot)) = (&this.armed, &this.state) {
+            if let (true, State::Waiting(slot)) = (this.waited, &this.state) {
                 crate::record::woke(slot.done_at.load(Ordering::Relaxed));
             }
             this.state = State::Done;
@@ -625,7 +654,10 @@ impl<T: Send + 'static> Future for Pending<T> {
         } else if this.spin {
             SPIN.with(|s| s.set(true));
         }
-        if this.armed.is_none() {
+        this.waited = true;
+        // (Under a `block_on` that polls again before it sleeps, the timeout is armed by
+        // that poll: most completions come first, and never cost the timer's lock.)
+        if this.armed.is_none() && !LAZY_TIMEOUTS.with(std::cell::Cell::get) {
             // Long timeouts (the connections') start from the timer's coarse clock.
             let now = if this.timeout >= Duration::from_secs(1) {
                 timer::coarse_now()
@@ -899,6 +931,33 @@ mod tests {
             poll_once(&mut p, &woken),
             Poll::Ready(Err(Error::InvalidArgument(_)))
         ));
+        // Under `block_on` a poll leaves the timeout unarmed and the wait arms it by polling
+        // once more before it sleeps: a completion nobody delivers still times out, whether
+        // the waiter parks (nothing to poll), watches (a spinning backend) or polls a queue.
+        let polls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        for shape in ["park", "spin", "poll"] {
+            let slot = Slot::<u32>::new();
+            let mut p = Pending::waiting(NodeId(5), slot, Duration::from_millis(30), None);
+            match shape {
+                "spin" => p = p.spinning(),
+                "poll" => {
+                    let n = polls.clone();
+                    p = p.with_progress(Arc::new(move || {
+                        n.fetch_add(1, Ordering::Relaxed);
+                        false
+                    }));
+                }
+                _ => {}
+            }
+            let t = Instant::now();
+            match block_on(p) {
+                Err(Error::Timeout { node, .. }) => assert_eq!(node, NodeId(5), "{shape}"),
+                other => panic!("{shape}: expected a timeout, got {other:?}"),
+            }
+            assert!(t.elapsed() >= Duration::from_millis(30), "{shape}");
+            assert_eq!(timer::armed(), 0, "{shape}");
+        }
+        assert!(polls.load(Ordering::Relaxed) > 0, "the queue was polled");
     }
 
     #[test]
