@@ -180,7 +180,7 @@ pub struct RaceIndex {
     pub(crate) layout: Layout,
     pub(crate) dir: RwLock<DirCache>,
     pub(crate) wait_timeout: Duration,
-    /// `dmkit_kv_index_snapshot_rounds_total` by outcome (see `snapshot::record`).
+    /// `dmkit_kv_index_snapshot_rounds_total` by outcome.
     pub(crate) rounds: crate::snapshot::RoundCounters,
 }
 
