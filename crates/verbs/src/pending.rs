@@ -448,9 +448,18 @@ thread_local! {
 }
 
 thread_local! {
-    /// The executor polling on this thread ([`block_on`]) polls once more before it sleeps
-    /// (and then with this unset): a waiting [`Pending`] need not arm its timeout yet.
-    static LAZY_TIMEOUTS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// A [`Pending`] left its timeout unarmed in the current [`block_on`] poll.
+    static UNARMED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+thread_local! {
+    /// The waker of the [`block_on`] polling on this thread (by its data pointer; null when
+    /// none), while that poll leaves timeouts unarmed: it polls once more, arming them, when
+    /// its spin ends. A [`Pending`] with a progress hook polled with that very waker need not
+    /// arm its timeout yet; one polled by any other executor nested in the poll (another
+    /// waker) arms it at once. (Futures polled with that waker poll again what they still
+    /// wait on, as async fns, [`join_all`] and `select!` do.)
+    static LAZY_TIMEOUTS: std::cell::Cell<*const ()> = const { std::cell::Cell::new(std::ptr::null()) };
 }
 
 /// Watches `done` for up to `limit`, yielding the CPU between looks (the thread that
@@ -519,18 +528,27 @@ fn block_on_here<F: Future>(f: F) -> F::Output {
     let mut f = std::pin::pin!(crate::doorbell::batched(f));
     let mut hooks: Vec<Progress> = Vec::new();
     // Completions come within microseconds, timeouts after seconds: a poll leaves the
-    // timeouts of what it waits on unarmed, and the wait polls once more, arming them,
-    // before it sleeps (or naps) — the timer's lock and map are not on the fast path.
-    let mut arm = false;
+    // timeouts of the completions this thread polls for itself (rdma) unarmed, and the wait
+    // polls once more, arming them, once they have been waited for [`spin`] (or before it
+    // parks) — the timer's lock and map are not on the fast path.
+    let (mut arm, mut unarmed, mut unarmed_since) = (false, false, None);
     loop {
         PROGRESS.with(|p| p.borrow_mut().clear());
         SPIN.with(|s| s.set(false));
         let lazy = !std::mem::take(&mut arm);
-        let outer = LAZY_TIMEOUTS.with(|l| l.replace(lazy));
+        let me = if lazy { waker.data() } else { std::ptr::null() };
+        let outer = LAZY_TIMEOUTS.with(|l| l.replace(me));
+        let outer_unarmed = UNARMED.with(|u| u.replace(false));
         let polled = f.as_mut().poll(&mut cx);
         LAZY_TIMEOUTS.with(|l| l.set(outer));
+        let left = UNARMED.with(|u| u.replace(outer_unarmed));
         if let Poll::Ready(v) = polled {
             return v;
+        }
+        if lazy {
+            unarmed |= left;
+        } else {
+            (unarmed, unarmed_since) = (false, None);
         }
         let woken = || unpark.woken.swap(false, Ordering::Acquire);
         // (Nested in a batched poll, this thread's deferred verbs must go out before it
@@ -539,10 +557,10 @@ fn block_on_here<F: Future>(f: F) -> F::Output {
         PROGRESS.with(|p| std::mem::swap(&mut *p.borrow_mut(), &mut hooks));
         match hooks.len() {
             0 => {
-                if lazy && SPIN.with(std::cell::Cell::get) {
+                if SPIN.with(std::cell::Cell::get) {
                     spin_until(spin(), || unpark.woken.load(Ordering::Acquire));
                 }
-                if lazy && !unpark.woken.load(Ordering::Acquire) {
+                if unarmed && !unpark.woken.load(Ordering::Acquire) {
                     arm = true;
                     continue;
                 }
@@ -568,15 +586,14 @@ fn block_on_here<F: Future>(f: F) -> F::Output {
                         continue;
                     }
                     let now = Instant::now();
-                    if now - *start.get_or_insert(now) > spin() {
-                        // (Armed even while other completions keep the queue busy.)
-                        if lazy {
-                            arm = true;
-                            break;
-                        }
-                        if !busy {
-                            std::thread::park_timeout(nap());
-                        }
+                    // (Counted across wake-ups: armed even while other completions keep
+                    // waking this wait.)
+                    if unarmed && now - *unarmed_since.get_or_insert(now) > spin() {
+                        arm = true;
+                        break;
+                    }
+                    if now - *start.get_or_insert(now) > spin() && !busy {
+                        std::thread::park_timeout(nap());
                     }
                 }
             }
@@ -655,9 +672,16 @@ impl<T: Send + 'static> Future for Pending<T> {
             SPIN.with(|s| s.set(true));
         }
         this.waited = true;
-        // (Under a `block_on` that polls again before it sleeps, the timeout is armed by
-        // that poll: most completions come first, and never cost the timer's lock.)
-        if this.armed.is_none() && !LAZY_TIMEOUTS.with(std::cell::Cell::get) {
+        // Polled for by its waiter (rdma) under a `block_on` that polls again, arming it,
+        // before the wait gets long: most completions come first and never cost the timer's
+        // lock. (The others come from another thread: their waiter may park at once.)
+        let lazy = this.progress.is_some() && {
+            let l = LAZY_TIMEOUTS.with(std::cell::Cell::get);
+            !l.is_null() && l == cx.waker().data()
+        };
+        if lazy && this.armed.is_none() {
+            UNARMED.with(|u| u.set(true));
+        } else if this.armed.is_none() {
             // Long timeouts (the connections') start from the timer's coarse clock.
             let now = if this.timeout >= Duration::from_secs(1) {
                 timer::coarse_now()
@@ -931,9 +955,9 @@ mod tests {
             poll_once(&mut p, &woken),
             Poll::Ready(Err(Error::InvalidArgument(_)))
         ));
-        // Under `block_on` a poll leaves the timeout unarmed and the wait arms it by polling
-        // once more before it sleeps: a completion nobody delivers still times out, whether
-        // the waiter parks (nothing to poll), watches (a spinning backend) or polls a queue.
+        // Under `block_on` a poll leaves the timeout of a completion the waiter polls for
+        // unarmed and the wait arms it by polling once more when its spin ends: one nobody
+        // delivers still times out, as do those the waiter parks or watches for.
         let polls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         for shape in ["park", "spin", "poll"] {
             let slot = Slot::<u32>::new();
@@ -958,6 +982,32 @@ mod tests {
             assert_eq!(timer::armed(), 0, "{shape}");
         }
         assert!(polls.load(Ordering::Relaxed) > 0, "the queue was polled");
+        // A polled-for completion that comes before the spin ends never touches the timer...
+        let idle: Progress = Arc::new(|| false);
+        let slot = Slot::<u32>::new();
+        let mut p = Pending::waiting(NodeId(6), slot.clone(), Duration::from_secs(10), None)
+            .with_progress(idle.clone());
+        let got = block_on(std::future::poll_fn(|cx| {
+            let r = Pin::new(&mut p).poll(cx);
+            if r.is_pending() {
+                assert_eq!(timer::armed(), 0, "armed by block_on's first poll");
+                slot.complete(Ok(7));
+            }
+            r
+        }));
+        assert!(matches!(got, Ok(7)));
+        // ...but one polled by another executor nested in a block_on poll (another waker)
+        // arms its timeout at once: that executor will not poll again before it sleeps.
+        let slot = Slot::<u32>::new();
+        let mut p =
+            Pending::waiting(NodeId(6), slot, Duration::from_secs(10), None).with_progress(idle);
+        block_on(std::future::poll_fn(|_| {
+            assert!(poll_once(&mut p, &woken).is_pending());
+            Poll::Ready(())
+        }));
+        assert_eq!(timer::armed(), 1, "armed under a nested executor's waker");
+        drop(p);
+        assert_eq!(timer::armed(), 0);
     }
 
     #[test]
