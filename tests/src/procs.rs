@@ -112,10 +112,13 @@ pub fn run_dmkit(args: &[&str], timeout: Duration) -> Output {
 }
 
 /// Any long-running `dmkit` child process (master, resp, ...), started once its stderr shows
-/// `ready`. Killed (SIGKILL) when dropped.
+/// `ready`. Killed (SIGKILL) when dropped; dropped by a failing test, it prints the last
+/// lines of its stderr first.
 #[derive(Debug)]
 pub struct Daemon {
     child: Child,
+    /// What it was started as (for the failing test's output).
+    what: String,
     /// The stderr line that said it was ready.
     pub ready_line: String,
     pub stderr: mpsc::Receiver<String>,
@@ -155,6 +158,7 @@ impl Daemon {
                 Ok(line) if line.contains(ready) => {
                     return Daemon {
                         child,
+                        what: format!("dmkit {}", args.join(" ")),
                         ready_line: line,
                         stderr: rx,
                     };
@@ -216,6 +220,10 @@ impl Daemon {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            let (pid, log) = (self.pid(), self.log());
+            eprintln!("--- {} (pid {pid}), its last stderr lines:{log}", self.what);
+        }
         self.kill9();
     }
 }
@@ -265,7 +273,8 @@ pub fn cluster_file(
     p
 }
 
-/// A `dmkit memnode` child process. Killed (SIGKILL) when dropped.
+/// A `dmkit memnode` child process. Killed (SIGKILL) when dropped; dropped by a failing
+/// test, it prints the last lines of its stderr first.
 #[derive(Debug)]
 pub struct Memnode {
     child: Child,
@@ -338,6 +347,14 @@ impl Memnode {
 
 impl Drop for Memnode {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "--- dmkit memnode on {} (pid {}), its last stderr lines:{}",
+                self.addr,
+                self.pid(),
+                tail(&self.stderr)
+            );
+        }
         self.kill9();
     }
 }

@@ -389,13 +389,21 @@ impl Master {
         if survivors.is_empty() {
             return Err(Error::Membership("no memory node survives".into()));
         }
-        let old_primary = self.index_primary(&old)?;
         let repairing = old.next(true, self.fence(&survivors)?);
+        // (Published before the cluster's shape is read: members that fenced themselves —
+        // every one of them, when the master's heartbeats were held up — serve the master
+        // again only under a newer membership.)
         self.publish(&repairing)?;
-        if let Some(l) = &self.leases {
+        let old_primary = self.index_primary(&old)?;
+        match &self.leases {
             // The survivors no longer vouch for the failed node: if it is only cut off, its
-            // lease runs out and it fences itself before anyone writes again.
-            std::thread::sleep(l.length + Duration::from_millis(50));
+            // lease runs out and it fences itself before anyone writes again. (Nothing to
+            // wait out when no member failed and the last change was finished: a node it
+            // dropped waited out its lease before that change's end was published.)
+            Some(l) if !dead.is_empty() || old.repairing => {
+                std::thread::sleep(l.length + Duration::from_millis(50))
+            }
+            _ => {}
         }
         let view = cluster::open_at(&self.ep, &self.nodes, &repairing)?;
         let spaces = view.index_spaces();

@@ -335,6 +335,40 @@ fn a_member_that_fenced_itself_is_resumed_in_a_new_epoch() {
     detector.join().unwrap();
 }
 
+/// Every member fenced itself at once (the master's heartbeats and the peers' vouching were
+/// all held up — a host starved of CPU): the master resumes them all in a new epoch. (It
+/// used to read the cluster's shape first, from members that refuse the master too until a
+/// newer membership comes: it retried every heartbeat and never published one, and the
+/// clients waited for ever — the 64 MiB test of the Redis gateway under load.)
+#[test]
+fn members_that_all_fenced_themselves_are_resumed_in_a_new_epoch() {
+    let c = cluster(3);
+    let master = c.master().unwrap();
+    let (stop, detector) = run_detector(&master, 5);
+    let mut cfg = dmkit_fusee::ClientConfig::new(1);
+    cfg.failover_wait = Duration::from_secs(10);
+    let kv = c.client_with(cfg).unwrap();
+    kv.insert(b"before", b"1").unwrap();
+    let epoch = kv.epoch();
+    for m in &c.memnodes {
+        m.node().set_fenced(true);
+    }
+    for i in 0..20 {
+        kv.upsert(&key(i), b"after the fence").unwrap();
+    }
+    assert!(kv.epoch() > epoch, "the writes went on in epoch {epoch}");
+    for (i, m) in c.memnodes.iter().enumerate() {
+        assert!(
+            master.membership().is_member(NodeId(i as u16)),
+            "{i} failed over"
+        );
+        assert!(!m.node().is_fenced(), "{i} still fenced");
+    }
+    assert_eq!(kv.search(b"before").unwrap().as_deref(), Some(&b"1"[..]));
+    stop.store(true, Ordering::Relaxed);
+    detector.join().unwrap();
+}
+
 /// A master whose heartbeats run late fails no live member over: here 48 tasks on its I/O
 /// runtime (where the heartbeat tasks run) each spin 5 ms and sleep 1 ms, for a second and a
 /// half, so a heartbeat waits up to about the detector's whole window (100 ms) for its turn.
