@@ -4,7 +4,7 @@
 //! memory bounded (allocated blocks do not grow past the warm-up level by more than the
 //! failovers' leaks allow).
 //!
-//! Release-mode tier (`.ci/tier-load.sh`):
+//! Release-mode tier (run by `.ci/tier-rdma.sh`, on its release build):
 //! `cargo test --release -p dmkit-tests --test fusee_load -- --ignored --nocapture`.
 //! `DMKIT_LOAD_OPS` sets the total operations (default 1 050 000).
 
@@ -28,7 +28,7 @@ fn key(task: u64, i: i64) -> Vec<u8> {
 }
 
 #[test]
-#[ignore = "a release-mode tier: .ci/tier-load.sh"]
+#[ignore = "a release-mode tier: .ci/tier-rdma.sh runs it"]
 fn sixty_four_tasks_a_million_ops_with_memnode_restarts() {
     let total: u64 = std::env::var("DMKIT_LOAD_OPS")
         .ok()
