@@ -158,7 +158,7 @@ impl Daemon {
                 Ok(line) if line.contains(ready) => {
                     return Daemon {
                         child,
-                        what: format!("dmkit {}", args.join(" ")),
+                        what: format!("{} {}", program.display(), args.join(" ")),
                         ready_line: line,
                         stderr: rx,
                     };
