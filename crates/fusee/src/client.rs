@@ -47,7 +47,7 @@ use crate::alloc::{self, Allocation, FreeLists};
 use crate::cluster::{self, ClusterView, MAX_CLIENT_ID};
 use crate::error::{Error, Result};
 use crate::object::{self, Addr, Commit, Op};
-use crate::verifier::{Expect, ValueGuard, Verifier, slot_addr};
+use crate::verifier::{Expect, Verifier, guard, slot_addr, verifier};
 
 /// Operation tags of FUSEE's own verbs (the index and the verifier have theirs).
 pub mod tags {
@@ -363,7 +363,7 @@ impl Hooks<'_> {
     /// [`Inner::commit_batches`].
     fn commit_batches(&self, old: u64, old_gen: u32) -> Result<(Vec<Batch>, bool)> {
         self.inner.commit_batches(
-            self.verifier.view,
+            self.verifier.locator().0,
             self.ours,
             self.op,
             Commit { old, old_gen },
@@ -377,11 +377,8 @@ impl Hooks<'_> {
             return Some(0);
         }
         self.verifier
-            .found
-            .lock()
-            .as_ref()
-            .filter(|(s, _)| s.raw() == old)
-            .map(|(_, o)| o.generation)
+            .peek(|s, o| (s.raw() == old).then_some(o.generation))
+            .flatten()
     }
 }
 
@@ -399,7 +396,7 @@ impl WriteHooks for Hooks<'_> {
             .filter(|o| o.key == self.key && o.generation == c.generation)
             .filter(|o| o.flags & (object::FLAG_OUTDATED | object::FLAG_RECLAIMED) == 0);
         if let Some(o) = found {
-            *self.verifier.prefetched.lock() = Some((c.slot, o));
+            self.verifier.prefetched(c.slot, o);
         }
     }
 
@@ -436,7 +433,7 @@ impl WriteHooks for Hooks<'_> {
         self.swapping.store(true, Relaxed);
         // (With r ≥ 2 the record goes to r nodes, never one batch: not built here, and again
         // by `before_primary_async`.)
-        let view = self.verifier.view;
+        let view = self.verifier.locator().0;
         if view
             .block_replicas(self.ours.addr.offset / view.block_size)
             .len()
@@ -734,7 +731,7 @@ impl Client {
                 Some(&|view: &ClusterView, index: &RaceIndex| {
                     // The index is being repaired: answer when the replicas agree on the key; a
                     // slot they disagree on is being decided, so wait for that.
-                    let v = Verifier::new(view);
+                    let v = verifier(view);
                     Ok(match index.search_agreed(&v, key)? {
                         None => None,
                         Some(None) => Some(None),
@@ -767,7 +764,7 @@ impl Client {
             }
         }
         let (view, index) = inner.state();
-        let v = Verifier::new(&view);
+        let v = verifier(&view);
         match index.search_at_async(&v, key).await? {
             Some((slot, pos)) => {
                 let Some((s, obj)) = v.take() else {
@@ -827,7 +824,7 @@ impl Client {
             })?;
             let slot = inner.slot_of(key, &a, bytes.len())?;
             let (view, index) = inner.state();
-            let v = Verifier::new(&view);
+            let v = verifier(&view);
             let hooks = inner.hooks(key, &a, &bytes, Op::Insert, &v);
             let out =
                 timed_async("index", index.insert_hooked_async(&v, key, slot, &hooks)).await?;
@@ -947,8 +944,8 @@ impl Client {
         })?;
         let slot = inner.slot_of(key, &a, bytes.len())?;
         let (view, index) = inner.state();
-        let v = Verifier::new(&view);
-        let guard = ValueGuard::new(&v, expected);
+        let v = verifier(&view);
+        let guard = guard(&v, expected);
         let hooks = inner.hooks(key, &a, &bytes, Op::Update, &v);
         let m = timed_async(
             "index",
@@ -960,7 +957,7 @@ impl Client {
             None => {
                 inner.take_back_lost(&a, last).await?;
                 inner.cache.remove(key);
-                Ok(CondStep::Done(match guard.mismatch() {
+                Ok(CondStep::Done(match guard.rejection().flatten() {
                     Some(held) => CasResult::Mismatch(held),
                     None => CasResult::NotFound,
                 }))
@@ -1095,8 +1092,8 @@ impl Client {
                 object::encode(key, &[], a.next, a.prev, a.generation, Op::Delete)
             })?;
             let (view, index) = inner.state();
-            let v = Verifier::new(&view);
-            let guard = ValueGuard::new(&v, expected);
+            let v = verifier(&view);
+            let guard = guard(&v, expected);
             let hooks = inner.hooks(key, &a, &bytes, Op::Delete, &v);
             let m = match timed_async("index", index.delete_hooked_async(&guard, key, &hooks)).await
             {
@@ -1105,7 +1102,7 @@ impl Client {
                     // Whether the attempt had found the key (a cut-short DELETE that did not
                     // find it cannot have taken effect).
                     if let Some(at) = last.lock().as_mut() {
-                        at.found = v.found.lock().is_some();
+                        at.found = v.has_found();
                         at.round = hooks
                             .round
                             .lock()
@@ -1122,7 +1119,7 @@ impl Client {
             match m {
                 None => {
                     inner.take_back_lost(&a, last).await?;
-                    return Ok(match guard.mismatch() {
+                    return Ok(match guard.rejection().flatten() {
                         Some(held) => CasResult::Mismatch(held),
                         None => CasResult::NotFound,
                     });
@@ -1787,7 +1784,7 @@ impl Inner {
     ) -> Hooks<'a> {
         // The operation's epoch: its serving replicas (not the ones of the epoch the object
         // was allocated in — a node may have failed or rejoined since).
-        let view = v.view;
+        let view = v.locator().0;
         let mut batches: Vec<Batch> = alloc::replicas_of(view, a.addr)
             .iter()
             .filter_map(|r| {

@@ -1,19 +1,20 @@
 //! The client's memory work that runs off the critical path: fetching blocks, reclaiming
 //! freed objects, cleaning up after won writes.
 
-use std::collections::BTreeMap;
-
 use dmkit_kv_index::Slot;
-use dmkit_verbs::{Batch, NodeId};
+use dmkit_verbs::Batch;
 
-use crate::alloc::{self, BlockGeometry, FreeObject, OwnedBlock};
+use crate::alloc::{self, FreeObject, OwnedBlock};
 use crate::client::{Inner, tags};
 use crate::cluster::ClusterView;
 use crate::error::{Error, Result};
 use crate::memnode::status;
 use crate::object::{self, Addr, Op};
 use crate::verifier::slot_addr;
-use dmkit_pmem_pool::remote::{BlockClient, BlockRequest, ReplyError, RequestError};
+use dmkit_pmem_pool::remote::{
+    BlockClient, BlockRequest, ReclaimMark, ReplyError, RequestError, reclaim_async,
+};
+use dmkit_pmem_pool::slabs::block_image;
 
 impl Inner {
     /// The memory nodes' block services, as this client asks them.
@@ -112,143 +113,62 @@ impl Inner {
                 Err(e) => return Err(Error::block(*node, e)),
             }
         }
-        let bs = view.block_size;
-        let mut image = vec![0u8; bs as usize];
-        image[..alloc::BLOCK_HEADER as usize]
-            .copy_from_slice(&dmkit_pmem_pool::slabs::block_header(class, self.id));
+        let image = block_image(view.block_size, class, self.id);
         let batches = replicas
             .iter()
             .filter_map(|node| {
                 let region = view.region(*node)?;
                 let mut b = self.ep.batch(*node);
-                b.write_durable(region.at(block * bs), &image);
+                b.write_durable(region.at(block * view.block_size), &image);
                 Some(b)
             })
             .collect();
         for r in self.ep.execute_many_async(tags::BLOCKS, batches).await {
             r?;
         }
-        let g = BlockGeometry::new(bs, class);
-        let mut f = self.free.lock();
-        f.slabs.blocks.push(OwnedBlock { id: block, class });
-        for i in 0..g.objects {
-            f.push(
-                class,
-                FreeObject {
-                    addr: Addr {
-                        node: replicas[0],
-                        offset: block * bs + g.object_offset(i),
-                    },
-                    generation: 0,
-                },
-            );
-        }
+        let node = replicas[0];
+        let owned = OwnedBlock { id: block, class };
+        let addr = |offset| Addr { node, offset };
+        (self.free.lock().slabs).add_block(view.block_size, owned, addr);
         metrics::counter!("dmkit_fusee_blocks_acquired_total").increment(1);
         Ok(())
     }
 
-    /// Reads the free bitmaps of this client's blocks and takes the freed objects back:
-    /// marks each reclaimed (so a crash cannot resurrect it), learns its generation, clears its
-    /// bit. Two round trips for all blocks. Returns how many objects came back.
+    /// Reads the free bitmaps of this client's blocks and takes the freed objects back
+    /// (pmem-pool's [`reclaim_async`]): marks each reclaimed (so a crash cannot resurrect it),
+    /// learns its generation, clears its bit. Three round trips for all blocks. Returns how
+    /// many objects came back.
     pub(crate) async fn reclaim(&self) -> Result<usize> {
         let blocks = self.free.lock().slabs.blocks.clone();
-        if blocks.is_empty() {
+        let view = self.view();
+        // Each block is read where its bitmap is: its first serving replica (blocks with none
+        // wait for their nodes to rejoin).
+        let at: Vec<_> = blocks
+            .into_iter()
+            .filter_map(|b| Some((view.region(*view.block_replicas(b.id).first()?)?, b)))
+            .collect();
+        if at.is_empty() {
             return Ok(0);
         }
-        let bs = self.view().block_size;
-        let mut by_node: BTreeMap<NodeId, Vec<OwnedBlock>> = BTreeMap::new();
-        let view = self.view();
-        for b in blocks {
-            // Blocks with no serving replica wait for their nodes to rejoin.
-            if let Some(n) = view.block_replicas(b.id).first() {
-                by_node.entry(*n).or_default().push(b);
-            }
-        }
-        // Round 1: the bitmaps.
-        let mut batches = Vec::new();
-        let mut plan = Vec::new();
-        for (node, blocks) in &by_node {
-            let Some(region) = view.region(*node) else {
-                continue;
+        let mark = ReclaimMark {
+            offset: object::FLAGS_OFF as u64,
+            byte: object::FLAG_RECLAIMED,
+            read_len: object::HEADER_LEN,
+        };
+        let back = reclaim_async(&self.ep, tags::RECLAIM, view.block_size, &at, mark).await?;
+        let mut f = self.free.lock();
+        for r in &back {
+            let generation = object::decode_header(&r.head).map_or(0, |h| h.generation);
+            let addr = Addr {
+                node: r.node,
+                offset: r.offset,
             };
-            let mut b = self.ep.batch(*node);
-            let mut p = Vec::new();
-            for blk in blocks {
-                let g = BlockGeometry::new(bs, blk.class);
-                let bitmap = region.at(blk.id * bs + alloc::BLOCK_HEADER);
-                p.push((*blk, g, b.read(bitmap, g.bitmap_len())));
-            }
-            batches.push(b);
-            plan.push((*node, p));
+            f.push(r.class, FreeObject { addr, generation });
         }
-        let results = self.ep.execute_many_async(tags::RECLAIM, batches).await;
-        // Round 2: per node, read each freed object's header and mark it reclaimed (durably);
-        // round 3 clears the bits — only once the flags are persisted (on every backend: an
-        // rdma batch persists its durable writes after all its verbs), so a power cut never
-        // leaves an object neither reclaimed nor marked free.
-        let mut batches = Vec::new();
-        let mut clears = Vec::new();
-        let mut found = Vec::new();
-        for (res, (node, p)) in results.into_iter().zip(plan) {
-            let res = res?;
-            let Some(region) = view.region(node) else {
-                continue;
-            };
-            let mut b = self.ep.batch(node);
-            let mut clear = self.ep.batch(node);
-            let mut items = Vec::new();
-            for (blk, g, idx) in p {
-                let bits = res.read(idx);
-                for (w, chunk) in bits.chunks(8).enumerate() {
-                    let word = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
-                    if word == 0 {
-                        continue;
-                    }
-                    for i in g.freed_in_word(w, word) {
-                        let off = blk.id * bs + g.object_offset(i);
-                        let h = b.read(region.at(off), object::HEADER_LEN);
-                        b.write_durable(
-                            region.at(off + object::FLAGS_OFF as u64),
-                            &[object::FLAG_RECLAIMED],
-                        );
-                        items.push((blk.class, Addr { node, offset: off }, h));
-                    }
-                    // Clear exactly the bits seen: frees that land meanwhile stay set.
-                    clear.faa(
-                        region.at(blk.id * bs + alloc::BLOCK_HEADER + w as u64 * 8),
-                        0u64.wrapping_sub(word),
-                    );
-                }
-            }
-            if !items.is_empty() {
-                batches.push(b);
-                clears.push(clear);
-                found.push(items);
-            }
+        if !back.is_empty() {
+            metrics::counter!("dmkit_fusee_reclaimed_objects_total").increment(back.len() as u64);
         }
-        let flagged = self.ep.execute_many_async(tags::RECLAIM, batches).await;
-        let mut headers = Vec::new();
-        for r in flagged {
-            headers.push(r?);
-        }
-        for r in self.ep.execute_many_async(tags::RECLAIM, clears).await {
-            r?;
-        }
-        let mut n = 0;
-        for (res, items) in headers.into_iter().zip(found) {
-            let mut f = self.free.lock();
-            for (class, addr, h) in items {
-                let generation = object::decode_header(res.read(h))
-                    .map(|h| h.generation)
-                    .unwrap_or(0);
-                f.push(class, FreeObject { addr, generation });
-                n += 1;
-            }
-        }
-        if n > 0 {
-            metrics::counter!("dmkit_fusee_reclaimed_objects_total").increment(n as u64);
-        }
-        Ok(n)
+        Ok(back.len())
     }
 
     /// Frees `old` (the object a won write replaced): sets its outdated flag for cached

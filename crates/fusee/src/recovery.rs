@@ -33,7 +33,7 @@ use crate::client::{Client, ClientConfig, tags};
 use crate::error::{Error, Result};
 use crate::memnode::status;
 use crate::object::{self, Addr, KvObject, Op};
-use crate::verifier::{Verifier, slot_addr};
+use crate::verifier::{slot_addr, verifier};
 use dmkit_pmem_pool::remote::BlockRequest;
 use dmkit_pmem_pool::slabs;
 
@@ -369,14 +369,14 @@ impl crate::client::Inner {
             _ => self.slot_of(&obj.key, &alloc, len)?.raw(),
         };
         let view = self.view();
-        let v = Verifier::new(&view);
+        let v = verifier(&view);
         let hooks = self.hooks_for_redo(&alloc, op, &v);
         // The word this entry replaced may be back in the key's slot naming another object:
         // the entry swapped it out before the crash (and was acknowledged), its cleanup freed
         // the object, and its owner reused the address for the same key (same fingerprint
         // and length class: the same word). The object's generation tells: it changed.
         let holds_old = |c: &object::Commit| -> Result<(bool, bool)> {
-            let probe = Verifier::new(&view);
+            let probe = verifier(&view);
             let holds = match self.index().search(&probe, &obj.key)? {
                 Some(s) => s.raw() == c.old,
                 // Absent: a write that replaced an object's word swapped it (only the
@@ -493,7 +493,7 @@ impl crate::client::Inner {
     /// offset; a slot names the replica that served when the object was allocated).
     pub(crate) fn is_referenced(&self, key: &[u8], addr: Addr) -> Result<bool> {
         let view = self.view();
-        let v = Verifier::new(&view);
+        let v = verifier(&view);
         let Some(s) = self.index().search(&v, key)? else {
             return Ok(false);
         };

@@ -82,6 +82,12 @@ pub trait ObjectLocator: Sync {
     fn copies(&self, slot: &Slot) -> Result<Vec<RemoteAddr>>;
 }
 
+impl<T: ObjectLocator + ?Sized> ObjectLocator for &T {
+    fn copies(&self, slot: &Slot) -> Result<Vec<RemoteAddr>> {
+        (**self).copies(slot)
+    }
+}
+
 /// One object region per node, one copy of each object: a slot's offset in its node's region.
 impl ObjectLocator for [RegionDesc] {
     fn copies(&self, s: &Slot) -> Result<Vec<RemoteAddr>> {
@@ -287,6 +293,260 @@ impl<F: Fn(&[u8]) -> Option<&[u8]> + Send + Sync> KeyVerifier for ObjectVerifier
     }
 }
 
+/// An object a [`Finder`] decoded: where its key is, and whether its writer may not have
+/// finished with it.
+pub trait KeyedObject: Send + Sync {
+    /// The object's key.
+    fn key(&self) -> &[u8];
+
+    /// Whether the object may not be published yet (see [`KeyVerifier::unsettled`]).
+    /// Default: no.
+    fn unsettled(&self) -> bool {
+        false
+    }
+}
+
+/// A verifier for KV layers with an object format of their own: it reads whole candidates
+/// (through an [`ObjectLocator`], so an object whose node failed is read from its next copy),
+/// decodes them with the layer's `decode`, and keeps the object it found — the operation that
+/// asked has the old value without reading it again ([`Finder::take`]). An object the caller
+/// already read (say, in the round trip that wrote its new object) is handed in with
+/// [`Finder::prefetched`] and spares the find its read.
+///
+/// A candidate that no longer decodes (freed and reused while the buckets were read) makes
+/// the find fail with [`Error::StaleCandidate`] when no other candidate holds the key: the
+/// index then reads the buckets again.
+///
+/// ```
+/// use dmkit_kv_index::objects::{Finder, KeyedObject, decode_record, encode_record};
+/// use dmkit_kv_index::{IndexConfig, IndexReplicaSpace, ObjPtr, RaceIndex, Slot};
+/// use dmkit_verbs::sim::SimCluster;
+///
+/// struct Record { key: Vec<u8>, value: Vec<u8> }
+/// impl KeyedObject for Record {
+///     fn key(&self) -> &[u8] { &self.key }
+/// }
+/// fn decode(bytes: &[u8], _: &Slot) -> Option<Record> {
+///     decode_record(bytes).map(|(k, v)| Record { key: k.to_vec(), value: v.to_vec() })
+/// }
+///
+/// let (cluster, regions) = SimCluster::with_dram_nodes(2, 4 << 20)?;
+/// let ep = cluster.endpoint(9)?;
+/// let space = [IndexReplicaSpace { region: regions[0], offset: 0, len: 1 << 20 }];
+/// RaceIndex::format(&ep, &IndexConfig::default(), &space)?;
+/// let idx = RaceIndex::open(&ep, &space)?;
+/// // Objects live on node 1 (one copy each).
+/// let objects = [regions[1]];
+/// let rec = encode_record(b"fruit", b"apple");
+/// ep.write("put", regions[1].at(0), &rec)?;
+/// let ptr = ObjPtr { node: regions[1].node, offset: 0, len_class: ObjPtr::len_class_of(rec.len()).unwrap() };
+/// let finder = Finder::new(&objects[..], "demo.objects", decode);
+/// idx.insert(&finder, b"fruit", idx.slot_for(b"fruit", ptr)?)?;
+/// let finder = Finder::new(&objects[..], "demo.objects", decode);
+/// assert!(idx.search(&finder, b"fruit")?.is_some());
+/// // The search read the object: its value is kept.
+/// let (_, found) = finder.take().unwrap();
+/// assert_eq!(found.value, b"apple");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Finder<L, O> {
+    locator: L,
+    tag: dmkit_verbs::Tag,
+    decode: fn(&[u8], &Slot) -> Option<O>,
+    found: parking_lot::Mutex<Option<(Slot, O)>>,
+    prefetched: parking_lot::Mutex<Option<(Slot, O)>>,
+}
+
+impl<L, O> std::fmt::Debug for Finder<L, O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Finder")
+            .field("tag", &self.tag)
+            .field("found", &self.found.lock().as_ref().map(|(s, _)| *s))
+            .finish_non_exhaustive()
+    }
+}
+
+impl<L: ObjectLocator + Send, O: KeyedObject> Finder<L, O> {
+    /// A finder reading objects where `locator` says, tagging its reads `tag` (their round
+    /// trips count there), decoding them with `decode` (`None`: not an object, e.g. freed).
+    pub fn new(locator: L, tag: dmkit_verbs::Tag, decode: fn(&[u8], &Slot) -> Option<O>) -> Self {
+        Self {
+            locator,
+            tag,
+            decode,
+            found: parking_lot::Mutex::new(None),
+            prefetched: parking_lot::Mutex::new(None),
+        }
+    }
+
+    /// The decoded objects `slots` point to, in order (one round trip while their nodes
+    /// answer).
+    pub async fn read_async(&self, ep: &Endpoint, slots: &[Slot]) -> Result<Vec<Option<O>>> {
+        let bytes = read_objects_async(ep, self.tag, &self.locator, slots).await?;
+        let decoded = bytes.iter().zip(slots).map(|(b, s)| (self.decode)(b, s));
+        Ok(decoded.collect())
+    }
+
+    /// An object already read at `slot`: the next find takes it instead of reading, when
+    /// `slot` is among its candidates and the key matches.
+    pub fn prefetched(&self, slot: Slot, object: O) {
+        *self.prefetched.lock() = Some((slot, object));
+    }
+
+    /// The object the last find found, and the slot that points to it (taken: the next call
+    /// returns `None`).
+    pub fn take(&self) -> Option<(Slot, O)> {
+        self.found.lock().take()
+    }
+
+    /// Where it reads objects.
+    pub fn locator(&self) -> &L {
+        &self.locator
+    }
+
+    /// Whether the last find found the key.
+    pub fn has_found(&self) -> bool {
+        self.found.lock().is_some()
+    }
+
+    /// `f` of the object the last find found (kept, not taken), if it found one.
+    pub fn peek<R>(&self, f: impl FnOnce(&Slot, &O) -> R) -> Option<R> {
+        self.found.lock().as_ref().map(|(s, o)| f(s, o))
+    }
+}
+
+impl<L: ObjectLocator + Send, O: KeyedObject> KeyVerifier for Finder<L, O> {
+    fn keys(&self, ep: &Endpoint, slots: &[Slot]) -> Result<Vec<Vec<u8>>> {
+        let objects = dmkit_verbs::block_on(self.read_async(ep, slots))?;
+        let keys = objects.into_iter().map(|o| o.map(|o| o.key().to_vec()));
+        Ok(keys.map(Option::unwrap_or_default).collect())
+    }
+
+    fn find(&self, ep: &Endpoint, key: &[u8], candidates: &[Slot]) -> Result<Option<usize>> {
+        dmkit_verbs::block_on(self.find_async(ep, key, candidates))
+    }
+
+    fn find_async<'a>(
+        &'a self,
+        ep: &'a Endpoint,
+        key: &'a [u8],
+        candidates: &'a [Slot],
+    ) -> BoxFuture<'a, Result<Option<usize>>> {
+        Box::pin(async move {
+            if candidates.is_empty() {
+                return Ok(None);
+            }
+            if let Some((s, o)) = self.prefetched.lock().take()
+                && let Some(i) = candidates.iter().position(|c| *c == s)
+                && o.key() == key
+            {
+                *self.found.lock() = Some((s, o));
+                return Ok(Some(i));
+            }
+            let mut gone = false;
+            let objects = self.read_async(ep, candidates).await?;
+            for (i, o) in objects.into_iter().enumerate() {
+                match o {
+                    Some(o) if o.key() == key => {
+                        *self.found.lock() = Some((candidates[i], o));
+                        return Ok(Some(i));
+                    }
+                    Some(_) => {}
+                    None => gone = true,
+                }
+            }
+            if gone {
+                return Err(Error::StaleCandidate);
+            }
+            Ok(None)
+        })
+    }
+
+    fn unsettled(&self) -> bool {
+        let found = self.found.lock();
+        found.as_ref().is_some_and(|(_, o)| o.unsettled())
+    }
+}
+
+/// A [`Finder`] for conditional writes: the object it finds must also pass `check`, or the
+/// key counts as not found — and what `check` said of it is kept ([`Guarded::rejection`]),
+/// e.g. the value a compare-and-swap did not expect.
+pub struct Guarded<'a, L, O, M, F> {
+    finder: &'a Finder<L, O>,
+    check: F,
+    rejected: parking_lot::Mutex<Option<M>>,
+}
+
+impl<L, O, M, F> std::fmt::Debug for Guarded<'_, L, O, M, F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guarded")
+            .field("finder", self.finder)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a, L, O, M, F> Guarded<'a, L, O, M, F>
+where
+    L: ObjectLocator + Send,
+    O: KeyedObject,
+    M: Send,
+    F: Fn(&O) -> std::result::Result<(), M> + Send + Sync,
+{
+    /// `finder`, with `check` deciding whether a found object counts.
+    pub fn new(finder: &'a Finder<L, O>, check: F) -> Self {
+        Self {
+            finder,
+            check,
+            rejected: parking_lot::Mutex::new(None),
+        }
+    }
+
+    /// What `check` said of the object the last find rejected (taken).
+    pub fn rejection(&self) -> Option<M> {
+        self.rejected.lock().take()
+    }
+}
+
+impl<L, O, M, F> KeyVerifier for Guarded<'_, L, O, M, F>
+where
+    L: ObjectLocator + Send,
+    O: KeyedObject,
+    M: Send,
+    F: Fn(&O) -> std::result::Result<(), M> + Send + Sync,
+{
+    fn keys(&self, ep: &Endpoint, slots: &[Slot]) -> Result<Vec<Vec<u8>>> {
+        self.finder.keys(ep, slots)
+    }
+
+    fn find(&self, ep: &Endpoint, key: &[u8], candidates: &[Slot]) -> Result<Option<usize>> {
+        dmkit_verbs::block_on(self.find_async(ep, key, candidates))
+    }
+
+    fn find_async<'b>(
+        &'b self,
+        ep: &'b Endpoint,
+        key: &'b [u8],
+        candidates: &'b [Slot],
+    ) -> BoxFuture<'b, Result<Option<usize>>> {
+        Box::pin(async move {
+            let found = self.finder.find_async(ep, key, candidates).await?;
+            *self.rejected.lock() = None;
+            let mut held = self.finder.found.lock();
+            let verdict = held.as_ref().map(|(_, o)| (self.check)(o));
+            if let (Some(_), Some(Err(m))) = (found, verdict) {
+                *self.rejected.lock() = Some(m);
+                *held = None;
+                return Ok(None);
+            }
+            Ok(found)
+        })
+    }
+
+    fn unsettled(&self) -> bool {
+        self.finder.unsettled()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -357,5 +617,74 @@ mod tests {
         let mut lying = r;
         lying[0..4].copy_from_slice(&u32::MAX.to_le_bytes());
         assert_eq!(decode_record(&lying), None);
+    }
+
+    #[derive(Debug, Clone, PartialEq)]
+    struct Rec(Vec<u8>, Vec<u8>);
+
+    impl KeyedObject for Rec {
+        fn key(&self) -> &[u8] {
+            &self.0
+        }
+    }
+
+    fn rec(b: &[u8], _: &Slot) -> Option<Rec> {
+        decode_record(b).map(|(k, v)| Rec(k.to_vec(), v.to_vec()))
+    }
+
+    #[test]
+    fn a_finder_keeps_what_it_found_and_a_guard_rejects_what_its_check_refuses() {
+        use crate::ObjPtr;
+        use dmkit_verbs::sim::SimCluster;
+
+        let (cluster, regions) = SimCluster::with_dram_nodes(1, 1 << 16).unwrap();
+        let ep = cluster.endpoint(9).unwrap();
+        let put = |off: u64, k: &[u8], v: &[u8]| {
+            let r = encode_record(k, v);
+            ep.write("test", regions[0].at(off), &r).unwrap();
+            let len_class = ObjPtr::len_class_of(r.len()).unwrap();
+            Slot::new(
+                1,
+                ObjPtr {
+                    node: NodeId(0),
+                    offset: off,
+                    len_class,
+                },
+            )
+            .unwrap()
+        };
+        let (a, b) = (put(0, b"a", b"1"), put(128, b"b", b"2"));
+        let find = |v: &dyn KeyVerifier, key: &[u8], c: &[Slot]| v.find(&ep, key, c).unwrap();
+        let f = Finder::new(regions.as_slice(), "test", rec);
+        assert_eq!(find(&f, b"b", &[a, b]), Some(1));
+        assert!(f.has_found());
+        assert_eq!(f.peek(|s, o| (*s, o.1.clone())), Some((b, b"2".to_vec())));
+        assert_eq!(f.take(), Some((b, Rec(b"b".to_vec(), b"2".to_vec()))));
+        assert_eq!((f.take(), find(&f, b"c", &[a, b])), (None, None));
+        // A prefetched object is taken without a read (its bytes here are not even stored).
+        f.prefetched(a, Rec(b"z".to_vec(), b"9".to_vec()));
+        assert_eq!(find(&f, b"z", &[b, a]), Some(1));
+        assert_eq!(f.take().map(|(_, o)| o.1), Some(b"9".to_vec()));
+        // A candidate that does not decode any more: stale, unless another holds the key.
+        ep.write("test", regions[0].at(0), &[0xff; 16]).unwrap();
+        let stale = f.find(&ep, b"x", &[a, b]);
+        assert!(matches!(stale, Err(Error::StaleCandidate)), "{stale:?}");
+        assert_eq!(find(&f, b"b", &[a, b]), Some(1));
+        // A guard: the found object counts only if its value is "2".
+        let want = |want: &'static [u8]| {
+            move |o: &Rec| {
+                if o.1 == want {
+                    Ok(())
+                } else {
+                    Err(o.1.clone())
+                }
+            }
+        };
+        let g = Guarded::new(&f, want(b"2"));
+        assert_eq!((find(&g, b"b", &[b]), g.rejection()), (Some(0), None));
+        let g = Guarded::new(&f, want(b"3"));
+        assert_eq!(find(&g, b"b", &[b]), None);
+        assert!(!f.has_found());
+        assert_eq!((g.rejection(), g.rejection()), (Some(b"2".to_vec()), None));
     }
 }

@@ -454,12 +454,8 @@ impl RemoteSlabs {
                     RequestError::Verbs(e) => AllocError::Verbs(e),
                     RequestError::Reply(e) => AllocError::Reply(e),
                 })?;
-            let g = crate::slabs::BlockGeometry::new(self.block_size, class);
-            let mut lists = self.lists.lock();
-            lists.blocks.push(crate::slabs::OwnedBlock { id, class });
-            for i in 0..g.objects {
-                lists.push(class, (node, id * self.block_size + g.object_offset(i)), 0);
-            }
+            let block = crate::slabs::OwnedBlock { id, class };
+            (self.lists.lock()).add_block(self.block_size, block, |off| (node, off));
         }
     }
 
@@ -474,6 +470,136 @@ impl RemoteSlabs {
     pub fn free_objects(&self) -> usize {
         self.lists.lock().total()
     }
+}
+
+/// What [`reclaim_async`] does to each freed object before its bit is cleared: write `byte`
+/// at `offset` in it, durably (a mark that tells a recovering owner the object is free, so a
+/// crash between the reclaim and the object's reuse cannot bring it back as live), and read
+/// its first `read_len` bytes (a header: say, the generation it was last used at).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReclaimMark {
+    pub offset: u64,
+    pub byte: u8,
+    pub read_len: usize,
+}
+
+/// An object [`reclaim_async`] took back: its class, where it is (a node, an offset in the
+/// node's region) and its first [`ReclaimMark::read_len`] bytes, read before the mark.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reclaimed {
+    pub class: usize,
+    pub node: dmkit_verbs::NodeId,
+    pub offset: u64,
+    pub head: Vec<u8>,
+}
+
+/// An owner takes back, in one batch, the objects of its blocks that anyone freed (one FAA
+/// each on its block's free bitmap, [`crate::slabs::free_bit`]). `blocks`: each owned block
+/// and the region (on the node where its bitmap is kept) it is read in; blocks of
+/// `block_size` bytes. Three round trips, one batch per node each: read the bitmaps; read
+/// each freed object's head and write its [`ReclaimMark`] durably; then clear exactly the
+/// bits seen (an FAA subtracting them, so frees that landed meanwhile stay set) — only once
+/// the marks are durable, so a power cut never leaves an object neither marked nor freed.
+/// Returns the objects taken back; list them free again.
+///
+/// ```
+/// use dmkit_pmem_pool::remote::{ReclaimMark, reclaim_async};
+/// use dmkit_pmem_pool::slabs::{OwnedBlock, block_image, class_of, free_bit};
+/// use dmkit_verbs::sim::SimCluster;
+///
+/// let (cluster, regions) = SimCluster::with_dram_nodes(1, 1 << 20)?;
+/// let (ep, region, bs) = (cluster.endpoint(9)?, regions[0], 64 << 10);
+/// // Block 2 holds 128-byte objects; someone frees the one at `obj` with one FAA.
+/// let class = class_of(128).unwrap();
+/// ep.write("setup", region.at(2 * bs), &block_image(bs, class, 7))?;
+/// let obj = 2 * bs + 4096;
+/// let (word, bit) = free_bit(bs, obj, 128).unwrap();
+/// ep.faa("free", region.at(word), bit)?;
+/// // The owner reclaims: marks byte 8 of each freed object, reads its first 16 bytes.
+/// let mark = ReclaimMark { offset: 8, byte: 0xff, read_len: 16 };
+/// let blocks = [(region, OwnedBlock { id: 2, class })];
+/// let back = dmkit_verbs::block_on(reclaim_async(&ep, "reclaim", bs, &blocks, mark))?;
+/// assert_eq!((back.len(), back[0].offset), (1, obj));
+/// assert_eq!(ep.read("check", region.at(obj + 8), 1)?, vec![0xff]);
+/// // The bit is clear again: a second reclaim finds nothing.
+/// assert!(dmkit_verbs::block_on(reclaim_async(&ep, "reclaim", bs, &blocks, mark))?.is_empty());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub async fn reclaim_async(
+    ep: &dmkit_verbs::Endpoint,
+    tag: dmkit_verbs::Tag,
+    block_size: u64,
+    blocks: &[(dmkit_verbs::RegionDesc, crate::slabs::OwnedBlock)],
+    mark: ReclaimMark,
+) -> Result<Vec<Reclaimed>, dmkit_verbs::Error> {
+    use crate::slabs::{BLOCK_HEADER, BlockGeometry};
+    let mut by_node: std::collections::BTreeMap<_, Vec<_>> = Default::default();
+    for (region, b) in blocks {
+        by_node.entry(region.node).or_default().push((*region, *b));
+    }
+    // Round 1: the bitmaps.
+    let mut batches = Vec::new();
+    let mut plan = Vec::new();
+    for (node, blocks) in &by_node {
+        let mut b = ep.batch(*node);
+        let mut p = Vec::new();
+        for (region, blk) in blocks {
+            let g = BlockGeometry::new(block_size, blk.class);
+            let bitmap = region.at(blk.id * block_size + BLOCK_HEADER);
+            p.push((*region, *blk, g, b.read(bitmap, g.bitmap_len())));
+        }
+        batches.push(b);
+        plan.push(p);
+    }
+    let bitmaps = ep.execute_many_async(tag, batches).await;
+    // Round 2 marks and reads the freed objects; round 3 clears their bits.
+    let (mut marks, mut clears, mut found) = (Vec::new(), Vec::new(), Vec::new());
+    for (res, p) in bitmaps.into_iter().zip(plan) {
+        let res = res?;
+        let node = p[0].0.node;
+        let (mut b, mut clear, mut items) = (ep.batch(node), ep.batch(node), Vec::new());
+        for (region, blk, g, idx) in p {
+            for (w, chunk) in res.read(idx).chunks(8).enumerate() {
+                let word = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
+                if word == 0 {
+                    continue;
+                }
+                for i in g.freed_in_word(w, word) {
+                    let off = blk.id * block_size + g.object_offset(i);
+                    let head = b.read(region.at(off), mark.read_len);
+                    b.write_durable(region.at(off + mark.offset), &[mark.byte]);
+                    items.push((blk.class, off, head));
+                }
+                let at = region.at(blk.id * block_size + BLOCK_HEADER + w as u64 * 8);
+                clear.faa(at, 0u64.wrapping_sub(word));
+            }
+        }
+        if !items.is_empty() {
+            marks.push(b);
+            clears.push(clear);
+            found.push((node, items));
+        }
+    }
+    let mut heads = Vec::new();
+    for r in ep.execute_many_async(tag, marks).await {
+        heads.push(r?);
+    }
+    for r in ep.execute_many_async(tag, clears).await {
+        r?;
+    }
+    let mut out = Vec::new();
+    for (res, (node, items)) in heads.into_iter().zip(found) {
+        for (class, offset, head) in items {
+            let head = res.read(head).to_vec();
+            out.push(Reclaimed {
+                class,
+                node,
+                offset,
+                head,
+            });
+        }
+    }
+    Ok(out)
 }
 
 /// Why a block request sent with [`BlockClient`] failed: the RPC, or the reply (refused with

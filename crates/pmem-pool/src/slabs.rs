@@ -226,6 +226,25 @@ impl<A: Copy + Eq + Hash> SlabLists<A> {
     pub fn is_empty(&self) -> bool {
         self.listed.is_empty()
     }
+
+    /// Takes on a fresh `block` (of `block_size` bytes): records it and lists each of its
+    /// objects free (generation 0), `addr` naming the object at an offset in the pool.
+    pub fn add_block(&mut self, block_size: u64, block: OwnedBlock, addr: impl Fn(u64) -> A) {
+        let g = BlockGeometry::new(block_size, block.class);
+        self.blocks.push(block);
+        for i in 0..g.objects {
+            let offset = block.id * block_size + g.object_offset(i);
+            self.push(block.class, addr(offset), 0);
+        }
+    }
+}
+
+/// A fresh block's whole image: its header ([`block_header`]), an empty free bitmap, zeroed
+/// objects.
+pub fn block_image(block_size: u64, class: usize, owner: u64) -> Vec<u8> {
+    let mut image = vec![0u8; block_size as usize];
+    image[..BLOCK_HEADER as usize].copy_from_slice(&block_header(class, owner));
+    image
 }
 
 #[cfg(test)]
@@ -293,5 +312,19 @@ mod tests {
         assert_eq!(l.pop(1).unwrap().1, None);
         assert!(l.is_empty());
         assert!(free_bit(64 << 10, 5, 64).is_none());
+    }
+
+    #[test]
+    fn a_fresh_block_lists_every_object_and_its_image_is_a_bare_header() {
+        let (bs, class) = (64u64 << 10, class_of(512).unwrap());
+        let g = BlockGeometry::new(bs, class);
+        let mut l: SlabLists<u64> = SlabLists::new();
+        l.add_block(bs, OwnedBlock { id: 5, class }, |off| off);
+        assert_eq!((l.len(class), l.blocks.len()), (g.objects as usize, 1));
+        assert_eq!(l.pop(class).unwrap().0.addr, 5 * bs + g.data_start);
+        let image = block_image(bs, class, 7);
+        assert_eq!(image.len() as u64, bs);
+        assert_eq!(decode_block_header(&image), Ok(Some((class, 7))));
+        assert!(image[BLOCK_HEADER as usize..].iter().all(|b| *b == 0));
     }
 }
