@@ -296,14 +296,6 @@ pub(crate) struct Inner {
     /// The background task's jobs. Those queued inside an operation are handed to the task
     /// when the operation ends ([`Inner::kick_jobs`]), not in its middle.
     jobs: Arc<Background<Job>>,
-    /// Cleanups queued for the background task and not finished yet.
-    backlog: std::sync::atomic::AtomicUsize,
-    /// A job that should not wait for a batch (a prefetch: the free list runs low; a
-    /// reclaim: freed objects to take back before more blocks are fetched) was queued since
-    /// the last kick.
-    urgent: std::sync::atomic::AtomicBool,
-    /// Wakes callers waiting for the background task to catch up.
-    caught_up: tokio::sync::Notify,
     allocs: std::sync::atomic::AtomicU64,
     /// `dmkit_fusee_op_seconds{op}` by [`OpName`].
     op_seconds: [std::sync::OnceLock<metrics::Histogram>; 4],
@@ -619,9 +611,6 @@ impl Client {
             free: Mutex::new(FreeLists::default()),
             cache,
             jobs: jobs.clone(),
-            backlog: std::sync::atomic::AtomicUsize::new(0),
-            urgent: std::sync::atomic::AtomicBool::new(false),
-            caught_up: tokio::sync::Notify::new(),
             allocs: std::sync::atomic::AtomicU64::new(0),
             op_seconds: Default::default(),
             cfg,
@@ -1742,26 +1731,14 @@ impl Inner {
             dmkit_verbs::block_on(self.run_job(j));
             return true;
         }
-        let cleanup = matches!(j, Job::Cleanup(_));
-        if cleanup {
-            self.backlog
-                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        }
         // Cleanups, prefetches and reclaims are queued inside an operation: the task gets them
-        // when the operation ends (`kick_jobs`). A flush is waited for: wake it now.
-        if matches!(j, Job::Prefetch(_) | Job::Reclaim) {
-            self.urgent
-                .store(true, std::sync::atomic::Ordering::Relaxed);
+        // when the operation ends (`kick_jobs`), a prefetch or a reclaim at once then. A flush
+        // is waited for: wake it now.
+        match j {
+            Job::Flush(_) => self.jobs.push(j).is_ok(),
+            Job::Prefetch(_) | Job::Reclaim => self.jobs.push_soon(j).is_ok(),
+            Job::Cleanup(_) => self.jobs.push_deferred(j).is_ok(),
         }
-        let sent = if matches!(j, Job::Flush(_)) {
-            self.jobs.push(j).is_ok()
-        } else {
-            self.jobs.push_deferred(j).is_ok()
-        };
-        if cleanup && !sent {
-            self.cleaned(1);
-        }
-        sent
     }
 
     pub(crate) fn slot_of(&self, key: &[u8], a: &Allocation, len: usize) -> Result<Slot> {
@@ -1982,7 +1959,7 @@ impl Inner {
     }
 
     /// Queues a won write's cleanup for the background task. When the task is more than
-    /// [`MAX_BACKLOG`] cleanups behind (it shares a few runtime threads with every client of
+    /// [`MAX_BACKLOG`] jobs behind (it shares a few runtime threads with every client of
     /// the process, and busy callers can outrun it), the caller waits until it has caught up
     /// half way: replaced objects are freed at the pace they are replaced, so memory stays
     /// bounded. (The cleanup is queued first: a caller that stops waiting loses nothing.)
@@ -1999,20 +1976,8 @@ impl Inner {
             tracing::warn!("FUSEE background task gone; cleanup left to recovery");
             return;
         }
-        if self.backlog.load(std::sync::atomic::Ordering::Acquire) <= MAX_BACKLOG {
-            return;
-        }
-        metrics::counter!("dmkit_fusee_cleanup_waits_total").increment(1);
-        loop {
-            let mut caught_up = std::pin::pin!(self.caught_up.notified());
-            caught_up.as_mut().enable();
-            if self.backlog.load(std::sync::atomic::Ordering::Acquire) <= MAX_BACKLOG / 2
-                || self.jobs.is_closed()
-            {
-                return;
-            }
-            self.jobs.kick();
-            caught_up.await;
+        if self.jobs.wait_below(MAX_BACKLOG).await {
+            metrics::counter!("dmkit_fusee_cleanup_waits_total").increment(1);
         }
     }
 
@@ -2023,25 +1988,7 @@ impl Inner {
     /// machine with few cores a preemption) once per batch rather than per write, and the
     /// task runs the batch's cleanups in two round trips. [`Client::flush`] wakes it at once.
     fn kick_jobs(&self) {
-        if self
-            .urgent
-            .swap(false, std::sync::atomic::Ordering::Relaxed)
-        {
-            self.jobs.kick();
-        } else {
-            self.jobs.kick_lazily(LAZY_BATCH, LAZY_DELAY);
-        }
-    }
-
-    /// The background task finished `n` cleanups.
-    fn cleaned(&self, n: usize) {
-        let left = self
-            .backlog
-            .fetch_sub(n, std::sync::atomic::Ordering::AcqRel)
-            .saturating_sub(n);
-        if left <= MAX_BACKLOG / 2 {
-            self.caught_up.notify_waiters();
-        }
+        self.jobs.kick_lazily(LAZY_BATCH, LAZY_DELAY);
     }
 
     /// One object for `len` bytes, from the local free lists (fetching a block if empty; a
@@ -2093,12 +2040,13 @@ const MAX_BACKLOG: usize = 4 * CLEANUP_BATCH;
 /// mark in a second.
 async fn worker(inner: std::sync::Weak<Inner>, rx: JobRx) {
     while let Some(jobs) = rx.take(usize::MAX).await {
-        let n = jobs.len();
         let Some(inner) = inner.upgrade() else { return };
         let mut jobs = jobs.into_iter().peekable();
+        // Each job reported done as it finishes (writers held back by the backlog look again).
         while let Some(job) = jobs.next() {
             if !matches!(job, Job::Cleanup(_)) {
                 inner.run_job(job).await;
+                rx.done(1);
                 continue;
             }
             let mut batch = vec![job];
@@ -2114,9 +2062,8 @@ async fn worker(inner: std::sync::Weak<Inner>, rx: JobRx) {
             } else {
                 inner.run_cleanups(batch).await;
             }
-            inner.cleaned(k);
+            rx.done(k);
         }
-        rx.done(n);
     }
 }
 

@@ -10,7 +10,10 @@
 //! [`Background::kick_lazily`] goes further: it wakes the task only once a batch of jobs
 //! waits, and otherwise leaves a wake-up to the verbs timer thread a little later — so a
 //! caller running operation after operation pays one wake-up per batch, not one per
-//! operation, and the task takes the batch's jobs together.
+//! operation, and the task takes the batch's jobs together; a job queued with
+//! [`Background::push_soon`] (something will wait on it) makes that kick wake the task at
+//! once. [`Background::wait_below`] is the backpressure: a caller that could outrun the task
+//! waits while too many jobs are pending.
 //!
 //! ```
 //! use dmkit_verbs::background::Background;
@@ -50,6 +53,8 @@ use crate::pending::timer;
 pub struct Background<T> {
     state: Mutex<State<T>>,
     wake: Notify,
+    /// Callers of [`Background::wait_below`], woken when jobs are done.
+    caught_up: Notify,
 }
 
 struct State<T> {
@@ -57,6 +62,9 @@ struct State<T> {
     /// Taken by the task and not [`Background::done`] yet.
     running: usize,
     closed: bool,
+    /// A job queued with [`Background::push_soon`] waits: the next kick wakes the task at
+    /// once, lazily or not.
+    urgent: bool,
     /// The wake-up [`Background::kick_lazily`] left to the timer, until it fires or the
     /// task takes the jobs (dropping it disarms it).
     lazy: Option<timer::Armed>,
@@ -86,9 +94,11 @@ impl<T> Background<T> {
                 jobs: VecDeque::new(),
                 running: 0,
                 closed: false,
+                urgent: false,
                 lazy: None,
             }),
             wake: Notify::new(),
+            caught_up: Notify::new(),
         }
     }
 
@@ -110,10 +120,47 @@ impl<T> Background<T> {
         Ok(())
     }
 
+    /// Queues `job` without waking the task, like [`push_deferred`](Self::push_deferred),
+    /// but the caller's next kick wakes the task at once even if it is a
+    /// [`kick_lazily`](Self::kick_lazily): for jobs something waits on soon (a prefetch of
+    /// memory running low). `Err(job)` once the queue is closed.
+    pub fn push_soon(&self, job: T) -> Result<(), T> {
+        let mut s = self.state.lock();
+        if s.closed {
+            return Err(job);
+        }
+        s.jobs.push_back(job);
+        s.urgent = true;
+        Ok(())
+    }
+
     /// Wakes the task if jobs wait for it (cheap when none do, or when it is awake).
     pub fn kick(&self) {
-        if !self.state.lock().jobs.is_empty() {
+        let mut s = self.state.lock();
+        s.urgent = false;
+        if !s.jobs.is_empty() {
+            drop(s);
             self.wake.notify_one();
+        }
+    }
+
+    /// Backpressure for callers that can outrun the task: when more than `high` jobs are
+    /// pending (queued or running), wakes the task and waits until at most `high / 2` are
+    /// (or the queue is closed). Returns whether it waited. Jobs queued before the call are
+    /// never lost by cancelling it.
+    pub async fn wait_below(&self, high: usize) -> bool {
+        if self.pending() <= high {
+            return false;
+        }
+        loop {
+            let caught_up = self.caught_up.notified();
+            tokio::pin!(caught_up);
+            caught_up.as_mut().enable();
+            if self.pending() <= high / 2 || self.is_closed() {
+                return true;
+            }
+            self.wake.notify_one();
+            caught_up.await;
         }
     }
 
@@ -151,6 +198,7 @@ impl<T> Background<T> {
                     let jobs = s.jobs.drain(..n).collect();
                     // The jobs a lazy wake-up was for are taken: disarm it (outside the lock).
                     let lazy = if s.jobs.is_empty() {
+                        s.urgent = false;
                         s.lazy.take()
                     } else {
                         None
@@ -167,10 +215,13 @@ impl<T> Background<T> {
         }
     }
 
-    /// The task's side: `n` jobs it took are finished.
+    /// The task's side: `n` jobs it took are finished (callers of
+    /// [`wait_below`](Self::wait_below) look again).
     pub fn done(&self, n: usize) {
         let mut s = self.state.lock();
         s.running = s.running.saturating_sub(n);
+        drop(s);
+        self.caught_up.notify_waiters();
     }
 }
 
@@ -187,7 +238,7 @@ impl<T: Send + 'static> Background<T> {
         if s.jobs.is_empty() {
             return;
         }
-        if s.jobs.len() >= batch.max(1) {
+        if s.jobs.len() >= batch.max(1) || std::mem::take(&mut s.urgent) {
             drop(s);
             self.wake.notify_one();
             return;
@@ -268,5 +319,69 @@ mod tests {
         assert_eq!(worker.join().unwrap(), vec![0, 1, 2, 3, 4]);
         assert_eq!(q.pending(), 0);
         assert!(q.is_closed());
+    }
+
+    // (Never arms the lazy timer: the timer is process-wide, and pending's test counts it.)
+    #[test]
+    fn a_job_pushed_soon_makes_a_lazy_kick_wake_the_task_at_once() {
+        let q = Arc::new(Background::new());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let q2 = q.clone();
+            let t = tokio::spawn(async move { q2.take(8).await });
+            tokio::task::yield_now().await;
+            q.push_deferred(1).unwrap();
+            assert!(!q.state.lock().urgent);
+            // A job pushed soon: a lazy kick (batch 16, an hour) wakes the task now.
+            q.push_soon(2).unwrap();
+            q.kick_lazily(16, Duration::from_secs(3600));
+            let got = tokio::time::timeout(Duration::from_secs(10), t).await;
+            assert_eq!(got.unwrap().unwrap(), Some(vec![1, 2]));
+            q.done(2);
+            // Taken: the urgency went with the jobs.
+            assert!(!q.state.lock().urgent);
+            assert!(q.state.lock().lazy.is_none());
+            // And a kick spends it too.
+            q.push_soon(3).unwrap();
+            q.kick();
+            assert!(!q.state.lock().urgent);
+            assert_eq!(q.take(8).await, Some(vec![3]));
+        });
+    }
+
+    #[test]
+    fn wait_below_holds_callers_until_the_task_caught_up_half_way() {
+        let q = Arc::new(Background::new());
+        for i in 0..6 {
+            q.push_deferred(i).unwrap();
+        }
+        crate::block_on(async {
+            // At or under the bound: no wait.
+            assert!(!q.wait_below(6).await);
+        });
+        let q2 = q.clone();
+        // The task runs one job at a time, slowly, and records how many were pending after
+        // each.
+        let worker = std::thread::spawn(move || {
+            crate::block_on(async {
+                let mut left = Vec::new();
+                while let Some(jobs) = q2.take(1).await {
+                    std::thread::sleep(Duration::from_millis(5));
+                    q2.done(jobs.len());
+                    left.push(q2.pending());
+                }
+                left
+            })
+        });
+        // Over the bound (4): the caller returns once at most 2 are pending.
+        crate::block_on(async {
+            assert!(q.wait_below(4).await);
+        });
+        assert!(q.pending() <= 2, "{}", q.pending());
+        q.close();
+        assert_eq!(worker.join().unwrap(), vec![5, 4, 3, 2, 1, 0]);
     }
 }
