@@ -9,7 +9,7 @@
 //! thread ([`dmkit_verbs::block_on`] over [`dmkit_verbs::join_all`], as FUSEE's coroutines:
 //! the verbs the loops post in one poll share a doorbell). Keys are not stored in the index:
 //! each key is a small object in remote memory (as a KV layer's objects hold their keys), read
-//! by the bench's [`KeyVerifier`] when a fingerprint matches — one READ round trip, awaited, so
+//! by the bench's [`KeyVerifier`](dmkit_kv_index::KeyVerifier) when a fingerprint matches — one READ round trip, awaited, so
 //! the other loops run meanwhile.
 //!
 //! - `search_<n>_tasks`: SEARCH of loaded keys, uniformly at random (each must be found);
@@ -377,7 +377,7 @@ impl Cluster {
 /// Where a key read is: (batch, operation in it).
 /// Keys kept as objects in remote memory (`[len: u32][key]`, one 64-byte unit each),
 /// bump-allocated round robin over one region per memory node: what the index's
-/// [`KeyVerifier`] reads to tell which candidate slot holds a key.
+/// [`KeyVerifier`](dmkit_kv_index::KeyVerifier) reads to tell which candidate slot holds a key.
 struct KeyObjects {
     regions: Vec<RegionDesc>,
     next: Vec<AtomicU64>,
