@@ -673,6 +673,28 @@ fn a_64_mib_value_round_trips_through_the_gateway() {
         exchange_lines(&mut s, b"APPEND big x\r\nSTRLEN big\r\n", 2),
         "-ERR string exceeds maximum allowed size (proto-max-bulk-len)\r\n:67108864\r\n"
     );
+    // A slice, presence and type read the value's manifest and the chunk the slice is in,
+    // not 64 MiB (the byte counts are checked in dmkit-fusee's tests).
+    let t = std::time::Instant::now();
+    let want = [
+        &b"$10\r\n"[..],
+        &big[40_000_000..40_000_010],
+        b"\r\n$3\r\n",
+        &big[MAX - 3..],
+        b"\r\n:1\r\n+string\r\n",
+    ]
+    .concat();
+    s.write_all(
+        b"GETRANGE big 40000000 40000009\r\nGETRANGE big -3 -1\r\nEXISTS big\r\nTYPE big\r\n",
+    )
+    .unwrap();
+    let mut got = vec![0; want.len()];
+    s.read_exact(&mut got).unwrap();
+    assert_eq!(got, want);
+    eprintln!(
+        "GETRANGE (twice), EXISTS, TYPE of 64 MiB: {:?}",
+        t.elapsed()
+    );
     // One byte over, announced: refused before its bytes are read.
     let mut s2 = TcpStream::connect(&addr).unwrap();
     s2.set_read_timeout(Some(Duration::from_secs(60))).unwrap();

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use dmkit_fusee::{Client, DeleteResult, InsertResult, UpdateResult};
 use dmkit_tools::resp::{
-    BoxFuture, Cas, Entry, KvBackend, PutMode, RespConfig, RespServer, ScanStep, Version,
+    BoxFuture, ByteRange, Cas, Entry, KvBackend, PutMode, RespConfig, RespServer, ScanStep, Version,
 };
 
 use crate::CliError;
@@ -149,6 +149,23 @@ impl KvBackend for FuseeBackend {
 
     fn delete(&self, key: &[u8]) -> Result<bool, String> {
         Ok(self.0.delete(key).map_err(|e| e.to_string())? == DeleteResult::Deleted)
+    }
+
+    fn get_range(&self, key: &[u8], range: ByteRange) -> Result<Option<(u64, Vec<u8>)>, String> {
+        let r = self.0.get_range(key, |len| range.of(len));
+        r.map(|v| v.map(|v| (v.len, v.bytes))).map_err(err)
+    }
+
+    fn get_range_async(
+        &self,
+        key: Vec<u8>,
+        range: ByteRange,
+    ) -> Option<BoxFuture<Result<Option<(u64, Vec<u8>)>, String>>> {
+        let c = self.0.clone();
+        Some(Box::pin(async move {
+            let r = c.get_range_async(&key, |len| range.of(len)).await;
+            r.map(|v| v.map(|v| (v.len, v.bytes))).map_err(err)
+        }))
     }
 
     fn get_async(

@@ -5,6 +5,7 @@
 //! large value deletes its chunks after.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -30,6 +31,25 @@ impl Entry {
     pub fn ttl_ms(&self, now: u64) -> Option<u64> {
         self.expires_at.map(|d| d.saturating_sub(now))
     }
+}
+
+/// Part of a key's value, as [`Client::get_range`] read it: the bytes asked for, and the
+/// whole value's length.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValueRange {
+    pub len: u64,
+    pub bytes: Vec<u8>,
+}
+
+/// The whole value, for [`Client::get_range_async`]'s `pick`.
+fn whole(len: u64) -> Range<u64> {
+    0..len
+}
+
+/// `r` within a value of `len` bytes (an empty range where it starts past the end).
+fn clamp(r: Range<u64>, len: u64) -> Range<u64> {
+    let end = r.end.min(len);
+    r.start.min(end)..end
 }
 
 /// One step of the background sweep ([`Client::reclaim_expired`]).
@@ -107,7 +127,8 @@ const MIN_CHUNK: usize = 4096;
 
 /// What a key's stored bytes say, once opened.
 enum Opened {
-    Live(Entry),
+    /// The entry (its value: the bytes asked for) and the whole value's length.
+    Live(Entry, u64),
     /// Its deadline passed: absent (these are the stored bytes, to delete exactly them).
     Expired(Vec<u8>),
     /// A chunk of its large value is gone: the key was written since; read again.
@@ -139,6 +160,18 @@ impl Client {
         /// The value of `key` with its deadline and version (`None` if absent or expired; an
         /// expired key met here is deleted, by a conditional delete of exactly what was read).
         pub fn get(&self, key: &[u8]) -> Result<Option<Entry>> = get_async;
+        /// Part of `key`'s value (`None` if absent or expired): `pick` is given the value's
+        /// length and names the bytes wanted (clamped to the value). A large value's chunks
+        /// outside them are not read, so an empty range costs the key's search alone — the
+        /// length of a 64 MiB value is one read of its manifest (STRLEN, EXISTS), a slice of
+        /// it the chunks it spans (GETRANGE). The bytes and the length are of one version of
+        /// the value, the one the search found.
+        pub fn get_range(
+            &self,
+            key: &[u8],
+            pick: impl Fn(u64) -> Range<u64>,
+        ) -> Result<Option<ValueRange>>
+            = get_range_async;
         /// INSERT: `key → value` unless the key is present (an expired key counts as absent).
         pub fn insert(&self, key: &[u8], value: &[u8]) -> Result<InsertResult> = insert_async;
         /// [`Client::insert`] with a deadline (Unix milliseconds; `None`: never expires).
@@ -215,9 +248,9 @@ impl Client {
             }
             // Boxed: the rare path's future is most of the operation's size, and every
             // caller would move it whole on the common path.
-            first => Ok(Box::pin(self.entry_from(key, first))
+            first => Ok(Box::pin(self.entry_from(key, first, whole))
                 .await?
-                .map(|e| e.value)),
+                .map(|(e, _)| e.value)),
         }
     }
 
@@ -225,12 +258,33 @@ impl Client {
     pub async fn get_async(&self, key: &[u8]) -> Result<Option<Entry>> {
         check_key(key)?;
         let first = self.search_raw_async(key).await?;
-        self.entry_from(key, first).await
+        Ok(self.entry_from(key, first, whole).await?.map(|(e, _)| e))
     }
 
-    /// The entry of `key` whose stored bytes a search just returned (`first`), reading the
-    /// key again while a large value's chunks keep changing under the read.
-    async fn entry_from(&self, key: &[u8], first: Option<Vec<u8>>) -> Result<Option<Entry>> {
+    /// [`Client::get_range`], awaited.
+    pub async fn get_range_async(
+        &self,
+        key: &[u8],
+        pick: impl Fn(u64) -> Range<u64>,
+    ) -> Result<Option<ValueRange>> {
+        check_key(key)?;
+        let first = self.search_raw_async(key).await?;
+        let e = Box::pin(self.entry_from(key, first, pick)).await?;
+        Ok(e.map(|(e, len)| ValueRange {
+            len,
+            bytes: e.value,
+        }))
+    }
+
+    /// The entry of `key` whose stored bytes a search just returned (`first`), with the
+    /// bytes `pick` names of its value and the value's length, reading the key again while
+    /// a large value's chunks keep changing under the read.
+    async fn entry_from(
+        &self,
+        key: &[u8],
+        first: Option<Vec<u8>>,
+        pick: impl Fn(u64) -> Range<u64>,
+    ) -> Result<Option<(Entry, u64)>> {
         let mut before: Option<Vec<u8>> = None;
         let mut next = Some(first);
         for _ in 0..READ_TRIES {
@@ -248,8 +302,8 @@ impl Client {
                     reason: "a chunk of its value is missing".into(),
                 });
             }
-            match self.open_stored(key, raw.clone()).await? {
-                Opened::Live(e) => return Ok(Some(e)),
+            match self.open_stored(key, raw.clone(), &pick).await? {
+                Opened::Live(e, len) => return Ok(Some((e, len))),
                 Opened::Expired(raw) => {
                     self.reclaim_one(key, &raw).await;
                     return Ok(None);
@@ -370,10 +424,10 @@ impl Client {
                     break CasResult::Swapped;
                 }
                 CasResult::NotFound => break CasResult::NotFound,
-                CasResult::Mismatch(held) => match self.open_stored(key, held).await? {
+                CasResult::Mismatch(held) => match self.open_stored(key, held, whole).await? {
                     // The expected value, stored otherwise (a deadline, chunks): that exactly.
-                    Opened::Live(e) if e.value == expected => version = e.version,
-                    Opened::Live(e) => break CasResult::Mismatch(e.value),
+                    Opened::Live(e, _) if e.value == expected => version = e.version,
+                    Opened::Live(e, _) => break CasResult::Mismatch(e.value),
                     Opened::Expired(raw) => {
                         self.reclaim_one(key, &raw).await;
                         break CasResult::NotFound;
@@ -428,9 +482,9 @@ impl Client {
                     return Ok(CasResult::Swapped);
                 }
                 CasResult::NotFound => return Ok(CasResult::NotFound),
-                CasResult::Mismatch(held) => match self.open_stored(key, held).await? {
-                    Opened::Live(e) if e.value == expected => version = e.version,
-                    Opened::Live(e) => return Ok(CasResult::Mismatch(e.value)),
+                CasResult::Mismatch(held) => match self.open_stored(key, held, whole).await? {
+                    Opened::Live(e, _) if e.value == expected => version = e.version,
+                    Opened::Live(e, _) => return Ok(CasResult::Mismatch(e.value)),
                     Opened::Expired(raw) => {
                         self.reclaim_one(key, &raw).await;
                         return Ok(CasResult::NotFound);
@@ -515,26 +569,36 @@ impl Client {
         })
     }
 
-    /// Opens stored bytes: the entry (a large value's chunks read and checked), or why not.
-    async fn open_stored(&self, key: &[u8], raw: Vec<u8>) -> Result<Opened> {
+    /// Opens stored bytes: the entry with the bytes `pick` names of its value (a large
+    /// value's chunks there read and checked), or why not.
+    async fn open_stored(
+        &self,
+        key: &[u8],
+        raw: Vec<u8>,
+        pick: impl Fn(u64) -> Range<u64>,
+    ) -> Result<Opened> {
         let d = value::decode(&raw)?;
         // The clock only for a value with a deadline (reading it is a system call where the
         // vDSO cannot serve it, as in emulated guests).
         if d.deadline.is_some() && d.expired(self.now()) {
             return Ok(Opened::Expired(raw));
         }
-        let value = match d.body {
-            Body::Inline(v) => v.to_vec(),
-            Body::Large(m) => match self.read_chunks(key, &m).await? {
-                Some(v) => v,
+        let (value, len) = match d.body {
+            Body::Inline(v) => {
+                let r = clamp(pick(v.len() as u64), v.len() as u64);
+                (v[r.start as usize..r.end as usize].to_vec(), v.len() as u64)
+            }
+            Body::Large(m) => match self.read_chunks(key, &m, clamp(pick(m.len), m.len)).await? {
+                Some(v) => (v, m.len),
                 None => return Ok(Opened::Changed),
             },
         };
-        Ok(Opened::Live(Entry {
+        let e = Entry {
             value,
             expires_at: d.deadline,
             version: raw,
-        }))
+        };
+        Ok(Opened::Live(e, len))
     }
 
     /// A conditional write's result that did not swap, with the value as the caller sees it.
@@ -542,8 +606,8 @@ impl Client {
         let CasResult::Mismatch(held) = r else {
             return Ok(r);
         };
-        Ok(match self.open_stored(key, held).await? {
-            Opened::Live(e) => CasResult::Mismatch(e.value),
+        Ok(match self.open_stored(key, held, whole).await? {
+            Opened::Live(e, _) => CasResult::Mismatch(e.value),
             Opened::Expired(raw) => {
                 self.reclaim_one(key, &raw).await;
                 CasResult::NotFound
@@ -646,10 +710,23 @@ impl Client {
         Ok(())
     }
 
-    /// The chunks of `m`, checked (`None`: one is gone, the key was written since).
-    async fn read_chunks(&self, key: &[u8], m: &Manifest) -> Result<Option<Vec<u8>>> {
-        let mut out = vec![0u8; m.len as usize];
-        for wave in (0..m.chunks).collect::<Vec<_>>().chunks(CHUNK_WAVE) {
+    /// The bytes `want` of `m`'s value, from the chunks they span, checked (`None`: one is
+    /// gone, the key was written since). The whole value's checksum is checked when all of
+    /// it is read; a chunk is an object of its own, checked when read.
+    async fn read_chunks(
+        &self,
+        key: &[u8],
+        m: &Manifest,
+        want: Range<u64>,
+    ) -> Result<Option<Vec<u8>>> {
+        let mut out = vec![0u8; (want.end - want.start) as usize];
+        let cl = u64::from(m.chunk_len);
+        let spans = if want.is_empty() {
+            0..0
+        } else {
+            (want.start / cl) as u32..(want.end.div_ceil(cl)) as u32
+        };
+        for wave in spans.collect::<Vec<_>>().chunks(CHUNK_WAVE) {
             let reads = wave
                 .iter()
                 .map(|&i| async move { (i, self.search_raw_async(&m.chunk_key(key, i)).await) });
@@ -659,7 +736,14 @@ impl Client {
                 };
                 let range = m.range(i);
                 match value::decode(&raw)?.body {
-                    Body::Inline(b) if b.len() == range.len() => out[range].copy_from_slice(b),
+                    Body::Inline(b) if b.len() == range.len() => {
+                        // The part of the chunk inside `want`, where it goes in `out`.
+                        let from = (want.start as usize).max(range.start);
+                        let to = (want.end as usize).min(range.end);
+                        let at = from - want.start as usize;
+                        out[at..at + (to - from)]
+                            .copy_from_slice(&b[from - range.start..to - range.start]);
+                    }
                     _ => {
                         return Err(Error::Corrupt(format!(
                             "chunk {i} of key {:?} has the wrong shape",
@@ -669,7 +753,7 @@ impl Client {
                 }
             }
         }
-        if crc32c::crc32c(&out) != m.crc {
+        if want == (0..m.len) && crc32c::crc32c(&out) != m.crc {
             return Err(Error::Corrupt(format!(
                 "the value of key {:?} fails its checksum",
                 key.escape_ascii().to_string()

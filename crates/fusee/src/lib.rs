@@ -117,7 +117,9 @@
 //! [`Client::replace`] and [`Client::delete_entry`] write only over exactly that version.
 //! Values larger than one object (up to [`ClientConfig::max_value`], 64 MiB by default) are
 //! stored in chunks under reserved keys and named by one manifest, written by one SNAPSHOT
-//! round: a reader sees the whole old value or the whole new one.
+//! round: a reader sees the whole old value or the whole new one. [`Client::get_range`]
+//! reads part of a value and its length — of a large value, the manifest and the chunks the
+//! part spans only.
 //!
 //! ```
 //! use dmkit_fusee::{CasResult, LocalCluster, LocalConfig, now_ms};
@@ -135,6 +137,9 @@
 //! let big = vec![7u8; 1 << 20];
 //! kv.upsert(b"blob", &big)?;
 //! assert!(kv.search(b"blob")?.unwrap() == big);
+//! // Its length and last byte: the manifest and one chunk.
+//! let tail = kv.get_range(b"blob", |len| len - 1..len)?.expect("present");
+//! assert_eq!((tail.len, tail.bytes), (1 << 20, vec![7]));
 //! # Ok::<(), dmkit_fusee::Error>(())
 //! ```
 
@@ -159,7 +164,7 @@ pub mod value;
 mod verifier;
 
 pub use client::{CasResult, Client, ClientConfig, DeleteResult, InsertResult, UpdateResult, tags};
-pub use entry::{Entry, SweepPacer, Swept};
+pub use entry::{Entry, SweepPacer, Swept, ValueRange};
 pub use error::{Error, Result};
 pub use local::{LocalCluster, LocalConfig};
 pub use recovery::RecoveryReport;

@@ -342,3 +342,78 @@ fn a_large_write_cut_by_a_crash_is_whole_or_not_there_and_leaves_nothing() {
     }
     assert!(outcomes[0] > 0 && outcomes[1] > 0, "{outcomes:?}");
 }
+
+/// Bytes `k`'s endpoint brought back from the memory nodes while `f` ran.
+fn bytes_in(k: &dmkit_fusee::Client, f: impl FnOnce()) -> u64 {
+    let total = || -> u64 {
+        let s = k.endpoint().stats().snapshot();
+        s.iter().map(|(_, t)| t.bytes_in).sum()
+    };
+    let before = total();
+    f();
+    total() - before
+}
+
+#[test]
+fn a_range_of_a_large_value_reads_only_the_chunks_it_spans() {
+    let c = cluster(2, 2, 96);
+    let k = c.client(1).unwrap();
+    let v: Vec<u8> = (0..1_000_000u32).map(|i| (i * 31 % 251) as u8).collect();
+    assert_eq!(k.insert(b"big", &v).unwrap(), InsertResult::Inserted);
+    let len = v.len() as u64;
+    let whole = bytes_in(&k, || assert!(k.search(b"big").unwrap().unwrap() == v));
+    // The length alone: the manifest, no chunk.
+    let only_len = bytes_in(&k, || {
+        let r = k.get_range(b"big", |_| 0..0).unwrap().unwrap();
+        assert_eq!((r.len, r.bytes.len()), (len, 0));
+    });
+    assert!(only_len < 4096, "the length read {only_len} bytes");
+    // A 32 KB slice: the chunks it spans (three of about 16 KB), not the 62 others.
+    let chunk = 16_000u64;
+    let across = bytes_in(&k, || {
+        let r = k
+            .get_range(b"big", |_| 3 * chunk..5 * chunk)
+            .unwrap()
+            .unwrap();
+        assert!(r.bytes == v[3 * chunk as usize..5 * chunk as usize]);
+    });
+    assert!(
+        across < whole / 5,
+        "a 32 KB slice read {across} bytes, the whole value {whole}"
+    );
+    // Every range is the value's bytes there, clamped: from the end, past the end, empty,
+    // reversed, one byte, all of it (then the whole value's checksum is checked too).
+    let cases = [
+        (len - 10, len + 100),
+        (len + 5, len + 10),
+        (7, 7),
+        (9, 3),
+        (123_456, 123_457),
+        (0, len),
+        (65_530, 200_001),
+    ];
+    for (a, b) in cases {
+        let r = k.get_range(b"big", |l| a.min(l)..b).unwrap().unwrap();
+        let end = b.min(len);
+        let start = a.min(len).min(end);
+        assert!(r.bytes == v[start as usize..end as usize], "range {a}..{b}");
+        assert_eq!(r.len, len);
+    }
+    // A small value, an absent key, an expired one.
+    k.upsert(b"small", b"hello world").unwrap();
+    let r = k.get_range(b"small", |l| l - 5..l).unwrap().unwrap();
+    assert_eq!((r.len, r.bytes.as_slice()), (11, &b"world"[..]));
+    assert_eq!(k.get_range(b"absent", |_| 0..1).unwrap(), None);
+    k.put(b"gone", &v, Some(now_ms() - 1)).unwrap();
+    assert_eq!(k.get_range(b"gone", |_| 0..1).unwrap(), None);
+    // A rewritten value is read as the new one, never spliced with the old one's chunks.
+    let w: Vec<u8> = v.iter().map(|b| b ^ 0xff).collect();
+    k.upsert(b"big", &w).unwrap();
+    let r = c
+        .client(2)
+        .unwrap()
+        .get_range(b"big", |_| 10..20)
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.bytes, w[10..20]);
+}

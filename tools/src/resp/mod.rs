@@ -281,6 +281,50 @@ pub trait KvBackend: Send + Sync {
         let _ = key;
         None
     }
+    /// The length of `key`'s value and the bytes `range` picks of it (`None`: absent) —
+    /// STRLEN, GETRANGE, EXISTS, TYPE. A backend that stores large values in parts reads
+    /// only the parts the range spans (FUSEE: a large value's manifest, and the chunks in
+    /// the range); the default reads the whole value.
+    fn get_range(&self, key: &[u8], range: ByteRange) -> Result<Option<(u64, Vec<u8>)>, String> {
+        Ok(self.get(key)?.map(|v| {
+            let r = range.of(v.len() as u64);
+            (v.len() as u64, v[r.start as usize..r.end as usize].to_vec())
+        }))
+    }
+    /// [`KvBackend::get_range`] as a future (see [`KvBackend::get_async`]).
+    fn get_range_async(
+        &self,
+        key: Vec<u8>,
+        range: ByteRange,
+    ) -> Option<BoxFuture<Result<Option<(u64, Vec<u8>)>, String>>> {
+        let _ = (key, range);
+        None
+    }
+}
+
+/// Which bytes of a value [`KvBackend::get_range`] returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ByteRange {
+    /// None: the length alone.
+    Empty,
+    /// GETRANGE's: `start` to `end` inclusive, negative from the end, clamped.
+    Inclusive { start: i64, end: i64 },
+}
+
+impl ByteRange {
+    /// The bytes picked of a value of `len` bytes.
+    pub fn of(self, len: u64) -> std::ops::Range<u64> {
+        let ByteRange::Inclusive { start, end } = self else {
+            return 0..0;
+        };
+        let len = len.min(i64::MAX as u64) as i64;
+        let norm = |i: i64| if i < 0 { (len + i).max(0) } else { i };
+        let (a, b) = (norm(start), norm(end).min(len - 1));
+        if len == 0 || a > b {
+            return 0..0;
+        }
+        a as u64..b as u64 + 1
+    }
 }
 
 /// The system clock: Unix milliseconds.
@@ -732,6 +776,17 @@ async fn get(s: &Arc<Shared>, key: &[u8]) -> Result<Option<Vec<u8>>, String> {
     call(s, fut, move |b| b.get(&k)).await
 }
 
+/// The length of `key`'s value and the bytes `range` picks of it ([`KvBackend::get_range`]).
+async fn get_range(
+    s: &Arc<Shared>,
+    key: &[u8],
+    range: ByteRange,
+) -> Result<Option<(u64, Vec<u8>)>, String> {
+    let fut = s.backend.get_range_async(key.to_vec(), range);
+    let k = for_blocking(&fut, key);
+    call(s, fut, move |b| b.get_range(&k, range)).await
+}
+
 async fn put(s: &Arc<Shared>, key: &[u8], value: &[u8], mode: PutMode) -> Result<bool, String> {
     let fut = s.backend.put_async(key.to_vec(), value.to_vec(), mode);
     let (k, v) = (for_blocking(&fut, key), for_blocking(&fut, value));
@@ -959,17 +1014,6 @@ async fn incr(s: &Arc<Shared>, name: &str, argv: &[Vec<u8>]) -> Reply {
         Ok(_) => Reply::Nil,
         Err(e) => e,
     }
-}
-
-/// GETRANGE's slice: `start` and `end` inclusive, negative from the end, clamped.
-fn range(v: &[u8], start: i64, end: i64) -> &[u8] {
-    let len = v.len() as i64;
-    let norm = |i: i64| if i < 0 { (len + i).max(0) } else { i };
-    let (a, b) = (norm(start), norm(end).min(len - 1));
-    if len == 0 || a > b {
-        return &[];
-    }
-    &v[a as usize..=b as usize]
 }
 
 /// The largest offset + length SETRANGE accepts (Redis's 512 MB string limit).
@@ -1345,7 +1389,21 @@ async fn execute_keyed(s: &Arc<Shared>, args: &[Vec<u8>]) -> Reply {
                 .collect();
             count_true(dmkit_verbs::join_all(futs).await)
         }
-        "exists" | "mget" | "touch" => {
+        "exists" | "touch" => {
+            // Presence alone: a large value's chunks are not read.
+            let futs = argv
+                .iter()
+                .map(|k| {
+                    let (s, k) = (s.clone(), k.clone());
+                    Box::pin(async move {
+                        let r = get_range(&s, &k, ByteRange::Empty).await;
+                        r.map(|v| v.is_some())
+                    }) as BoxFuture<_>
+                })
+                .collect();
+            count_true(dmkit_verbs::join_all(futs).await)
+        }
+        "mget" => {
             let futs = argv
                 .iter()
                 .map(|k| {
@@ -1354,19 +1412,15 @@ async fn execute_keyed(s: &Arc<Shared>, args: &[Vec<u8>]) -> Reply {
                 })
                 .collect();
             let got: Vec<Result<Option<Vec<u8>>, String>> = dmkit_verbs::join_all(futs).await;
-            if name != "mget" {
-                count_true(got.into_iter().map(|r| r.map(|v| v.is_some())).collect())
-            } else {
-                let mut items = Vec::with_capacity(got.len());
-                for r in got {
-                    match r {
-                        Ok(Some(v)) => items.push(Reply::Bulk(v)),
-                        Ok(None) => items.push(Reply::Nil),
-                        Err(e) => return counted_error(backend_err(e)),
-                    }
+            let mut items = Vec::with_capacity(got.len());
+            for r in got {
+                match r {
+                    Ok(Some(v)) => items.push(Reply::Bulk(v)),
+                    Ok(None) => items.push(Reply::Nil),
+                    Err(e) => return counted_error(backend_err(e)),
                 }
-                Reply::Array(items)
             }
+            Reply::Array(items)
         }
         "incr" | "decr" | "incrby" | "decrby" | "incrbyfloat" => incr(s, &name, argv).await,
         "append" => match argv {
@@ -1403,7 +1457,7 @@ async fn execute_keyed(s: &Arc<Shared>, args: &[Vec<u8>]) -> Reply {
             _ => arity("getdel"),
         },
         "type" => match argv {
-            [k] => match get(s, k).await {
+            [k] => match get_range(s, k, ByteRange::Empty).await {
                 Ok(Some(_)) => Reply::Simple("string".into()),
                 Ok(None) => Reply::Simple("none".into()),
                 Err(e) => backend_err(e),
@@ -1411,18 +1465,20 @@ async fn execute_keyed(s: &Arc<Shared>, args: &[Vec<u8>]) -> Reply {
             _ => arity("type"),
         },
         "strlen" => match argv {
-            [k] => match get(s, k).await {
-                Ok(v) => Reply::Integer(v.map_or(0, |v| v.len() as i64)),
+            [k] => match get_range(s, k, ByteRange::Empty).await {
+                Ok(v) => Reply::Integer(v.map_or(0, |(len, _)| len as i64)),
                 Err(e) => backend_err(e),
             },
             _ => arity("strlen"),
         },
         "getrange" | "substr" => match argv {
             [k, a, b] => match (parse_i64(a), parse_i64(b)) {
-                (Some(a), Some(b)) => match get(s, k).await {
-                    Ok(v) => Reply::Bulk(range(&v.unwrap_or_default(), a, b).to_vec()),
-                    Err(e) => backend_err(e),
-                },
+                (Some(start), Some(end)) => {
+                    match get_range(s, k, ByteRange::Inclusive { start, end }).await {
+                        Ok(v) => Reply::Bulk(v.map(|(_, b)| b).unwrap_or_default()),
+                        Err(e) => backend_err(e),
+                    }
+                }
                 _ => not_integer(),
             },
             _ => arity(&name),
