@@ -417,3 +417,47 @@ fn a_range_of_a_large_value_reads_only_the_chunks_it_spans() {
         .unwrap();
     assert_eq!(r.bytes, w[10..20]);
 }
+
+/// A range read while another client rewrites the value, large and small in turn: every read
+/// is one version's bytes, with that version's length — never the old manifest's length with
+/// the new value's bytes, nor chunks of two versions.
+#[test]
+fn ranges_read_during_rewrites_are_of_one_version() {
+    let c = cluster(2, 2, 128);
+    let (w, r) = (c.client(1).unwrap(), c.client(2).unwrap());
+    // Version k: 200 000 + k bytes (small every fifth time: 100 + k), every byte k.
+    let version = |k: u8| {
+        let len = if k % 5 == 0 { 100 } else { 200_000 } + usize::from(k);
+        vec![k; len]
+    };
+    w.upsert(b"v", &version(1)).unwrap();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for k in 2..40u8 {
+                w.upsert(b"v", &version(k)).unwrap();
+            }
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+        });
+        let (mut reads, mut seen) = (0, std::collections::BTreeSet::new());
+        while !done.load(std::sync::atomic::Ordering::SeqCst) || reads < 10 {
+            let from = (reads * 7919) % 200_000;
+            let got = r.get_range(b"v", |_| from..from + 40_000).unwrap().unwrap();
+            let k = (got.len % 100_000 % 100) as u8;
+            assert_eq!(
+                got.len as usize,
+                version(k).len(),
+                "a length no version has"
+            );
+            let end = (from + 40_000).min(got.len);
+            assert_eq!(got.bytes.len() as u64, end.saturating_sub(from));
+            assert!(
+                got.bytes.iter().all(|b| *b == k),
+                "bytes of another version"
+            );
+            seen.insert(k);
+            reads += 1;
+        }
+        eprintln!("{reads} reads saw {} versions", seen.len());
+    });
+}
