@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use dmkit_fusee::{Client, DeleteResult, InsertResult, UpdateResult};
 use dmkit_tools::resp::{
-    BoxFuture, ByteRange, Cas, Entry, KvBackend, PutMode, RespConfig, RespServer, ScanStep, Version,
+    BoxFuture, ByteRange, Cas, Entry, KvBackend, PutMode, RespConfig, RespServer, ScanStep,
+    ValueSlice, Version,
 };
 
 use crate::CliError;
@@ -151,7 +152,7 @@ impl KvBackend for FuseeBackend {
         Ok(self.0.delete(key).map_err(|e| e.to_string())? == DeleteResult::Deleted)
     }
 
-    fn get_range(&self, key: &[u8], range: ByteRange) -> Result<Option<(u64, Vec<u8>)>, String> {
+    fn get_range(&self, key: &[u8], range: ByteRange) -> Result<Option<ValueSlice>, String> {
         let r = self.0.get_range(key, |len| range.of(len));
         r.map(|v| v.map(|v| (v.len, v.bytes))).map_err(err)
     }
@@ -160,7 +161,7 @@ impl KvBackend for FuseeBackend {
         &self,
         key: Vec<u8>,
         range: ByteRange,
-    ) -> Option<BoxFuture<Result<Option<(u64, Vec<u8>)>, String>>> {
+    ) -> Option<BoxFuture<Result<Option<ValueSlice>, String>>> {
         let c = self.0.clone();
         Some(Box::pin(async move {
             let r = c.get_range_async(&key, |len| range.of(len)).await;

@@ -285,7 +285,7 @@ pub trait KvBackend: Send + Sync {
     /// STRLEN, GETRANGE, EXISTS, TYPE. A backend that stores large values in parts reads
     /// only the parts the range spans (FUSEE: a large value's manifest, and the chunks in
     /// the range); the default reads the whole value.
-    fn get_range(&self, key: &[u8], range: ByteRange) -> Result<Option<(u64, Vec<u8>)>, String> {
+    fn get_range(&self, key: &[u8], range: ByteRange) -> Result<Option<ValueSlice>, String> {
         Ok(self.get(key)?.map(|v| {
             let r = range.of(v.len() as u64);
             (v.len() as u64, v[r.start as usize..r.end as usize].to_vec())
@@ -296,11 +296,14 @@ pub trait KvBackend: Send + Sync {
         &self,
         key: Vec<u8>,
         range: ByteRange,
-    ) -> Option<BoxFuture<Result<Option<(u64, Vec<u8>)>, String>>> {
+    ) -> Option<BoxFuture<Result<Option<ValueSlice>, String>>> {
         let _ = (key, range);
         None
     }
 }
+
+/// A value's whole length and the bytes a [`ByteRange`] picked of it.
+pub type ValueSlice = (u64, Vec<u8>);
 
 /// Which bytes of a value [`KvBackend::get_range`] returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -781,7 +784,7 @@ async fn get_range(
     s: &Arc<Shared>,
     key: &[u8],
     range: ByteRange,
-) -> Result<Option<(u64, Vec<u8>)>, String> {
+) -> Result<Option<ValueSlice>, String> {
     let fut = s.backend.get_range_async(key.to_vec(), range);
     let k = for_blocking(&fut, key);
     call(s, fut, move |b| b.get_range(&k, range)).await
