@@ -362,9 +362,11 @@ fn gengar_shared_object_histories_are_linearizable() {
             && a.promotions > 0
             && a.evictions > 0
     };
-    // Real verbs on an emulated device are slow: fewer histories there.
+    // Real verbs on an emulated device are slow: fewer histories there (but room for more
+    // while the DRAM path is not taken: one CI run saw 8 seeds in a slow guest without a read
+    // under a DRAM lease — the hot fillers kept the buffer).
     let (least, most) = if dmkit_tests::procs::backend() == "rdma" {
-        (3, 8)
+        (3, 16)
     } else {
         (6, 30)
     };
