@@ -140,6 +140,54 @@ pub struct Memnode {
     claims: parking_lot::Mutex<std::collections::VecDeque<(DeleteRound, u64)>>,
     /// The master that claimed the cluster here, until when (see [`claim_master`]).
     master: ExclusiveLeases<(), String, SystemClock>,
+    /// When the lease was last renewed and the gaps before the latest renewals (what a fence
+    /// reports as its cause).
+    renewals: parking_lot::Mutex<Renewals>,
+}
+
+/// Renewals of a memory node's lease, kept to explain a fence.
+#[derive(Debug, Default)]
+struct Renewals {
+    last: Option<std::time::Instant>,
+    /// The gaps before the latest renewals, oldest first, with who renewed.
+    gaps: std::collections::VecDeque<(std::time::Duration, &'static str)>,
+}
+
+/// Renewal gaps a memory node keeps for its fence reports.
+const GAPS_KEPT: usize = 8;
+
+impl Renewals {
+    /// The lease was renewed now, by `by` (`master` or `peers`).
+    fn renewed(&mut self, by: &'static str) {
+        let now = std::time::Instant::now();
+        if let Some(last) = self.last {
+            let gap = now.saturating_duration_since(last);
+            metrics::histogram!("dmkit_memnode_lease_renewal_gap_seconds", "by" => by)
+                .record(gap.as_secs_f64());
+            if self.gaps.len() == GAPS_KEPT {
+                self.gaps.pop_front();
+            }
+            self.gaps.push_back((gap, by));
+        }
+        self.last = Some(now);
+    }
+
+    /// The time since the last renewal and the gaps before it, for a log line.
+    fn report(&self) -> (u64, String) {
+        let since = self.last.map_or(0, |l| l.elapsed().as_millis() as u64);
+        let gaps = (self.gaps.iter())
+            .map(|(g, by)| format!("{}ms by {by}", g.as_millis()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        (since, gaps)
+    }
+}
+
+/// Counts a fence of this memory node by its cause (`dmkit_memnode_fences_total{cause}`):
+/// `lease` (it heard neither the master nor a majority in time), `not_member` (a membership
+/// without it), `master` (the master fenced the cluster for a change).
+fn count_fence(cause: &'static str) {
+    metrics::counter!("dmkit_memnode_fences_total", "cause" => cause).increment(1);
 }
 
 /// A memory node's answer to [`claim_master`].
@@ -254,6 +302,7 @@ impl Memnode {
             peers: parking_lot::Mutex::new(Vec::new()),
             claims: parking_lot::Mutex::new(std::collections::VecDeque::new()),
             master: ExclusiveLeases::new(SystemClock::new()),
+            renewals: Default::default(),
         });
         m.node
             .serve_while(&m, "the memory node", |m, peer, req| m.handle(peer, req));
@@ -325,17 +374,25 @@ impl Memnode {
             }
             .to_bytes();
             let ask = ask.clone();
-            dmkit_lease::vouched_by_majority(
+            let yes = dmkit_lease::vouched_by_majority(
                 m.members.len(),
                 others,
                 Arc::new(move |(n, addr): &(NodeId, String)| ask(*n, addr, &req)),
-            )
+            );
+            if yes {
+                self.renewals.lock().renewed("peers");
+            }
+            yes
         };
         let fence = || {
             if self.node.is_fenced() {
                 return false;
             }
-            tracing::error!(
+            let (since, gaps) = self.renewals.lock().report();
+            count_fence("lease");
+            tracing::warn!(
+                since_renewal_ms = since,
+                gaps_before = %gaps,
                 "fenced: no word from the master and no majority of the members within the lease"
             );
             self.node.set_fenced(true);
@@ -402,6 +459,7 @@ impl Memnode {
                 }
                 let member = m.is_member(self.node.id());
                 if !member && !self.node.is_fenced() {
+                    count_fence("not_member");
                     tracing::warn!(
                         epoch = m.epoch,
                         "fenced: this memory node is not a member of the new membership"
@@ -426,6 +484,7 @@ impl Memnode {
             }
             Request::Heartbeat { lease_ms, peers } => {
                 *self.peers.lock() = peers.0;
+                self.renewals.lock().renewed("master");
                 if self
                     .lease
                     .renew(std::time::Duration::from_millis(u64::from(lease_ms)))
@@ -516,6 +575,9 @@ impl Memnode {
                     .finish()
             }
             Request::SetFenced { fenced } => {
+                if fenced != 0 && !self.node.is_fenced() {
+                    count_fence("master");
+                }
                 self.node.set_fenced(fenced != 0);
                 Writer::new().u8(status::OK).finish()
             }

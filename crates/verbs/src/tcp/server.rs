@@ -567,7 +567,29 @@ fn execute_batch(
         wrs.push((kind, rkey, addr, len, data));
     }
     c.end()?;
+    // Persisting (msync on a pool file, a flush on NVM) may take milliseconds on a busy
+    // disk: such a batch runs off the I/O workers, so the connections behind it — the
+    // master's heartbeats and the peers' vouches among them — are served meanwhile.
+    let persists = wrs.iter().any(|&(kind, rkey, ..)| match kind {
+        OpKind::Write { durable } => durable,
+        OpKind::Cas { .. } | OpKind::Faa { .. } => {
+            node.media_of(rkey) == Some(crate::types::Media::Nvm)
+        }
+        OpKind::Read => false,
+    });
+    if persists {
+        runtime::blocking(|| run_batch(node, &wrs, out, tally));
+    } else {
+        run_batch(node, &wrs, out, tally);
+    }
+    Ok(())
+}
 
+/// A decoded work request of a batch frame: kind, rkey, address, length, data.
+type WorkRequest<'a> = (OpKind, crate::types::RKey, u64, u32, &'a [u8]);
+
+/// Executes a decoded batch in order, appending its response payload to `out`.
+fn run_batch(node: &MemoryNode, wrs: &[WorkRequest<'_>], out: &mut Vec<u8>, tally: &mut Tally) {
     let status_at = out.len();
     out.push(0); // status
     out.extend_from_slice(&0u32.to_le_bytes()); // executed count
@@ -617,5 +639,4 @@ fn execute_batch(
         out.extend_from_slice(&(i as u32).to_le_bytes());
     }
     out.extend_from_slice(&results);
-    Ok(())
 }
