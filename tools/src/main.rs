@@ -68,6 +68,9 @@ enum BenchCmd {
     Fusee(bench::fusee::FuseeArgs),
     /// The RESP gateway against a real redis-server, both under redis-benchmark.
     Resp(bench::resp::RespBenchArgs),
+    /// A cluster of processes beside a CPU hog: false fences, master exits, gateway silence,
+    /// client errors, lost writes, idle CPU and restart times.
+    Soak(bench::soak::SoakArgs),
     /// Gengar on real workloads (kv, wordcount, pagerank): plain pool vs DRAM cache vs proxied writes.
     Gengar(bench::gengar::GengarArgs),
     /// Every quick bench; writes the reports, plots and BENCHMARKS.md under --docs DIR.
@@ -253,6 +256,7 @@ fn main() -> ExitCode {
         Cmd::Bench(BenchCmd::Fusee(a)) => bench::fusee::run(a),
         Cmd::Bench(BenchCmd::Resp(a)) => bench::resp::run(a),
         Cmd::Bench(BenchCmd::Gengar(a)) => bench::gengar::run(a),
+        Cmd::Bench(BenchCmd::Soak(a)) => bench::soak::run(a),
         Cmd::Bench(BenchCmd::All(a)) => bench::all::run(a),
     };
     match r {

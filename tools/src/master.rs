@@ -109,17 +109,70 @@ pub fn run(args: MasterArgs) -> Result<(), CliError> {
         who,
         std::time::Duration::from_millis(args.claim_ms),
     )?);
-    let held_until = claim.acquire(args.standby)?;
-    // From here SIGTERM and SIGINT stop the master cleanly, giving the claim up (until here
-    // they just end the process: it holds nothing).
-    let _ = stop_requested();
-    claim.clone().keep(held_until)?;
-    let ep = crate::connect::endpoint_again(&file)?;
-    let (view, formatted) = match cluster::open_tolerant(&ep, &nodes) {
+    let mut standby = args.standby;
+    loop {
+        let Some(held_until) = claim.acquire(standby)? else {
+            eprintln!("dmkit master: stopped (a standby: it held no claim)");
+            return Ok(());
+        };
+        // From here SIGTERM and SIGINT stop the master cleanly, giving the claim up (until
+        // here they just end the process: it holds nothing).
+        let _ = stop_requested();
+        let term = claim.clone().keep(held_until)?;
+        match serve_term(&args, &file, &nodes, &node, &server, &claim, &term) {
+            Ok(Ended::Stopped) => {
+                claim.release();
+                eprintln!("dmkit master: stopped; the cluster's claim is released");
+                return Ok(());
+            }
+            Ok(Ended::SteppedDown) => {}
+            Err(e) if term.lost() => {
+                // What failed failed because the claim ran out under it.
+                tracing::warn!(error = %e.message(), "stopped acting when the claim ran out");
+            }
+            Err(e) => {
+                term.end();
+                claim.release();
+                return Err(e);
+            }
+        }
+        term.end();
+        metrics::counter!("dmkit_fusee_master_step_downs_total").increment(1);
+        eprintln!(
+            "dmkit master: stepped down: the claim on the cluster could not be renewed by a \
+             majority of the memory nodes in time; acting no more, competing for it again"
+        );
+        // After a step-down this master is a standby: another one may have taken over.
+        standby = true;
+    }
+}
+
+/// How one term of a master (from its claim to its end) ended.
+enum Ended {
+    /// SIGTERM or SIGINT: give the claim up and exit.
+    Stopped,
+    /// The claim ran out: compete again.
+    SteppedDown,
+}
+
+/// One term of this master: it holds the claim (`term`) and acts — opens (or, the first
+/// time, formats) the cluster, runs the failure detector and answers status requests on
+/// `node` — until a stop signal or until the claim runs out.
+fn serve_term(
+    args: &MasterArgs,
+    file: &ClusterFile,
+    nodes: &[NodeId],
+    node: &Arc<MemoryNode>,
+    server: &dmkit_verbs::tcp::TcpServer,
+    claim: &Arc<Claim>,
+    term: &Term,
+) -> Result<Ended, CliError> {
+    let ep = crate::connect::endpoint_again(file)?;
+    let (view, formatted) = match cluster::open_tolerant(&ep, nodes) {
         Ok(v) => (v, false),
         Err(dmkit_fusee::Error::Cluster(m)) if m.contains("no FUSEE superblock") => {
             let mut cfg =
-                ClusterConfig::new(nodes.clone(), file.index_replicas, file.data_replicas);
+                ClusterConfig::new(nodes.to_vec(), file.index_replicas, file.data_replicas);
             cfg.index_bytes = file.index_mib << 20;
             let _p = crate::Progress::start(format!(
                 "formatting the cluster ({} memory nodes, {} MiB of index per replica)",
@@ -144,16 +197,16 @@ pub fn run(args: MasterArgs) -> Result<(), CliError> {
     // The failure detector's own connections, bounded by the lease: a node cut off must
     // not hold up the heartbeats of the others.
     let bound = Some(std::time::Duration::from_millis(args.lease_ms.max(1000)));
-    let hb_ep = crate::connect::endpoint_with(&file, bound, false)?;
+    let hb_ep = crate::connect::endpoint_with(file, bound, false)?;
     drop(ep);
     // Leases and the claim are in force from the master's first action: a repair redone at
     // start waits out the leases, and every change carries the claim (a node that granted the
-    // cluster to another master since refuses it).
+    // cluster to another master since refuses it) and is made only while the claim holds.
     let master = Master::open(
         hb_ep,
-        &nodes,
+        nodes,
         MasterOptions {
-            reconnect: Some(crate::connect::reconnect_bounded(&file, bound)?),
+            reconnect: Some(crate::connect::reconnect_bounded(file, bound)?),
             leases: Some(LeaseConfig {
                 length: std::time::Duration::from_millis(args.lease_ms),
                 peers: file
@@ -163,6 +216,7 @@ pub fn run(args: MasterArgs) -> Result<(), CliError> {
                     .collect(),
             }),
             claim_token: Some(claim.token),
+            acting: Some(term.acting.clone()),
         },
     )
     .map_err(|e| CliError::runtime(format!("cannot take over the membership: {e}")))?;
@@ -204,15 +258,21 @@ pub fn run(args: MasterArgs) -> Result<(), CliError> {
         server.local_addr()
     );
     // Until SIGTERM or SIGINT: then stop acting (the detector finishes what it is doing),
-    // give the claim up, and exit 0, so that the next master starts at once.
-    while !stop_requested() {
+    // give the claim up, and exit 0, so that the next master starts at once. Until the claim
+    // runs out: then the detector is stopped (it could change nothing anyway) and the master
+    // competes again.
+    let ended = loop {
+        if stop_requested() {
+            break Ended::Stopped;
+        }
+        if term.lost() {
+            break Ended::SteppedDown;
+        }
         std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    };
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = detector.join();
-    claim.release();
-    eprintln!("dmkit master: stopped; the cluster's claim is released");
-    Ok(())
+    Ok(ended)
 }
 
 static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -236,9 +296,41 @@ fn stop_requested() -> bool {
     STOP.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// One term of holding the claim: `acting` reads true until the claim may run out unrenewed
+/// (the master then stops acting at once), `over` ends the term's keeper threads.
+#[derive(Debug)]
+struct Term {
+    acting: Arc<std::sync::atomic::AtomicBool>,
+    over: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Default for Term {
+    fn default() -> Self {
+        Term {
+            acting: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            over: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        }
+    }
+}
+
+impl Term {
+    /// Whether the claim ran out in this term (the master no longer acts).
+    fn lost(&self) -> bool {
+        !self.acting.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Ends the term: its keeper threads stop, and the master acts no more.
+    fn end(&self) {
+        self.acting
+            .store(false, std::sync::atomic::Ordering::Release);
+        self.over.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// This master's claim on the cluster (see `dmkit_fusee::memnode::claim_master`): granted by
-/// a majority of the memory nodes, renewed every quarter of its lease, and the process exits
-/// before the lease can run out unrenewed, so that a standby taking over never acts beside it.
+/// a majority of the memory nodes, renewed every quarter of its lease; before the lease can
+/// run out unrenewed the master stops acting and steps down (it competes again as a
+/// standby), so that a master taking over never acts beside it.
 struct Claim {
     token: u64,
     who: String,
@@ -341,8 +433,9 @@ impl Claim {
     }
 
     /// Waits until a majority grants this master the cluster; the instant its claim is good
-    /// until. Another master holding it is an error (exit 1) unless `standby`.
-    fn acquire(&self, standby: bool) -> Result<std::time::Instant, CliError> {
+    /// until. Another master holding it is an error (exit 1) unless `standby`. `None` when a
+    /// stop signal came while it waited (once the handlers are installed: after a first term).
+    fn acquire(&self, standby: bool) -> Result<Option<std::time::Instant>, CliError> {
         let mut said = String::new();
         loop {
             let t0 = std::time::Instant::now();
@@ -354,7 +447,7 @@ impl Claim {
                         self.who
                     );
                 }
-                return Ok(t0 + self.lease);
+                return Ok(Some(t0 + self.lease));
             }
             if r.granted > 0 {
                 // Partly granted: give it back, not to stand in the holder's way.
@@ -385,7 +478,13 @@ impl Claim {
                 eprintln!("dmkit master: {line}");
                 said = line;
             }
-            std::thread::sleep(self.lease / 4);
+            let wake = std::time::Instant::now() + self.lease / 4;
+            while std::time::Instant::now() < wake {
+                if STOP.load(std::sync::atomic::Ordering::Relaxed) {
+                    return Ok(None);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
         }
     }
 
@@ -398,19 +497,23 @@ impl Claim {
         self.round(std::time::Duration::ZERO);
     }
 
-    /// Renews the claim in the background; exits the process (status 1) when it could not
-    /// be renewed by a majority for long enough that it may run out.
-    fn keep(self: Arc<Self>, until: std::time::Instant) -> Result<(), CliError> {
+    /// Renews the claim in the background for one term. When it could not be renewed by a
+    /// majority for long enough that it may run out, the term is lost: the master stops acting
+    /// at once ([`Term::acting`] reads false, so the failure detector can change nothing) and
+    /// steps down, a little before the lease can run out on the memory nodes.
+    fn keep(self: Arc<Self>, until: std::time::Instant) -> Result<Term, CliError> {
         use std::sync::atomic::{AtomicU64, Ordering};
         let base = std::time::Instant::now();
         let nanos =
             move |t: std::time::Instant| t.saturating_duration_since(base).as_nanos() as u64;
         let valid = Arc::new(AtomicU64::new(nanos(until)));
+        let term = Term::default();
         // Stop a little before the lease runs out on the memory nodes (their count starts
         // later than ours, when each received the request).
         let margin = self.lease / 8;
         let v = valid.clone();
         let me = self.clone();
+        let over = term.over.clone();
         std::thread::Builder::new()
             .name("master-claim".into())
             .spawn(move || {
@@ -418,7 +521,7 @@ impl Claim {
                 loop {
                     std::thread::sleep(me.lease / 4);
                     let _g = me.renewing.lock();
-                    if me.released.load(Ordering::SeqCst) {
+                    if me.released.load(Ordering::SeqCst) || over.load(Ordering::SeqCst) {
                         return;
                     }
                     let t0 = std::time::Instant::now();
@@ -448,25 +551,28 @@ impl Claim {
                 }
             })
             .map_err(|e| CliError::runtime(format!("cannot start the claim keeper: {e}")))?;
+        let (acting, over) = (term.acting.clone(), term.over.clone());
         std::thread::Builder::new()
             .name("master-claim-watchdog".into())
             .spawn(move || {
                 loop {
                     std::thread::sleep(std::time::Duration::from_millis(20));
+                    if over.load(Ordering::SeqCst) {
+                        return;
+                    }
                     let left = valid.load(Ordering::Acquire);
                     if nanos(std::time::Instant::now() + margin) >= left {
-                        eprintln!(
-                            "dmkit: error: this master ({}) could not renew its claim on the \
-                             cluster with a majority of the memory nodes in time: exiting, so \
-                             that two masters never act at once (a standby takes over; or \
-                             restart this one)",
-                            self.who
+                        acting.store(false, Ordering::Release);
+                        tracing::warn!(
+                            master = %self.who,
+                            "the claim on the cluster was not renewed by a majority in time: \
+                             stepping down (two masters never act at once)"
                         );
-                        std::process::exit(1);
+                        return;
                     }
                 }
             })
             .map_err(|e| CliError::runtime(format!("cannot start the claim watchdog: {e}")))?;
-        Ok(())
+        Ok(term)
     }
 }

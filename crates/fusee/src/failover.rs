@@ -141,6 +141,8 @@ pub struct Master {
     leases: Option<LeaseConfig>,
     /// The claim this master holds (see [`MasterOptions::claim_token`]).
     token: Option<u64>,
+    /// See [`MasterOptions::acting`].
+    acting: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// How a [`Master`] runs, set before it acts ([`Master::open`]).
@@ -155,6 +157,11 @@ pub struct MasterOptions {
     /// membership record, a fence, a refill) carries it, and a node that granted the cluster
     /// to another master since refuses it ([`crate::memnode::as_master`]).
     pub claim_token: Option<u64>,
+    /// Whether this master may act now (its claim holds). While it reads false the master
+    /// changes nothing — every membership record, fence, refill or heartbeat it would send
+    /// is refused before it leaves — so a master whose claim ran out stops at once, whatever
+    /// its failure detector was doing, and can step down instead of exiting.
+    pub acting: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl std::fmt::Debug for MasterOptions {
@@ -163,6 +170,7 @@ impl std::fmt::Debug for MasterOptions {
             .field("reconnect", &self.reconnect.is_some())
             .field("leases", &self.leases)
             .field("claim_token", &self.claim_token.map(|_| "…"))
+            .field("acting", &self.acting)
             .finish()
     }
 }
@@ -220,6 +228,7 @@ impl Master {
             change: Mutex::new(()),
             leases: opts.leases,
             token: opts.claim_token,
+            acting: opts.acting.clone(),
         });
         if m.epoch == 0 {
             let first = Membership {
@@ -687,7 +696,20 @@ impl Master {
     /// A request that changes `node`, sent under this master's claim (see
     /// [`MasterOptions::claim_token`]); a refusal because another master holds the cluster
     /// is an error naming it.
+    /// Whether this master may act now (see [`MasterOptions::acting`]).
+    fn may_act(&self) -> bool {
+        (self.acting.as_ref()).is_none_or(|a| a.load(std::sync::atomic::Ordering::Acquire))
+    }
+
     fn master_rpc(&self, node: NodeId, req: Vec<u8>) -> Result<Vec<u8>> {
+        if !self.may_act() {
+            return Err(Error::Node {
+                node,
+                reason: "this master stepped down (its claim on the cluster ran out): it \
+                         changes nothing until it holds the claim again"
+                    .into(),
+            });
+        }
         let reply = self
             .ep
             .rpc(TAG, node, &crate::memnode::as_master(self.token, req))?;
@@ -761,6 +783,11 @@ impl Master {
                     let req = m.heartbeat_request();
                     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                         let t = Instant::now();
+                        // A master that stepped down renews nobody's lease.
+                        if !m.may_act() {
+                            dmkit_verbs::sleep(hb).await;
+                            continue;
+                        }
                         if let Ok(q) = m.ask(n, &req).await {
                             let epoch = q.record.as_ref().map_or(0, |r| r.epoch);
                             detector.heard(n, epoch == 0);

@@ -11,6 +11,7 @@ pub mod index;
 pub mod perftest;
 pub mod pool;
 pub mod resp;
+pub mod soak;
 pub mod verbs;
 
 use std::io::IsTerminal;

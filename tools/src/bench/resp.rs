@@ -350,7 +350,7 @@ fn tool_version(tool: &str, package: &str) -> Result<String, CliError> {
 /// A `redis-server` child on a free loopback port; killed when dropped.
 /// CPU time (user + system) a process has used so far, from `/proc/PID/stat` (clock ticks);
 /// `None` where there is no procfs.
-fn process_cpu(pid: u32) -> Option<Duration> {
+pub(crate) fn process_cpu(pid: u32) -> Option<Duration> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command name (which may hold spaces, inside parentheses).
     let rest = &stat[stat.rfind(')')? + 2..];
