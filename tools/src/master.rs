@@ -268,7 +268,7 @@ fn serve_term(
         if term.lost() {
             break Ended::SteppedDown;
         }
-        std::thread::sleep(std::time::Duration::from_millis(50));
+        std::thread::sleep(std::time::Duration::from_millis(100));
     };
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = detector.join();
@@ -556,7 +556,15 @@ impl Claim {
             .name("master-claim-watchdog".into())
             .spawn(move || {
                 loop {
-                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    // Wake when the claim would need stepping down if not renewed by then
+                    // (a renewal moves that later), at least every 100 ms.
+                    let at = nanos(std::time::Instant::now() + margin);
+                    let left = valid.load(Ordering::Acquire);
+                    let wait = std::time::Duration::from_nanos(left.saturating_sub(at)).clamp(
+                        std::time::Duration::from_millis(5),
+                        std::time::Duration::from_millis(100),
+                    );
+                    std::thread::sleep(wait);
                     if over.load(Ordering::SeqCst) {
                         return;
                     }

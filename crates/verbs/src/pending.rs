@@ -731,6 +731,8 @@ pub(crate) mod timer {
         armed: BTreeMap<(Instant, u64), Fire>,
         seq: u64,
         wakes_at: Instant,
+        /// Armings since the thread began to doze.
+        dozing_arms: u64,
     }
 
     struct Timer {
@@ -740,7 +742,17 @@ pub(crate) mod timer {
         /// (at most `TICK` ago): a clock read that costs no system call.
         base: Instant,
         now_ns: std::sync::atomic::AtomicU64,
+        /// Set while the thread sleeps past the next `TICK` because deadlines are armed
+        /// rarely: `now_ns` is then old, and [`coarse_now`] reads the clock instead.
+        dozing: std::sync::atomic::AtomicBool,
     }
+
+    /// Armings per tick from which the timer thread ticks (below it dozes until the next
+    /// deadline); a dozing thread is woken after this many armings, to tick again.
+    const BUSY_ARMS: u64 = 4;
+
+    /// The longest a dozing timer thread sleeps.
+    const DOZE_MAX: std::time::Duration = std::time::Duration::from_secs(3600);
 
     /// The timer thread wakes at least this often, so arming a deadline later than its next
     /// wake-up (the common case: operations finish long before their timeout) never has to
@@ -755,10 +767,12 @@ pub(crate) mod timer {
                     armed: BTreeMap::new(),
                     seq: 0,
                     wakes_at: Instant::now(),
+                    dozing_arms: 0,
                 }),
                 cv: Condvar::new(),
                 base: Instant::now(),
                 now_ns: std::sync::atomic::AtomicU64::new(0),
+                dozing: std::sync::atomic::AtomicBool::new(false),
             }));
             // A failure to start the thread leaves futures without a timeout; say so.
             if let Err(e) = std::thread::Builder::new()
@@ -772,29 +786,40 @@ pub(crate) mod timer {
     }
 
     fn run(t: &'static Timer) {
+        use std::sync::atomic::Ordering;
         let mut g = t.due.lock();
+        let mut last_seq = g.seq;
         loop {
             let now = Instant::now();
             t.now_ns.store(
                 now.saturating_duration_since(t.base).as_nanos() as u64,
-                std::sync::atomic::Ordering::Relaxed,
+                Ordering::SeqCst,
             );
+            t.dozing.store(false, Ordering::SeqCst);
             let first = g.armed.keys().next().copied();
-            match first {
-                Some(k) if k.0 <= now => {
-                    let fire = g.armed.remove(&k);
-                    drop(g);
-                    if let Some(f) = fire {
-                        f();
-                    }
-                    g = t.due.lock();
+            if let Some(k) = first.filter(|k| k.0 <= now) {
+                let fire = g.armed.remove(&k);
+                drop(g);
+                if let Some(f) = fire {
+                    f();
                 }
-                _ => {
-                    let until = first.map_or(now + TICK, |k| k.0.min(now + TICK));
-                    g.wakes_at = until;
-                    t.cv.wait_until(&mut g, until);
-                }
+                g = t.due.lock();
+                continue;
             }
+            // Busy (deadlines armed often): tick, so that `coarse_now` stays fresh without a
+            // clock read per verb. Quiet: sleep until the next deadline, and let `coarse_now`
+            // read the clock meanwhile — an idle process wakes nobody every tick.
+            let busy = g.seq.wrapping_sub(last_seq) >= BUSY_ARMS;
+            last_seq = g.seq;
+            let until = if busy {
+                first.map_or(now + TICK, |k| k.0.min(now + TICK))
+            } else {
+                t.dozing.store(true, Ordering::SeqCst);
+                g.dozing_arms = 0;
+                first.map_or(now + DOZE_MAX, |k| k.0.min(now + DOZE_MAX))
+            };
+            g.wakes_at = until;
+            t.cv.wait_until(&mut g, until);
         }
     }
 
@@ -822,6 +847,13 @@ pub(crate) mod timer {
             // Due before the thread's next wake-up: wake it to sleep less.
             g.wakes_at = deadline;
             t.cv.notify_one();
+        } else if t.dozing.load(std::sync::atomic::Ordering::Relaxed) {
+            // Deadlines come often again: wake the dozing thread to tick (until then
+            // `coarse_now` reads the clock).
+            g.dozing_arms += 1;
+            if g.dozing_arms == BUSY_ARMS {
+                t.cv.notify_one();
+            }
         }
         Armed(Some(key))
     }
@@ -831,8 +863,10 @@ pub(crate) mod timer {
     /// on emulated machines).
     pub(crate) fn coarse_now() -> Instant {
         let t = timer();
-        t.base
-            + std::time::Duration::from_nanos(t.now_ns.load(std::sync::atomic::Ordering::Relaxed))
+        if t.dozing.load(std::sync::atomic::Ordering::SeqCst) {
+            return Instant::now();
+        }
+        t.base + std::time::Duration::from_nanos(t.now_ns.load(std::sync::atomic::Ordering::SeqCst))
     }
 
     /// Deadlines armed now (tests assert it returns to zero).
