@@ -164,9 +164,10 @@ fn one_master_per_cluster_and_a_standby_takes_over() {
 }
 
 /// A master frozen (SIGSTOP) past its claim: a standby takes over, and when the first wakes it
-/// exits at once instead of acting beside it.
+/// steps down at once instead of acting beside it — it stays up as a standby behind the new
+/// master (it does not exit), and the cluster works.
 #[test]
-fn a_master_that_lost_its_claim_exits_when_it_wakes() {
+fn a_master_that_lost_its_claim_steps_down_when_it_wakes() {
     let c = ProcCluster::start(3, 1, "16MiB");
     let mut c = c;
     c.master.kill9();
@@ -216,14 +217,35 @@ fn a_master_that_lost_its_claim_exits_when_it_wakes() {
     let _ = std::process::Command::new("kill")
         .args(["-CONT", &pid])
         .status();
-    let mut first = first;
-    let code = first.wait_exit(Duration::from_secs(5));
-    assert_eq!(code, Some(1), "the old master did not exit");
-    let said: Vec<String> = first.stderr.try_iter().collect();
+    // The old master steps down and waits behind the new one.
+    let mut said = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !said
+        .iter()
+        .any(|l: &String| l.contains("standby: the cluster's master is"))
+    {
+        match first
+            .stderr
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        {
+            Ok(l) => said.push(l),
+            Err(_) => panic!("the old master did not step down to a standby: {said:?}"),
+        }
+    }
+    assert!(said.iter().any(|l| l.contains("stepped down")), "{said:?}");
     assert!(
-        said.iter().any(|l| l.contains("could not renew its claim")),
-        "{said:?}"
+        !said.iter().any(|l| l.contains("serving on")),
+        "the old master acted again beside the new one: {said:?}"
     );
+    let mut first = first;
+    assert_eq!(
+        first.wait_exit(Duration::from_secs(1)),
+        None,
+        "the old master exited instead of stepping down"
+    );
+    // The cluster works under the new master.
+    let (code, _, err) = dmkit(&["kv", "--cluster", &c.file, "put", "k", "v"]);
+    assert_eq!(code, 0, "{err}");
 }
 
 /// `dmkit kv --cluster FILE ARGS`: (exit code, stdout, stderr, how long it took).

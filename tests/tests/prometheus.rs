@@ -289,6 +289,7 @@ fn check_rules_evaluated(prom: &Prometheus, deadline: Instant) {
         "DmkitMemnodeFailedOver",
         "DmkitClusterDegraded",
         "DmkitMasterClaimShort",
+        "DmkitMemnodeLeaseFence",
         "DmkitMemoryNearlyFull",
         "DmkitLatencyP99High",
         "DmkitClientErrors",

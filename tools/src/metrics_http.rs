@@ -58,6 +58,14 @@ pub const FAMILIES: &[(&str, &str)] = &[
         "dmkit_memnode_up",
         "1 while the memory node serves (its start time is the series' start).",
     ),
+    (
+        "dmkit_memnode_fences_total",
+        "Times the memory node was fenced, by cause (lease: it heard neither the master nor a majority in time; not_member: a membership without it; master: the master fenced the cluster for a change).",
+    ),
+    (
+        "dmkit_memnode_lease_renewal_gap_seconds",
+        "Time between consecutive renewals of the memory node's lease, by who renewed it (master: a heartbeat; peers: a majority vouching).",
+    ),
     // pmem pool
     (
         "dmkit_pmem_pool_allocated_blocks",
@@ -103,6 +111,10 @@ pub const FAMILIES: &[(&str, &str)] = &[
     (
         "dmkit_fusee_rejoins_total",
         "Memory nodes the master refilled and readmitted.",
+    ),
+    (
+        "dmkit_fusee_master_step_downs_total",
+        "Times this master stopped acting because it could not renew its claim in time (it then competes for the claim again).",
     ),
     (
         "dmkit_fusee_master_claim_renewals_total",
@@ -402,6 +414,7 @@ fn zero_counters(role: Role) {
         Role::Master => {
             zero("dmkit_fusee_failovers_total");
             zero("dmkit_fusee_rejoins_total");
+            zero("dmkit_fusee_master_step_downs_total");
             for r in ["granted", "short"] {
                 metrics::counter!("dmkit_fusee_master_claim_renewals_total", "result" => r)
                     .absolute(0);
@@ -415,7 +428,12 @@ fn zero_counters(role: Role) {
             }
         }
         // A memnode's pool counters (file pools only) are registered at 0 when it opens.
-        Role::Memnode | Role::Other => {}
+        Role::Memnode => {
+            for cause in ["lease", "not_member", "master"] {
+                metrics::counter!("dmkit_memnode_fences_total", "cause" => cause).absolute(0);
+            }
+        }
+        Role::Other => {}
     }
 }
 

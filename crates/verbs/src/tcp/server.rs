@@ -570,12 +570,14 @@ fn execute_batch(
     // Persisting (msync on a pool file, a flush on NVM) may take milliseconds on a busy
     // disk: such a batch runs off the I/O workers, so the connections behind it — the
     // master's heartbeats and the peers' vouches among them — are served meanwhile.
-    let persists = wrs.iter().any(|&(kind, rkey, ..)| match kind {
-        OpKind::Write { durable } => durable,
-        OpKind::Cas { .. } | OpKind::Faa { .. } => {
-            node.media_of(rkey) == Some(crate::types::Media::Nvm)
-        }
-        OpKind::Read => false,
+    // (On DRAM a durable write persists nothing: it runs here.)
+    let persists = wrs.iter().any(|&(kind, rkey, ..)| {
+        let may_persist = match kind {
+            OpKind::Write { durable } => durable,
+            OpKind::Cas { .. } | OpKind::Faa { .. } => true,
+            OpKind::Read => false,
+        };
+        may_persist && node.media_of(rkey) == Some(crate::types::Media::Nvm)
     });
     if persists {
         runtime::blocking(|| run_batch(node, &wrs, out, tally));
