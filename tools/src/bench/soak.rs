@@ -114,9 +114,23 @@ impl Proc {
         }
     }
 
-    /// CPU time (user + system) so far.
+    /// CPU time so far of the process's live threads, in nanoseconds (each thread's
+    /// `schedstat`; clock ticks are too coarse for an idle window), else its clock ticks.
     fn cpu(&self) -> Duration {
-        super::resp::process_cpu(self.child.id()).unwrap_or_default()
+        let pid = self.child.id();
+        let threads = std::fs::read_dir(format!("/proc/{pid}/task")).ok();
+        let ns: Option<u64> = threads.map(|d| {
+            d.filter_map(|t| {
+                let t = t.ok()?;
+                let s = std::fs::read_to_string(t.path().join("schedstat")).ok()?;
+                s.split_whitespace().next()?.parse::<u64>().ok()
+            })
+            .sum()
+        });
+        match ns {
+            Some(ns) if ns > 0 => Duration::from_nanos(ns),
+            _ => super::resp::process_cpu(pid).unwrap_or_default(),
+        }
     }
 
     fn scrape(&self) -> String {
