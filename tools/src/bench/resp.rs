@@ -384,19 +384,7 @@ impl RedisServer {
             .stderr(Stdio::null());
         // A bench killed by a signal runs no destructor: the kernel ends redis-server with
         // it (it is started from the thread that runs the whole bench).
-        {
-            use std::os::unix::process::CommandExt;
-            // SAFETY: the closure runs in the child between fork and exec and only calls
-            // prctl, which is async-signal-safe.
-            unsafe {
-                cmd.pre_exec(|| {
-                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
-        }
+        super::soak::pdeathsig(&mut cmd);
         let child = cmd
             .spawn()
             .map_err(|e| rt(format!("cannot start redis-server: {e}")))?;

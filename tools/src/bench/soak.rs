@@ -167,8 +167,9 @@ fn spawn(log: &Path, args: &[String]) -> Result<Child, CliError> {
         .map_err(|e| rt(format!("cannot start dmkit {}: {e}", args.join(" "))))
 }
 
-/// The child dies with this process (a bench killed by a signal runs no destructor).
-fn pdeathsig(cmd: &mut Command) {
+/// The child dies with this process (a bench killed by a signal runs no destructor): the
+/// kernel kills it when the thread that started it ends.
+pub(crate) fn pdeathsig(cmd: &mut Command) {
     use std::os::unix::process::CommandExt;
     // SAFETY: the closure runs in the child between fork and exec and only calls prctl,
     // which is async-signal-safe.
