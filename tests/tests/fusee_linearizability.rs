@@ -143,6 +143,24 @@ fn spawn_node_failure<'s>(
     }
 }
 
+/// The master's side of resyncs while `stop` is unset, as `Master::run` serves them: a
+/// client waiting on a round nobody finishes (its writer crashed and is not yet recovered, or
+/// is descheduled) asks after `ClientConfig::resync_after`; the master fences and repairs.
+fn spawn_resyncs<'s>(
+    s: &'s std::thread::Scope<'s, '_>,
+    master: &'s Option<Arc<dmkit_fusee::failover::Master>>,
+    stop: &'s std::sync::atomic::AtomicBool,
+) {
+    if let Some(master) = master {
+        s.spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let _ = master.resync_if_asked();
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+    }
+}
+
 fn run_seed(seed: u64, cas: bool) {
     let no_delay = std::env::var("DMKIT_LIN_NO_DELAY").is_ok();
     let no_crash = std::env::var("DMKIT_LIN_NO_CRASH").is_ok();
@@ -156,16 +174,19 @@ fn run_seed_with(seed: u64, cas: bool, no_delay: bool, no_crash: bool) {
     let crash_after = rng.random_range(5..120u64);
     let no_node_failure = std::env::var("DMKIT_LIN_NO_NODE_FAILURE").is_ok();
     let node_failure = node_failure_for(r, &mut rng, no_node_failure);
-    let master = node_failure.map(|_| c.master().unwrap());
+    let master = Some(c.master().unwrap());
     let clock = AtomicU64::new(0);
     let events: Shared<Event> = Shared::default();
+    let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|s| {
         spawn_node_failure(s, &c, node_failure, &master);
+        spawn_resyncs(s, &master, &stop);
+        let mut clients = Vec::new();
         for t in 0..THREADS {
             let c = c.clone();
             let (clock, events) = (&clock, &events);
             let mut trng = ChaCha8Rng::seed_from_u64(seed * 1000 + t);
-            s.spawn(move || {
+            clients.push(s.spawn(move || {
                 let id = 10 + t;
                 let mut client = c.client(id).unwrap();
                 if t == crash_thread && !no_crash {
@@ -211,7 +232,12 @@ fn run_seed_with(seed: u64, cas: bool, no_delay: bool, no_crash: bool) {
                     }
                 }
                 client.flush().unwrap();
-            });
+            }));
+        }
+        let panicked = clients.into_iter().map(|h| h.join()).find(|r| r.is_err());
+        stop.store(true, Ordering::Relaxed);
+        if let Some(Err(p)) = panicked {
+            std::panic::resume_unwind(p);
         }
     });
     let history = events.take();
@@ -319,7 +345,7 @@ fn run_inflight_seed_with(seed: u64, crash: bool) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x1f1f);
     let (c, r) = cluster_for(seed, &mut rng, false);
     let node_failure = node_failure_for(r, &mut rng, false);
-    let master = node_failure.map(|_| c.master().unwrap());
+    let master = Some(c.master().unwrap());
     // One client crashes with its operations in flight (drawn apart, so the other draws
     // stay those of earlier sessions' seeds).
     let mut crng = ChaCha8Rng::seed_from_u64(seed ^ 0xc4a5);
@@ -328,12 +354,15 @@ fn run_inflight_seed_with(seed: u64, crash: bool) {
     let restarted = AtomicU64::new(0);
     let clock = AtomicU64::new(0);
     let events: Shared<Event> = Shared::default();
+    let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|s| {
         spawn_node_failure(s, &c, node_failure, &master);
+        spawn_resyncs(s, &master, &stop);
+        let mut clients = Vec::new();
         for t in 0..2u64 {
             let c = c.clone();
             let (clock, events, restarted) = (&clock, &events, &restarted);
-            s.spawn(move || {
+            clients.push(s.spawn(move || {
                 let id = 20 + t;
                 let crashes = crash_client == Some(t);
                 let crew = Crew::new(c.client(id).unwrap());
@@ -388,7 +417,12 @@ fn run_inflight_seed_with(seed: u64, crash: bool) {
                 if crashes {
                     restarted.fetch_add(u64::from(crew.restarts.get()), Ordering::SeqCst);
                 }
-            });
+            }));
+        }
+        let panicked = clients.into_iter().map(|h| h.join()).find(|r| r.is_err());
+        stop.store(true, Ordering::Relaxed);
+        if let Some(Err(p)) = panicked {
+            std::panic::resume_unwind(p);
         }
     });
     if crash_client.is_some() {

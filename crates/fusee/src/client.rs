@@ -121,6 +121,12 @@ pub struct ClientConfig {
     /// Milliseconds added to the system clock for this client's deadline decisions
     /// ([`crate::value`]): 0 in production; tests model a skewed clock with it.
     pub clock_skew_ms: i64,
+    /// How long a writer waits on a SNAPSHOT round it lost before it asks the master for a
+    /// resync (fence and repair in a new epoch): a round whose winner stopped midway — a
+    /// paused or cut-off client — is otherwise finished by nobody. Also how long a client
+    /// waits for a newer membership after a failure no failover explains (a verb lost on a
+    /// member every heartbeat still reaches) before it asks.
+    pub resync_after: Duration,
 }
 
 impl std::fmt::Debug for ClientConfig {
@@ -136,6 +142,7 @@ impl std::fmt::Debug for ClientConfig {
             .field("max_value", &self.max_value)
             .field("orphan_grace", &self.orphan_grace)
             .field("clock_skew_ms", &self.clock_skew_ms)
+            .field("resync_after", &self.resync_after)
             .finish()
     }
 }
@@ -158,6 +165,7 @@ impl ClientConfig {
             max_value: 64 << 20,
             orphan_grace: Duration::from_secs(600),
             clock_skew_ms: 0,
+            resync_after: Duration::from_secs(1),
         }
     }
 }
@@ -401,6 +409,16 @@ impl WriteHooks for Hooks<'_> {
         } else {
             0
         }
+    }
+
+    fn stuck_after(&self) -> Option<Duration> {
+        Some(self.inner.cfg.resync_after)
+    }
+
+    fn round_stuck(&self, state: &str) {
+        let epoch = self.inner.view().epoch;
+        self.inner
+            .ask_resync(epoch, format!("a SNAPSHOT round nobody finishes: {state}"));
     }
 
     fn round(&self, pos: SlotPos, expected: u64) {
@@ -1570,9 +1588,41 @@ impl Inner {
         }
     }
 
+    /// Asks every member, in the background, to have the master fence and repair the
+    /// cluster in `epoch` (see [`crate::failover::Master::run`]); `why` goes to its log.
+    /// Best effort: a member that does not answer is skipped (the master fails it over).
+    pub(crate) fn ask_resync(&self, epoch: u64, why: String) {
+        metrics::counter!("dmkit_fusee_resync_requests_total").increment(1);
+        tracing::info!(client = self.id, epoch, %why, "asking the master for a resync");
+        let req = crate::memnode::Request::Resync {
+            epoch,
+            why: why.into_bytes(),
+        };
+        let req = dmkit_verbs::wire::Wire::to_bytes(&req);
+        let members: Vec<NodeId> = self.view().members.clone();
+        if self.cfg.inline_jobs {
+            // (Deterministic simulation: every verb from the caller's thread.)
+            for n in members {
+                let _ = self.ep.rpc(cluster::TAG, n, &req);
+            }
+            return;
+        }
+        let ep = self.ep.clone();
+        std::thread::spawn(move || {
+            for n in members {
+                let _ = ep.rpc(cluster::TAG, n, &req);
+            }
+        });
+    }
+
     pub(crate) fn refresh(&self, seen: u64) -> Result<()> {
-        let deadline = std::time::Instant::now() + self.cfg.failover_wait;
+        let start = std::time::Instant::now();
+        let deadline = start + self.cfg.failover_wait;
         let wanted = |m: &crate::membership::Membership| m.epoch > seen && !m.repairing;
+        // No newer epoch after `resync_after`, with every member still answering the master,
+        // means nobody will fail anything over (a verb timed out on a live member, its fate
+        // unknown): ask the master for a resync, again every few seconds.
+        let mut ask_at = start + self.cfg.resync_after;
         loop {
             {
                 let st = self.state.read();
@@ -1601,7 +1651,19 @@ impl Inner {
                     Err(e) => return Err(e),
                 }
             }
-            if std::time::Instant::now() > deadline {
+            let now = std::time::Instant::now();
+            if now >= ask_at && self.view().epoch == seen {
+                self.ask_resync(
+                    seen,
+                    format!(
+                        "client {} waited {:?} for a membership newer than epoch {seen}",
+                        self.id,
+                        now - start
+                    ),
+                );
+                ask_at = now + Duration::from_secs(3);
+            }
+            if now > deadline {
                 return Err(Error::Membership(format!(
                     "no membership newer than epoch {seen} within {:?} (is the master running?)",
                     self.cfg.failover_wait

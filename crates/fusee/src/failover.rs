@@ -550,6 +550,30 @@ impl Master {
         Ok(true)
     }
 
+    /// What [`Master::run`] does when a client asks for a resync ([`crate::Client`]s do when
+    /// a round or a verb cannot finish in their epoch), for masters driven in-process: asks
+    /// every member; when all answer, in the current epoch, and one of them carries a
+    /// client's request for it, fences and repairs the members in a new epoch. `None` when
+    /// nobody asked (or a member did not answer: failing it over repairs as well).
+    pub fn resync_if_asked(&self) -> Result<Option<FailoverReport>> {
+        let m = self.membership();
+        if m.repairing {
+            return Ok(None);
+        }
+        let mut asked = false;
+        for (n, _) in &m.members {
+            let Ok(q) = membership::query(&self.ep, *n) else {
+                return Ok(None);
+            };
+            asked |= q.resync.is_some_and(|(e, _)| e == m.epoch);
+        }
+        if !asked {
+            return Ok(None);
+        }
+        metrics::counter!("dmkit_fusee_resyncs_total").increment(1);
+        self.fail_over(&[]).map(Some)
+    }
+
     /// Refills `node` (restarted, on its old pool or a new one) and makes it a member again.
     pub fn rejoin(&self, node: NodeId) -> Result<RejoinReport> {
         let _one = self.change.lock();
@@ -768,6 +792,12 @@ impl Master {
         // Members that said, in a heartbeat of the current epoch, that they fenced
         // themselves (their lease ran out: no heartbeat and no majority vouching in time).
         let fenced: Arc<Mutex<Vec<NodeId>>> = Arc::default();
+        // A resync a client asked for in the current epoch (through a member's answer), and
+        // when each node last answered (a resync waits until every member answers: with one
+        // silent, the failure detector's failover comes first and repairs as well).
+        let resync: Arc<Mutex<Option<(u64, String)>>> = Arc::default();
+        let answered: Arc<Mutex<HashMap<NodeId, Instant>>> = Arc::default();
+        let mut last_resync: Option<Instant> = None;
         // Heartbeats: a task per node on the I/O runtime, apart from this loop (leases stay
         // fresh during a repair) and from each other (a node cut off, whose probe waits out
         // its timeout, delays no other node's: in lockstep rounds one node partitioned for a
@@ -777,7 +807,7 @@ impl Master {
             .iter()
             .map(|&n| {
                 let (m, detector, stop) = (self.clone(), detector.clone(), stop.clone());
-                let fenced = fenced.clone();
+                let (fenced, resync, answered) = (fenced.clone(), resync.clone(), answered.clone());
                 let hb = cfg.heartbeat;
                 dmkit_verbs::runtime::io_runtime().spawn(async move {
                     let req = m.heartbeat_request();
@@ -791,7 +821,13 @@ impl Master {
                         if let Ok(q) = m.ask(n, &req).await {
                             let epoch = q.record.as_ref().map_or(0, |r| r.epoch);
                             detector.heard(n, epoch == 0);
+                            answered.lock().insert(n, Instant::now());
                             let now = m.membership();
+                            if let Some((e, why)) = q.resync {
+                                if e == now.epoch && !now.repairing && now.is_member(n) {
+                                    *resync.lock() = Some((e, why));
+                                }
+                            }
                             if q.fenced && epoch == now.epoch && now.is_member(n) {
                                 let mut f = fenced.lock();
                                 if !f.contains(&n) {
@@ -835,10 +871,42 @@ impl Master {
             let Verdict { failed: dead, back } =
                 detector.verdict(self.nodes.iter().copied(), |n| m.is_member(*n));
             let self_fenced: Vec<NodeId> = std::mem::take(&mut *fenced.lock());
+            let asked = {
+                let mut want = resync.lock();
+                if want.as_ref().is_some_and(|(e, _)| *e != m.epoch) {
+                    *want = None;
+                }
+                // Every member answered lately, and not more than one resync a second
+                // (clients of one stuck epoch all ask: one repair serves them all).
+                let all_heard = {
+                    let heard = answered.lock();
+                    let fresh = (cfg.heartbeat * 3).max(Duration::from_millis(300));
+                    m.members
+                        .iter()
+                        .all(|(n, _)| heard.get(n).is_some_and(|t| t.elapsed() <= fresh))
+                };
+                let calm = last_resync.is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
+                match want.as_ref() {
+                    Some(_) if all_heard && calm => want.take(),
+                    _ => None,
+                }
+            };
             if !dead.is_empty() {
                 match self.fail_over(&dead) {
                     Ok(_) => dead.iter().for_each(|n| detector.forget(*n)),
                     Err(e) => tracing::error!(error = %e, ?dead, "failover failed; retrying"),
+                }
+            } else if let Some((epoch, why)) = asked {
+                // A client cannot finish in this epoch although every member answers: a
+                // SNAPSHOT round whose writer stopped midway (paused, cut off: its backups
+                // split with nobody to finish it), or verbs lost on a live member whose fate
+                // nobody can tell. Fencing with fresh rkeys stops whatever is still on its
+                // way; the repair finishes or rolls back every round; clients settle.
+                tracing::warn!(epoch, %why, "a client asked for a resync: fencing and repairing the members in a new epoch");
+                metrics::counter!("dmkit_fusee_resyncs_total").increment(1);
+                last_resync = Some(Instant::now());
+                if let Err(e) = self.fail_over(&[]) {
+                    tracing::error!(error = %e, "the resync failed; retrying when asked again");
                 }
             } else if m.repairing || !self_fenced.is_empty() {
                 // A repair left unfinished by an earlier master, while a member was silent

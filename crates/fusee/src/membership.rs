@@ -193,6 +193,9 @@ pub struct NodeMembership {
     pub fenced: bool,
     /// The newest record it was given, if any.
     pub record: Option<Membership>,
+    /// A client asked (through this node) for a fence and repair of the cluster in this
+    /// epoch, for this reason (see [`crate::failover::Master::run`]).
+    pub resync: Option<(u64, String)>,
 }
 
 /// Asks `node` for its membership record.
@@ -223,10 +226,18 @@ pub(crate) fn parse_reply(node: NodeId, reply: &[u8]) -> crate::Result<NodeMembe
         0 => None,
         _ => Some(Membership::decode(r.bytes().map_err(bad)?).map_err(bad)?),
     };
+    let resync = match r.remaining() {
+        0 => None,
+        _ => Some((
+            r.u64().map_err(bad)?,
+            String::from_utf8_lossy(r.bytes().map_err(bad)?).into_owned(),
+        )),
+    };
     Ok(NodeMembership {
         node,
         fenced,
         record,
+        resync,
     })
 }
 

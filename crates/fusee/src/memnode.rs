@@ -35,6 +35,7 @@ pub(crate) mod tag {
     pub const MASTER_CLAIM: u8 = 16;
     /// A master's request carrying its claim token (see [`super::as_master`]).
     pub const AS_MASTER: u8 = 17;
+    pub const RESYNC: u8 = 18;
 }
 
 dmkit_verbs::wire_message! {
@@ -61,6 +62,10 @@ dmkit_verbs::wire_message! {
         MasterClaim = 16 { token: u64, lease_ms: u32, who: Vec<u8> },
         /// `inner`, sent by the master holding the claim `token` (see [`as_master`]).
         AsMaster = 17 { token: u64, inner: Vec<u8> },
+        /// A client asks the master, through the members' heartbeat answers, to fence and
+        /// repair the cluster in `epoch` (a round or a verb nobody can finish otherwise:
+        /// see [`crate::failover::Master::run`]); `why` is for the master's log.
+        Resync = 18 { epoch: u64, why: Vec<u8> },
     }
 }
 
@@ -107,6 +112,7 @@ fn rpc_kind(tag: Option<u8>) -> &'static str {
         Some(tag::CLAIM_DELETE) => "claim_delete",
         Some(tag::MASTER_CLAIM) => "master_claim",
         Some(tag::AS_MASTER) => "as_master",
+        Some(tag::RESYNC) => "resync",
         _ => "other",
     }
 }
@@ -143,6 +149,9 @@ pub struct Memnode {
     /// When the lease was last renewed and the gaps before the latest renewals (what a fence
     /// reports as its cause).
     renewals: parking_lot::Mutex<Renewals>,
+    /// The newest epoch a client asked the master to fence and repair, and why (reported in
+    /// membership answers until the membership moves past it).
+    resync: parking_lot::Mutex<Option<(u64, String)>>,
 }
 
 /// Renewals of a memory node's lease, kept to explain a fence.
@@ -303,6 +312,7 @@ impl Memnode {
             claims: parking_lot::Mutex::new(std::collections::VecDeque::new()),
             master: ExclusiveLeases::new(SystemClock::new()),
             renewals: Default::default(),
+            resync: Default::default(),
         });
         m.node
             .serve_while(&m, "the memory node", |m, peer, req| m.handle(peer, req));
@@ -443,10 +453,27 @@ impl Memnode {
                 let w = Writer::new()
                     .u8(status::OK)
                     .u8(u8::from(self.node.is_fenced()));
-                match m {
-                    Some(m) => w.u8(1).bytes(&m.encode()).finish(),
-                    None => w.u8(0).finish(),
+                let epoch = m.as_ref().map_or(0, |m| m.epoch);
+                let w = match m {
+                    Some(m) => w.u8(1).bytes(&m.encode()),
+                    None => w.u8(0),
+                };
+                // (Trailing: a resync a client asked for in the current epoch.)
+                match self.resync.lock().as_ref().filter(|(e, _)| *e == epoch) {
+                    Some((e, why)) => w.u64(*e).bytes(why.as_bytes()).finish(),
+                    None => w.finish(),
                 }
+            }
+            Request::Resync { epoch, why } => {
+                let current = self.membership.lock().as_ref().map_or(0, |m| m.epoch);
+                let mut want = self.resync.lock();
+                // Only for the epoch this node serves: an older one has been moved past.
+                if epoch == current && want.as_ref().is_none_or(|(e, _)| *e < epoch) {
+                    let why = String::from_utf8_lossy(&why).into_owned();
+                    tracing::info!(epoch, %why, "a client asks the master for a resync");
+                    *want = Some((epoch, why));
+                }
+                Writer::new().u8(status::OK).finish()
             }
             Request::MembershipSet { record } => {
                 let m = Membership::decode(&record)?;

@@ -58,6 +58,21 @@ pub trait WriteHooks: Sync {
         let _ = (pos, expected);
     }
 
+    /// How long a writer that lost a round waits for it to end before it calls
+    /// [`WriteHooks::round_stuck`]. `None` (the default): it never does.
+    fn stuck_after(&self) -> Option<std::time::Duration> {
+        None
+    }
+
+    /// The round this writer lost has not ended after [`WriteHooks::stuck_after`]: its backups
+    /// split and whoever should finish it stopped (a paused or cut-off writer). FUSEE asks
+    /// its master to fence and repair the cluster, which finishes or rolls back the round;
+    /// the writer's next verb is refused and it settles in the new epoch. Called once per
+    /// wait; the writer goes on waiting.
+    fn round_stuck(&self, state: &str) {
+        let _ = state;
+    }
+
     /// A DELETE writer's mark ([`crate::delete_mark`]): its round proposes
     /// [`crate::tombstone_by`]`(replaced, mark)`, a word no other DELETE in flight proposes,
     /// so SNAPSHOT decides between two DELETEs of one value as between any two writers. It

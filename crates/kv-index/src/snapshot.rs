@@ -308,7 +308,7 @@ impl RaceIndex {
         hooks: &dyn WriteHooks,
     ) -> Result<(RawOutcome, Vec<Vec<u8>>)> {
         let Some(rule) = decide(expected, new, olds) else {
-            let now = self.wait_change_async(tag, pos, expected).await?;
+            let now = self.wait_change_async(tag, pos, expected, hooks).await?;
             self.withdraw_async(tag, pos, expected, new, olds).await?;
             return Ok((RawOutcome::Lost(now), Vec::new()));
         };
@@ -442,8 +442,10 @@ impl RaceIndex {
         tag: Tag,
         pos: SlotPos,
         expected: u64,
+        hooks: &dyn WriteHooks,
     ) -> Result<u64> {
         let mut backoff = Backoff::new(self.wait_timeout);
+        let mut stuck_after = hooks.stuck_after();
         loop {
             let (batches, idx): (Vec<_>, Vec<_>) = (0..self.spaces.len())
                 .map(|k| {
@@ -473,6 +475,13 @@ impl RaceIndex {
             }
             if vals[1..].iter().all(|&v| v == expected) {
                 return Ok(expected);
+            }
+            if stuck_after.is_some_and(|d| backoff.waited() >= d) {
+                stuck_after = None;
+                metrics::counter!("dmkit_kv_index_snapshot_stuck_total").increment(1);
+                hooks.round_stuck(&format!(
+                    "slot {pos:?} expected {expected:#x}, primary and backups {vals:x?}"
+                ));
             }
             if !backoff.pause_async().await {
                 if dmkit_verbs::sim::trace::on() {
