@@ -16,6 +16,13 @@ pub const LATENCY_BUCKETS: [f64; 17] = [
     1.0, 2.5, 5.0, 10.0,
 ];
 
+/// Buckets (seconds) of the gaps between a memory node's lease renewals: heartbeats come
+/// every 100 ms by default and the lease is 500 ms, so the buckets are fine where the
+/// margin is decided (`dmkit bench soak` reads its quantiles from them).
+pub const RENEWAL_GAP_BUCKETS: [f64; 16] = [
+    0.025, 0.05, 0.075, 0.1, 0.11, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 2.0, 5.0,
+];
+
 /// The content type of the Prometheus text format.
 pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// The content type of OpenMetrics text.
@@ -117,6 +124,14 @@ pub const FAMILIES: &[(&str, &str)] = &[
         "Times this master stopped acting because it could not renew its claim in time (it then competes for the claim again).",
     ),
     (
+        "dmkit_fusee_resyncs_total",
+        "Fences and repairs of the members the master ran because a client asked (a round or a verb nobody could finish in its epoch).",
+    ),
+    (
+        "dmkit_fusee_resync_requests_total",
+        "Times this client asked the master for a resync (a SNAPSHOT round it waited on past resync_after, or no newer membership after a failure).",
+    ),
+    (
         "dmkit_fusee_master_claim_renewals_total",
         "Renewals of the master's claim on the cluster, by result (granted: by a majority; short: not).",
     ),
@@ -194,6 +209,10 @@ pub const FAMILIES: &[(&str, &str)] = &[
     (
         "dmkit_kv_index_snapshot_abandoned_total",
         "SNAPSHOT rounds abandoned.",
+    ),
+    (
+        "dmkit_kv_index_snapshot_stuck_total",
+        "SNAPSHOT rounds a losing writer waited on past its stuck bound (FUSEE then asks for a resync).",
     ),
     (
         "dmkit_kv_index_forced_repairs_total",
@@ -340,6 +359,13 @@ pub fn serve_as(addr: &str, role: Role) -> Result<SocketAddr, String> {
     let handle = PrometheusBuilder::new()
         .set_buckets(&LATENCY_BUCKETS)
         .map_err(|e| format!("cannot set up metrics: {e}"))?
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Full(
+                "dmkit_memnode_lease_renewal_gap_seconds".into(),
+            ),
+            &RENEWAL_GAP_BUCKETS,
+        )
+        .map_err(|e| format!("cannot set up metrics: {e}"))?
         .install_recorder()
         .map_err(|e| format!("cannot serve metrics on {sa}: {e}"))?;
     describe_all();
@@ -415,6 +441,7 @@ fn zero_counters(role: Role) {
             zero("dmkit_fusee_failovers_total");
             zero("dmkit_fusee_rejoins_total");
             zero("dmkit_fusee_master_step_downs_total");
+            zero("dmkit_fusee_resyncs_total");
             for r in ["granted", "short"] {
                 metrics::counter!("dmkit_fusee_master_claim_renewals_total", "result" => r)
                     .absolute(0);

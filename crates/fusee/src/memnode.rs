@@ -152,6 +152,8 @@ pub struct Memnode {
     /// The newest epoch a client asked the master to fence and repair, and why (reported in
     /// membership answers until the membership moves past it).
     resync: parking_lot::Mutex<Option<(u64, String)>>,
+    /// The lease length the master's last heartbeat gave (milliseconds).
+    lease_ms: std::sync::atomic::AtomicU64,
 }
 
 /// Renewals of a memory node's lease, kept to explain a fence.
@@ -313,6 +315,7 @@ impl Memnode {
             master: ExclusiveLeases::new(SystemClock::new()),
             renewals: Default::default(),
             resync: Default::default(),
+            lease_ms: Default::default(),
         });
         m.node
             .serve_while(&m, "the memory node", |m, peer, req| m.handle(peer, req));
@@ -347,6 +350,7 @@ impl Memnode {
         }
         *self.membership.lock() = None;
         self.lease.reset();
+        self.node.set_serve_until(None);
         self.node.set_fenced(false);
     }
 
@@ -359,6 +363,38 @@ impl Memnode {
                 .lock()
                 .as_ref()
                 .is_none_or(|m| m.is_member(self.node.id()) && !m.repairing)
+    }
+
+    /// The lease length of the master's last heartbeat.
+    fn lease_len(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.lease_ms.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// The lease was renewed now for `len`: verbs are refused from its end on, on their own
+    /// path ([`MemoryNode::set_serve_until`]), unless it is renewed again before.
+    fn serve_for(&self, len: std::time::Duration) {
+        self.node
+            .set_serve_until(Some(std::time::Instant::now() + len));
+    }
+
+    /// A renewal arrived after the lease had run out (the thread keeping it was held off
+    /// the CPU, so the node had not fenced itself yet — its verbs were refused on their own
+    /// path meanwhile): fence now, as that thread would have, before anything renews it. The
+    /// master may have counted this node out; only a newer membership lifts the fence.
+    /// Whether it fenced.
+    fn fence_if_lapsed(&self) -> bool {
+        if !self.node.lease_ran_out() || self.node.is_fenced() {
+            return false;
+        }
+        let (since, gaps) = self.renewals.lock().report();
+        count_fence("lease");
+        tracing::warn!(
+            since_renewal_ms = since,
+            gaps_before = %gaps,
+            "fenced: the lease ran out before this renewal arrived"
+        );
+        self.node.set_fenced(true);
+        true
     }
 
     /// Keeps the lease (call it every quarter lease or so): while the master's heartbeats
@@ -389,8 +425,9 @@ impl Memnode {
                 others,
                 Arc::new(move |(n, addr): &(NodeId, String)| ask(*n, addr, &req)),
             );
-            if yes {
+            if yes && !self.fence_if_lapsed() {
                 self.renewals.lock().renewed("peers");
+                self.serve_for(self.lease_len());
             }
             yes
         };
@@ -511,7 +548,12 @@ impl Memnode {
             }
             Request::Heartbeat { lease_ms, peers } => {
                 *self.peers.lock() = peers.0;
+                self.fence_if_lapsed();
                 self.renewals.lock().renewed("master");
+                let len = std::time::Duration::from_millis(u64::from(lease_ms));
+                self.lease_ms
+                    .store(u64::from(lease_ms), std::sync::atomic::Ordering::Relaxed);
+                self.serve_for(len);
                 if self
                     .lease
                     .renew(std::time::Duration::from_millis(u64::from(lease_ms)))
@@ -701,6 +743,13 @@ mod tests {
                 },
                 w().u8(tag::AS_MASTER).u64(7).bytes(&[tag::REKEY]).finish(),
             ),
+            (
+                Request::Resync {
+                    epoch: 4,
+                    why: b"stuck".to_vec(),
+                },
+                w().u8(tag::RESYNC).u64(4).bytes(b"stuck").finish(),
+            ),
         ];
         for (req, bytes) in cases {
             assert_eq!(req.to_bytes(), bytes, "{req:?}");
@@ -800,6 +849,65 @@ mod tests {
         publish(6);
         assert!(!m.node().is_fenced());
         assert!(!heartbeat());
+        // The thread keeping the lease is held off the CPU past the lease: the verbs' own
+        // path refuses from the lease's end on, and the next renewal fences rather than
+        // quietly extending a lease that ran out.
+        std::thread::sleep(std::time::Duration::from_millis(40));
+        assert!(m.node().lease_ran_out());
+        assert!(!m.node().is_fenced(), "(nothing ran to fence it)");
+        assert!(heartbeat(), "a late heartbeat revived a lapsed lease");
+        assert!(m.node().is_fenced());
+        publish(7);
+        assert!(!heartbeat());
+        assert!(!m.node().lease_ran_out());
+    }
+
+    #[test]
+    fn a_client_asks_for_a_resync_of_the_current_epoch_only() {
+        let pool = Pool::create_dram(
+            4 << 20,
+            dmkit_pmem_pool::PoolOptions::default().block_size(64 << 10),
+        )
+        .unwrap();
+        let m = Memnode::new(NodeId(0), pool).unwrap();
+        let query = || {
+            let reply = m.dispatch(&Request::MembershipGet.to_bytes()).unwrap();
+            crate::membership::parse_reply(NodeId(0), &reply)
+                .unwrap()
+                .resync
+        };
+        let ask = |epoch: u64, why: &str| {
+            let req = Request::Resync {
+                epoch,
+                why: why.as_bytes().to_vec(),
+            };
+            assert_eq!(m.dispatch(&req.to_bytes()).unwrap(), vec![status::OK]);
+        };
+        let publish = |epoch| {
+            let record = Membership {
+                cluster: 1,
+                epoch,
+                repairing: false,
+                members: vec![(NodeId(0), dmkit_verbs::RKey(1))],
+                deletes: Vec::new(),
+                blind: Vec::new(),
+                primary_lost: Vec::new(),
+            };
+            let req = Request::MembershipSet {
+                record: record.encode(),
+            };
+            assert_eq!(m.dispatch(&req.to_bytes()).unwrap()[0], status::OK);
+        };
+        publish(3);
+        assert_eq!(query(), None);
+        // An older epoch was moved past already: ignored.
+        ask(2, "stale");
+        assert_eq!(query(), None);
+        ask(3, "a round nobody finishes");
+        assert_eq!(query(), Some((3, "a round nobody finishes".into())));
+        // The master's next membership answers it.
+        publish(4);
+        assert_eq!(query(), None);
     }
 
     fn claim(m: &Memnode, round: DeleteRound, client: u64) -> u64 {

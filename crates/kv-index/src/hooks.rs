@@ -149,11 +149,9 @@ impl RaceIndex {
             if !view.splitting {
                 return Ok(None);
             }
-            if !backoff.pause_async().await {
-                return Err(crate::Error::SplitStalled {
-                    waited: backoff.waited(),
-                });
-            }
+            // (A split that stands still is finished here: its owner may be the process
+            // now recovering, or stopped for good.)
+            self.wait_split(verifier, &mut backoff).await?;
         }
     }
 
@@ -239,11 +237,10 @@ impl RaceIndex {
             let view = self.read_view(RESUME, &kh)?;
             let frozen = view.slots(&kh).any(|(_, raw)| is_frozen(raw));
             if view.splitting || frozen {
-                if !backoff.pause() {
-                    return Err(crate::Error::SplitStalled {
-                        waited: backoff.waited(),
-                    });
-                }
+                // The split's owner may be the crashed writer this recovery resumes (a
+                // gateway killed mid-split, restarting): a split that stands still is
+                // finished here rather than waited out.
+                dmkit_verbs::block_on(self.wait_split(verifier, &mut backoff))?;
                 continue;
             }
             // Which position is the round about?

@@ -704,7 +704,7 @@ impl RaceIndex {
     /// A writer (or search) met a splitting subtable: waits a little. When the split stood
     /// still for the split timeout, finishes it (taking the lock over if its holder stopped
     /// renewing it) instead of failing; fails only if the split still does not end.
-    async fn wait_split<V: KeyVerifier + ?Sized>(
+    pub(crate) async fn wait_split<V: KeyVerifier + ?Sized>(
         &self,
         verifier: &V,
         backoff: &mut Backoff,

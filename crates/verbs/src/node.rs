@@ -74,6 +74,10 @@ pub struct MemoryNode {
     regions: RwLock<HashMap<RKey, Region>>,
     handler: RwLock<Option<Arc<dyn RpcHandler>>>,
     fenced: std::sync::atomic::AtomicBool,
+    /// When the node's lease on serving runs out, in nanoseconds after [`clock_base`] (0:
+    /// no lease): past it every one-sided verb is refused as fenced, whether or not the
+    /// thread that keeps the lease has run since (see [`MemoryNode::set_serve_until`]).
+    serve_until: std::sync::atomic::AtomicU64,
     /// Seeded rkeys (deterministic simulation); `None`: the thread's random generator.
     rkey_rng: parking_lot::Mutex<Option<rand_chacha::ChaCha8Rng>>,
     /// Told after the regions or the fencing changed (see [`MemoryNode::on_change`]).
@@ -92,6 +96,12 @@ impl std::fmt::Debug for MemoryNode {
     }
 }
 
+/// The instant serving deadlines count from (the first use in this process).
+fn clock_base() -> std::time::Instant {
+    static BASE: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *BASE.get_or_init(std::time::Instant::now)
+}
+
 /// Remote addresses of regions registered without an explicit base start here and are spaced
 /// 1 TiB apart, so a stray pointer into one region never lands in another.
 const AUTO_BASE: u64 = 1 << 40;
@@ -103,6 +113,7 @@ impl MemoryNode {
             regions: RwLock::new(HashMap::new()),
             handler: RwLock::new(None),
             fenced: std::sync::atomic::AtomicBool::new(false),
+            serve_until: std::sync::atomic::AtomicU64::new(0),
             rkey_rng: parking_lot::Mutex::new(None),
             watchers: parking_lot::Mutex::new(Vec::new()),
         }
@@ -158,6 +169,28 @@ impl MemoryNode {
     /// Whether the node is fenced.
     pub fn is_fenced(&self) -> bool {
         self.fenced.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The node's lease on serving runs until `until` (`None`: no lease, the default). Past
+    /// it, every one-sided verb the node executes in software (`sim`, `tcp`) is refused with
+    /// [`AccessFault::Fenced`], checked on the verb's own path: a lease thread held off the
+    /// CPU past the lease cannot leave the node serving after its coordinator counted it out.
+    /// (The `rdma` NIC executes verbs without the CPU: there the lease thread's fence is the
+    /// only one.) A renewal moves it on; it does not lift a fence set by
+    /// [`MemoryNode::set_fenced`].
+    pub fn set_serve_until(&self, until: Option<std::time::Instant>) {
+        let nanos = until.map_or(0, |t| {
+            let n = t.saturating_duration_since(clock_base()).as_nanos();
+            u64::try_from(n).unwrap_or(u64::MAX).max(1)
+        });
+        self.serve_until
+            .store(nanos, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether the node's lease on serving ran out ([`MemoryNode::set_serve_until`]).
+    pub fn lease_ran_out(&self) -> bool {
+        let until = self.serve_until.load(std::sync::atomic::Ordering::SeqCst);
+        until != 0 && clock_base().elapsed().as_nanos() > u128::from(until)
     }
 
     /// Gives region `rkey` a fresh unpredictable rkey: verbs with the old one fail from now
@@ -350,7 +383,7 @@ impl MemoryNode {
     }
 
     fn lookup(&self, rkey: RKey, addr: u64, len: u64, op: OpKind) -> Result<Region, AccessFault> {
-        if self.is_fenced() {
+        if self.is_fenced() || self.lease_ran_out() {
             return Err(AccessFault::Fenced);
         }
         let regions = self.regions.read();

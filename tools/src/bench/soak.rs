@@ -207,6 +207,63 @@ fn metric_sum(page: &str, name: &str) -> f64 {
         .fold(0.0, |a, b| a + b)
 }
 
+/// The cumulative bucket counts (`le` → count) of histogram `name` with label `label`,
+/// summed over `pages`.
+fn buckets(pages: &[String], name: &str, label: &str) -> Vec<(f64, f64)> {
+    let mut out: Vec<(f64, f64)> = Vec::new();
+    let prefix = format!("{name}_bucket{{");
+    for page in pages {
+        for l in page.lines().filter(|l| l.starts_with(&prefix) && l.contains(label)) {
+            let Some(le) = l.split("le=\"").nth(1).and_then(|r| r.split('"').next()) else {
+                continue;
+            };
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                match le.parse::<f64>() {
+                    Ok(v) => v,
+                    Err(_) => continue,
+                }
+            };
+            let Some(n) = l.rsplit(' ').next().and_then(|n| n.parse::<f64>().ok()) else {
+                continue;
+            };
+            match out.iter_mut().find(|(b, _)| *b == le) {
+                Some(e) => e.1 += n,
+                None => out.push((le, n)),
+            }
+        }
+    }
+    out.sort_by(|a, b| a.0.total_cmp(&b.0));
+    out
+}
+
+/// What was recorded between two bucket readings `a` (earlier) and `b`.
+fn bucket_diff(a: &[(f64, f64)], b: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    b.iter()
+        .map(|(le, n)| {
+            let before = a.iter().find(|(l, _)| l == le).map_or(0.0, |x| x.1);
+            (*le, n - before)
+        })
+        .collect()
+}
+
+/// The upper bound of quantile `q` (the smallest bucket bound holding a share `q` of the
+/// observations), and the count; `None` with no observations.
+fn bucket_quantile(b: &[(f64, f64)], q: f64) -> Option<f64> {
+    let total = b.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    b.iter().find(|(_, n)| *n >= q * total).map(|(le, _)| *le)
+}
+
+/// Observations above `bound` (a bucket bound).
+fn bucket_above(b: &[(f64, f64)], bound: f64) -> f64 {
+    let total = b.last().map_or(0.0, |x| x.1);
+    total - b.iter().find(|(le, _)| *le >= bound).map_or(total, |x| x.1)
+}
+
 /// A RESP command as a client sends it.
 fn resp_cmd(args: &[&[u8]]) -> Vec<u8> {
     let mut v = format!("*{}\r\n", args.len()).into_bytes();
@@ -436,6 +493,12 @@ pub fn run(args: SoakArgs) -> Result<(), CliError> {
             .map(|_| Mutex::new(vec![KeyState::default(); KEYS_PER_TASK]))
             .collect(),
     );
+    const GAP: &str = "dmkit_memnode_lease_renewal_gap_seconds";
+    let gaps = |procs: &[Proc]| {
+        let pages: Vec<String> = procs[..3].iter().map(Proc::scrape).collect();
+        buckets(&pages, GAP, "by=\"master\"")
+    };
+    let gaps0 = gaps(&procs);
     let epoch0 = metric_sum(&procs[master_ix].scrape(), "dmkit_fusee_membership_epoch");
     let fences0: f64 = (procs[..3].iter())
         .map(|p| metric_sum(&p.scrape(), "dmkit_memnode_fences_total"))
@@ -454,6 +517,7 @@ pub fn run(args: SoakArgs) -> Result<(), CliError> {
         &mut master_exits,
         "calm",
     )?;
+    let gaps1 = gaps(&procs);
     let hog = Hog::start(hog_threads)?;
     let busy = phase(
         &client,
@@ -467,6 +531,7 @@ pub fn run(args: SoakArgs) -> Result<(), CliError> {
         "hog",
     )?;
     drop(hog);
+    let gaps2 = gaps(&procs);
 
     // 4. Checks.
     let epoch1 = metric_sum(&procs[master_ix].scrape(), "dmkit_fusee_membership_epoch");
@@ -551,6 +616,32 @@ pub fn run(args: SoakArgs) -> Result<(), CliError> {
             let r = h.value_at_quantile(0.99) as f64 / (c.value_at_quantile(0.99) as f64).max(1.0);
             report.ratio(&format!("{op}_p99_hog_vs_calm"), r, Some("<= 3"));
         }
+    }
+    // The lease's margin: how late the master's heartbeats reached the memory nodes (the
+    // gap between two renewals, upper bucket bounds), calm and beside the hog.
+    for (phase, b) in [
+        ("calm", bucket_diff(&gaps0, &gaps1)),
+        ("hog", bucket_diff(&gaps1, &gaps2)),
+    ] {
+        for (q, label) in [(0.5, "p50"), (0.99, "p99"), (0.999, "p999")] {
+            if let Some(v) = bucket_quantile(&b, q) {
+                report.ratio(
+                    &format!("renewal_gap_{phase}_{label}_ms_at_most"),
+                    v * 1000.0,
+                    None,
+                );
+            }
+        }
+        report.ratio(
+            &format!("renewal_gaps_{phase}_over_250ms"),
+            bucket_above(&b, 0.25),
+            None,
+        );
+        report.ratio(
+            &format!("renewal_gaps_{phase}"),
+            b.last().map_or(0.0, |x| x.1),
+            None,
+        );
     }
     report.ratio("false_fences", false_fences, None);
     report.ratio(
@@ -876,4 +967,37 @@ fn phase(
     bar.finish_and_clear();
     let stats = std::mem::take(&mut *stats.lock());
     Ok(Phase { stats, secs })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renewal_gap_quantiles_come_from_the_buckets_recorded_in_between() {
+        let page = |a: u64, b: u64, c: u64| {
+            format!(
+                "# TYPE g histogram\n\
+                 g_bucket{{by=\"master\",le=\"0.1\"}} {a}\n\
+                 g_bucket{{by=\"master\",le=\"0.25\"}} {b}\n\
+                 g_bucket{{by=\"master\",le=\"+Inf\"}} {c}\n\
+                 g_bucket{{by=\"peers\",le=\"0.1\"}} 1000\n"
+            )
+        };
+        let before = buckets(&[page(10, 10, 10)], "g", "by=\"master\"");
+        // Two nodes' pages are summed: 990 + 9 + 1 new observations in all.
+        let after = buckets(
+            &[page(500, 505, 505), page(500, 504, 505)],
+            "g",
+            "by=\"master\"",
+        );
+        let d = bucket_diff(&before, &after);
+        assert_eq!(d, vec![(0.1, 990.0), (0.25, 999.0), (f64::INFINITY, 1000.0)]);
+        assert_eq!(bucket_quantile(&d, 0.5), Some(0.1));
+        assert_eq!(bucket_quantile(&d, 0.999), Some(0.25));
+        assert_eq!(bucket_quantile(&d, 1.0), Some(f64::INFINITY));
+        assert_eq!(bucket_above(&d, 0.25), 1.0);
+        assert_eq!(bucket_above(&d, 0.1), 10.0);
+        assert_eq!(bucket_quantile(&[], 0.5), None);
+    }
 }
