@@ -292,3 +292,81 @@ fn with_the_master_down_clients_keep_serving() {
         );
     }
 }
+
+/// A client's connection to a live member times out (the path between them stalled for
+/// longer than the client's op timeout, while the master hears every member): the client
+/// cannot tell whether its verbs will still run, no failover is coming, and its connection is
+/// dead. It used to wait for a newer epoch until `failover_wait` and fail — and every later
+/// operation did the same (a gateway wedged until restarted: "no membership newer than
+/// epoch 179 within 30s" with the master up at 179). Now it asks the master for a resync
+/// after `resync_after`, reconnects in the new epoch and the operation succeeds.
+#[test]
+fn a_client_whose_connection_to_a_live_member_timed_out_recovers_without_a_restart() {
+    use dmkit_tests::proxy::Relay;
+    if dmkit_tests::procs::backend() != "tcp" {
+        return; // (the relay is a tcp one)
+    }
+    let cluster = ProcCluster::start(3, 3, "64MiB");
+    // This client reaches node 1 through a relay of its own; the master and the other
+    // memory nodes reach it directly.
+    let relay = Relay::start(&cluster.memnodes[1].addr);
+    let addrs: Vec<String> = (0..3)
+        .map(|i| match i {
+            1 => relay.addr().to_string(),
+            _ => cluster.memnodes[i].addr.clone(),
+        })
+        .collect();
+    let connector = std::sync::Arc::new(dmkit_verbs::tcp::TcpConnector {
+        op_timeout: Duration::from_millis(300),
+        ..Default::default()
+    });
+    let ep = dmkit_verbs::Endpoint::default();
+    for a in &addrs {
+        ep.add_connection(dmkit_verbs::Connector::connect(&*connector, a).unwrap());
+    }
+    let mut cfg = ClientConfig::new(62);
+    cfg.failover_wait = Duration::from_secs(10);
+    let reconnect_addrs = addrs.clone();
+    let reconnect_with = connector.clone();
+    cfg.reconnect = Some(std::sync::Arc::new(move |n: NodeId| {
+        dmkit_verbs::Connector::connect(&*reconnect_with, &reconnect_addrs[usize::from(n.0)])
+    }));
+    let ids: Vec<_> = (0..3).map(NodeId).collect();
+    let c = Client::connect(ep, &ids, cfg).unwrap();
+    for i in 0..20 {
+        c.upsert(format!("k{i}").as_bytes(), b"before").unwrap();
+    }
+    let epoch = c.epoch();
+    // The stall: longer than the op timeout, shorter than the master's miss window and the
+    // members' lease (node 1 stays a healthy member throughout).
+    relay.cut();
+    let healer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(700));
+        relay.heal();
+        relay
+    });
+    let t = std::time::Instant::now();
+    for i in 0..20 {
+        c.upsert(format!("k{i}").as_bytes(), b"after")
+            .unwrap_or_else(|e| {
+                panic!(
+                    "upsert {i} failed {:?} after the stall began: {e}",
+                    t.elapsed()
+                )
+            });
+    }
+    let took = t.elapsed();
+    let _relay = healer.join().unwrap();
+    eprintln!(
+        "a connection to a live member timed out: the client resumed after {took:?} (epoch {epoch} → {})",
+        c.epoch()
+    );
+    assert!(c.epoch() > epoch, "no resync happened");
+    assert!(took < Duration::from_secs(6), "{took:?}");
+    for i in 0..20 {
+        assert_eq!(
+            c.search(format!("k{i}").as_bytes()).unwrap().as_deref(),
+            Some(&b"after"[..])
+        );
+    }
+}

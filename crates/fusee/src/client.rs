@@ -1542,10 +1542,12 @@ impl Inner {
         }
     }
 
-    /// Connects to `node` again if this client has no connection to it (and knows how):
-    /// whether it has one now.
+    /// Connects to `node` again if this client has no live connection to it (and knows
+    /// how): whether it has one now.
     fn reconnect_if_gone(&self, node: NodeId) -> bool {
-        self.ep.connection(node).is_ok()
+        // (A connection a timeout killed is still listed, dead: every verb on it fails at
+        // once. Treating it as there wedged a gateway until it restarted: the epoch-179 wait.)
+        self.ep.connection(node).is_ok_and(|c| c.is_alive())
             || self
                 .reconnector
                 .ensure(&self.ep, node, |_| Ok::<_, Infallible>(()))

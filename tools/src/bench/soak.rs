@@ -60,6 +60,18 @@ pub struct SoakArgs {
     /// Write the JSON report here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// The verbs backend of the cluster (tcp, or rdma in a build with the `rdma` feature,
+    /// e.g. inside the SoftRoCE guest).
+    #[arg(long, value_enum, default_value_t = crate::Backend::Tcp)]
+    pub backend: crate::Backend,
+    /// The address the memory nodes listen on (rdma: the RDMA interface's, e.g.
+    /// `$SOFTROCE_IP`). Metrics, the master and the gateway stay on loopback.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Only the idle window: start the cluster, measure its CPU with nothing running
+    /// (per process and in all), stop. No hog, no pool files (DRAM nodes), no redis-benchmark.
+    #[arg(long)]
+    pub idle_only: bool,
 }
 
 fn rt(e: impl std::fmt::Display) -> CliError {
@@ -213,7 +225,10 @@ fn buckets(pages: &[String], name: &str, label: &str) -> Vec<(f64, f64)> {
     let mut out: Vec<(f64, f64)> = Vec::new();
     let prefix = format!("{name}_bucket{{");
     for page in pages {
-        for l in page.lines().filter(|l| l.starts_with(&prefix) && l.contains(label)) {
+        for l in page
+            .lines()
+            .filter(|l| l.starts_with(&prefix) && l.contains(label))
+        {
             let Some(le) = l.split("le=\"").nth(1).and_then(|r| r.split('"').next()) else {
                 continue;
             };
@@ -371,6 +386,17 @@ pub fn run(args: SoakArgs) -> Result<(), CliError> {
     if args.tasks == 0 {
         return Err(CliError::usage("--tasks must be at least 1"));
     }
+    args.backend.check_serves("a soak cluster")?;
+    let backend = match args.backend {
+        crate::Backend::Tcp => "tcp",
+        crate::Backend::Rdma => "rdma",
+        crate::Backend::Sim => {
+            return Err(CliError::usage(
+                "--backend sim has no processes to soak: use tcp or rdma",
+            ));
+        }
+    };
+    let host = args.host.as_str();
     let (dir, keep_dir) = match &args.dir {
         Some(d) => {
             std::fs::create_dir_all(d)
@@ -395,16 +421,16 @@ pub fn run(args: SoakArgs) -> Result<(), CliError> {
         (ports[6], ports[7], ports[8], ports[9]);
     let cluster = dir.join("cluster.toml");
     let mut toml = format!(
-        "backend = \"tcp\"\nmaster = \"127.0.0.1:{master_port}\"\nindex_replicas = 3\ndata_replicas = 3\n"
+        "backend = \"{backend}\"\nmaster = \"127.0.0.1:{master_port}\"\nindex_replicas = 3\ndata_replicas = 3\n"
     );
     for (i, p) in mn.iter().enumerate() {
-        toml += &format!("[[memnode]]\nid = {i}\naddr = \"127.0.0.1:{p}\"\n");
+        toml += &format!("[[memnode]]\nid = {i}\naddr = \"{host}:{p}\"\n");
     }
     std::fs::write(&cluster, toml).map_err(rt)?;
     let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
     let mut procs: Vec<Proc> = Vec::new();
     for i in 0..3 {
-        let listen = format!("127.0.0.1:{}", mn[i]);
+        let listen = format!("{host}:{}", mn[i]);
         let metrics = format!("127.0.0.1:{}", mn_metrics[i]);
         let id = i.to_string();
         let mut a = s(&[
@@ -415,8 +441,12 @@ pub fn run(args: SoakArgs) -> Result<(), CliError> {
             &id,
             "--metrics",
             &metrics,
+            "--backend",
+            backend,
         ]);
-        if i < 2 {
+        if args.idle_only {
+            a.extend(s(&["--dram", "64MiB"]));
+        } else if i < 2 {
             let pool = dir.join(format!("node{i}.pool"));
             let _ = std::fs::remove_file(&pool);
             a.extend(s(&["--pool", &pool.to_string_lossy(), "--size", "512MiB"]));
@@ -430,7 +460,15 @@ pub fn run(args: SoakArgs) -> Result<(), CliError> {
             Some(mn_metrics[i]),
         )?);
     }
-    wait_port(mn, Duration::from_secs(60))?;
+    // (The metrics endpoint answers once the node serves, on either backend.)
+    wait_for(Duration::from_secs(60), "the memory nodes to serve", || {
+        procs
+            .iter()
+            .all(|p| p.scrape().contains("dmkit_memnode_fences_total"))
+    })?;
+    if backend == "tcp" {
+        wait_port(mn, Duration::from_secs(60))?;
+    }
     let cluster_s = cluster.to_string_lossy().into_owned();
     procs.push(Proc::start(
         &dir,
@@ -476,14 +514,38 @@ pub fn run(args: SoakArgs) -> Result<(), CliError> {
     // 1. Idle: one gateway connection open, nothing else.
     let idle_conn = gateway_conn(gw_port).map_err(rt)?;
     std::thread::sleep(Duration::from_secs(2));
-    let cpu0: Duration = procs.iter().map(Proc::cpu).sum();
+    let per0: Vec<Duration> = procs.iter().map(Proc::cpu).collect();
     let t0 = Instant::now();
     std::thread::sleep(Duration::from_secs(idle_secs));
-    let cpu1: Duration = procs.iter().map(Proc::cpu).sum();
-    let idle_cpu_percent =
-        100.0 * (cpu1 - cpu0).as_secs_f64() / t0.elapsed().as_secs_f64().max(1e-9);
+    let per1: Vec<Duration> = procs.iter().map(Proc::cpu).collect();
+    let idle_wall = t0.elapsed().as_secs_f64();
+    let (cpu0, cpu1): (Duration, Duration) = (per0.iter().sum(), per1.iter().sum());
+    let idle_cpu_percent = 100.0 * (cpu1 - cpu0).as_secs_f64() / idle_wall.max(1e-9);
     drop(idle_conn);
     eprintln!("soak: idle cluster {idle_cpu_percent:.2} % of one core");
+    if args.idle_only {
+        let mut report = Report::new("soak");
+        report.config("idle_seconds", idle_secs);
+        report.config("backend", backend);
+        report.config("memory_nodes", "3 (DRAM)");
+        report.config("replicas", 3u64);
+        for (p, (c0, c1)) in procs.iter().zip(per0.iter().zip(&per1)) {
+            report.ratio(
+                &format!("idle_cpu_percent_{}", p.name),
+                100.0 * (*c1 - *c0).as_secs_f64() / idle_wall.max(1e-9),
+                None,
+            );
+        }
+        report.ratio("idle_cpu_percent", idle_cpu_percent, Some("<= 2"));
+        report
+            .finish(args.json.as_deref())
+            .map_err(CliError::runtime)?;
+        drop(procs);
+        if !keep_dir {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        return Ok(());
+    }
 
     // The load's client.
     let file = ClusterFile::load(&cluster).map_err(CliError::usage)?;
@@ -992,7 +1054,10 @@ mod tests {
             "by=\"master\"",
         );
         let d = bucket_diff(&before, &after);
-        assert_eq!(d, vec![(0.1, 990.0), (0.25, 999.0), (f64::INFINITY, 1000.0)]);
+        assert_eq!(
+            d,
+            vec![(0.1, 990.0), (0.25, 999.0), (f64::INFINITY, 1000.0)]
+        );
         assert_eq!(bucket_quantile(&d, 0.5), Some(0.1));
         assert_eq!(bucket_quantile(&d, 0.999), Some(0.25));
         assert_eq!(bucket_quantile(&d, 1.0), Some(f64::INFINITY));
