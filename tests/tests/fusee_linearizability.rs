@@ -149,15 +149,32 @@ fn spawn_node_failure<'s>(
 fn spawn_resyncs<'s>(
     s: &'s std::thread::Scope<'s, '_>,
     master: &'s Option<Arc<dmkit_fusee::failover::Master>>,
-    stop: &'s std::sync::atomic::AtomicBool,
+    stop: &'s Stop,
 ) {
     if let Some(master) = master {
         s.spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
+            while !stop.wait(Duration::from_millis(20)) {
                 let _ = master.resync_if_asked();
-                std::thread::sleep(Duration::from_millis(20));
             }
         });
+    }
+}
+
+/// A stop flag a thread can wait on (a history ends without waiting out a sleep).
+#[derive(Default)]
+struct Stop(std::sync::Mutex<bool>, std::sync::Condvar);
+
+impl Stop {
+    fn set(&self) {
+        *self.0.lock().unwrap() = true;
+        self.1.notify_all();
+    }
+
+    /// Waits up to `d` for the flag; whether it is set.
+    fn wait(&self, d: Duration) -> bool {
+        let g = self.0.lock().unwrap();
+        let (g, _) = self.1.wait_timeout_while(g, d, |set| !*set).unwrap();
+        *g
     }
 }
 
@@ -177,7 +194,7 @@ fn run_seed_with(seed: u64, cas: bool, no_delay: bool, no_crash: bool) {
     let master = Some(c.master().unwrap());
     let clock = AtomicU64::new(0);
     let events: Shared<Event> = Shared::default();
-    let stop = std::sync::atomic::AtomicBool::new(false);
+    let stop = Stop::default();
     std::thread::scope(|s| {
         spawn_node_failure(s, &c, node_failure, &master);
         spawn_resyncs(s, &master, &stop);
@@ -235,7 +252,7 @@ fn run_seed_with(seed: u64, cas: bool, no_delay: bool, no_crash: bool) {
             }));
         }
         let panicked = clients.into_iter().map(|h| h.join()).find(|r| r.is_err());
-        stop.store(true, Ordering::Relaxed);
+        stop.set();
         if let Some(Err(p)) = panicked {
             std::panic::resume_unwind(p);
         }
@@ -354,7 +371,7 @@ fn run_inflight_seed_with(seed: u64, crash: bool) {
     let restarted = AtomicU64::new(0);
     let clock = AtomicU64::new(0);
     let events: Shared<Event> = Shared::default();
-    let stop = std::sync::atomic::AtomicBool::new(false);
+    let stop = Stop::default();
     std::thread::scope(|s| {
         spawn_node_failure(s, &c, node_failure, &master);
         spawn_resyncs(s, &master, &stop);
@@ -420,7 +437,7 @@ fn run_inflight_seed_with(seed: u64, crash: bool) {
             }));
         }
         let panicked = clients.into_iter().map(|h| h.join()).find(|r| r.is_err());
-        stop.store(true, Ordering::Relaxed);
+        stop.set();
         if let Some(Err(p)) = panicked {
             std::panic::resume_unwind(p);
         }

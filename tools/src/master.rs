@@ -557,12 +557,13 @@ impl Claim {
             .spawn(move || {
                 loop {
                     // Wake when the claim would need stepping down if not renewed by then
-                    // (a renewal moves that later), at least every 100 ms.
+                    // (a renewal moves that later; waking at the old time only finds it
+                    // renewed), at least every second (to end with its term).
                     let at = nanos(std::time::Instant::now() + margin);
                     let left = valid.load(Ordering::Acquire);
                     let wait = std::time::Duration::from_nanos(left.saturating_sub(at)).clamp(
                         std::time::Duration::from_millis(5),
-                        std::time::Duration::from_millis(100),
+                        std::time::Duration::from_secs(1),
                     );
                     std::thread::sleep(wait);
                     if over.load(Ordering::SeqCst) {

@@ -290,7 +290,12 @@ fn keep_lease(
         .spawn(move || {
             loop {
                 memnode.keep_lease(ask.clone());
-                std::thread::sleep(std::time::Duration::from_millis(50));
+                // Asleep while heartbeats keep the lease fresh (they push its half-way
+                // point back): a few wake-ups a second, not twenty. Past half the lease it
+                // vouches every 50 ms; the verbs refuse past its end on their own path
+                // whenever this thread runs late.
+                let ms = std::time::Duration::from_millis;
+                std::thread::sleep(memnode.lease_check_in(ms(50), ms(500)));
             }
         })
         .map_err(|e| CliError::runtime(format!("cannot start the lease keeper: {e}")))?;

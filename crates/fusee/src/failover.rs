@@ -798,24 +798,30 @@ impl Master {
         let resync: Arc<Mutex<Option<(u64, String)>>> = Arc::default();
         let answered: Arc<Mutex<HashMap<NodeId, Instant>>> = Arc::default();
         let mut last_resync: Option<Instant> = None;
+        // One ticker paces every heartbeat (one timer wake-up per beat for the whole
+        // cluster, not one per node: on an emulated guest each costs a slow clock read) and
+        // is the runtime's pulse (below).
+        let (tick_tx, tick_rx) = tokio::sync::watch::channel(0u64);
         // Heartbeats: a task per node on the I/O runtime, apart from this loop (leases stay
         // fresh during a repair) and from each other (a node cut off, whose probe waits out
         // its timeout, delays no other node's: in lockstep rounds one node partitioned for a
-        // second cost every node its lease and every member was declared dead).
+        // second cost every node its lease and every member was declared dead). Each beats
+        // at every tick it is free for.
         let beats: Vec<_> = self
             .nodes
             .iter()
             .map(|&n| {
                 let (m, detector, stop) = (self.clone(), detector.clone(), stop.clone());
                 let (fenced, resync, answered) = (fenced.clone(), resync.clone(), answered.clone());
-                let hb = cfg.heartbeat;
+                let mut tick = tick_rx.clone();
                 dmkit_verbs::runtime::io_runtime().spawn(async move {
                     let req = m.heartbeat_request();
                     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        let t = Instant::now();
                         // A master that stepped down renews nobody's lease.
                         if !m.may_act() {
-                            dmkit_verbs::sleep(hb).await;
+                            if tick.changed().await.is_err() {
+                                return;
+                            }
                             continue;
                         }
                         if let Ok(q) = m.ask(n, &req).await {
@@ -835,13 +841,15 @@ impl Master {
                                 }
                             }
                         }
-                        if let Some(rest) = hb.checked_sub(t.elapsed()) {
-                            dmkit_verbs::sleep(rest).await;
+                        // (A beat that outlasted its tick beats again at once, as before.)
+                        if tick.changed().await.is_err() {
+                            return;
                         }
                     }
                 })
             })
             .collect();
+        drop(tick_rx);
         // The I/O runtime's pulse: when it last ran a task of ours, the time it ran late and
         // not yet excused, and how much of its current lateness was already excused. A
         // runtime held off the CPU — an overloaded host, or busy tasks on the same runtime —
@@ -851,10 +859,14 @@ impl Master {
         let beat = {
             let (pulse, stop, hb) = (pulse.clone(), stop.clone(), cfg.heartbeat);
             dmkit_verbs::runtime::io_runtime().spawn(async move {
+                let mut n = 0u64;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     dmkit_verbs::sleep(hb).await;
                     pulse.lock().beat(hb);
+                    n += 1;
+                    tick_tx.send_replace(n);
                 }
+                // (Dropping the sender ends the heartbeat tasks' waits.)
             })
         };
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {

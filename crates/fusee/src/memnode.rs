@@ -397,6 +397,17 @@ impl Memnode {
         true
     }
 
+    /// How long a lease keeper may sleep before calling [`Memnode::keep_lease`] again:
+    /// until half the lease has passed since its last renewal (heartbeats keep pushing that
+    /// back), at least `min`, at most `max` (also without a lease yet).
+    pub fn lease_check_in(
+        &self,
+        min: std::time::Duration,
+        max: std::time::Duration,
+    ) -> std::time::Duration {
+        self.lease.next_check().unwrap_or(max).clamp(min, max)
+    }
+
     /// Keeps the lease (call it every quarter lease or so): while the master's heartbeats
     /// arrive nothing happens; when they stop for half a lease, asks the peers to vouch
     /// (`ask(peer, address, request) -> vouched?`) and renews on a majority of the members;

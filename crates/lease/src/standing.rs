@@ -127,6 +127,30 @@ impl<C: Clock> ServingLease<C> {
         Standing::Serving
     }
 
+    /// How long until [`ServingLease::keep`] has something to do: until half the lease has
+    /// passed since the last renewal (zero once it has, `None` without a lease). A keeper
+    /// thread sleeps that long instead of polling.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dmkit_lease::{ServingLease, VirtualClock};
+    ///
+    /// let clock = VirtualClock::new();
+    /// let lease = ServingLease::new(clock.clone());
+    /// assert_eq!(lease.next_check(), None);
+    /// lease.renew(Duration::from_millis(500));
+    /// clock.advance(Duration::from_millis(100));
+    /// assert_eq!(lease.next_check(), Some(Duration::from_millis(150)));
+    /// clock.advance(Duration::from_millis(200));
+    /// assert_eq!(lease.next_check(), Some(Duration::ZERO));
+    /// ```
+    pub fn next_check(&self) -> Option<Duration> {
+        let s = self.state.lock();
+        let renewed = s.renewed?;
+        let since = self.clock.now().saturating_duration_since(renewed);
+        Some((s.length / 2).saturating_sub(since))
+    }
+
     /// Whether the server fenced itself for want of a lease.
     pub fn self_fenced(&self) -> bool {
         self.state.lock().self_fenced

@@ -72,6 +72,10 @@ pub struct SoakArgs {
     /// (per process and in all), stop. No hog, no pool files (DRAM nodes), no redis-benchmark.
     #[arg(long)]
     pub idle_only: bool,
+    /// The master's heartbeat (its `--heartbeat-ms`; the lease is 5 × it, as by default):
+    /// with `--idle-only`, how much of an idle cluster's CPU its heartbeats are.
+    #[arg(long, default_value_t = 100)]
+    pub heartbeat_ms: u64,
 }
 
 fn rt(e: impl std::fmt::Display) -> CliError {
@@ -419,6 +423,13 @@ pub fn run(args: SoakArgs) -> Result<(), CliError> {
     let (mn, mn_metrics) = (&ports[0..3], &ports[3..6]);
     let (master_port, master_metrics, gw_port, gw_metrics) =
         (ports[6], ports[7], ports[8], ports[9]);
+    if args.heartbeat_ms == 0 {
+        return Err(CliError::usage("--heartbeat-ms must be at least 1"));
+    }
+    let (hb, lease) = (
+        args.heartbeat_ms.to_string(),
+        (args.heartbeat_ms * 5).to_string(),
+    );
     let cluster = dir.join("cluster.toml");
     let mut toml = format!(
         "backend = \"{backend}\"\nmaster = \"127.0.0.1:{master_port}\"\nindex_replicas = 3\ndata_replicas = 3\n"
@@ -483,6 +494,10 @@ pub fn run(args: SoakArgs) -> Result<(), CliError> {
             &format!("127.0.0.1:{master_metrics}"),
             // A master restarted after an exit waits for the old claim to run out.
             "--standby",
+            "--heartbeat-ms",
+            &hb,
+            "--lease-ms",
+            &lease,
         ]),
         Some(master_metrics),
     )?);
@@ -529,6 +544,7 @@ pub fn run(args: SoakArgs) -> Result<(), CliError> {
         report.config("backend", backend);
         report.config("memory_nodes", "3 (DRAM)");
         report.config("replicas", 3u64);
+        report.config("heartbeat_ms", args.heartbeat_ms);
         for (p, (c0, c1)) in procs.iter().zip(per0.iter().zip(&per1)) {
             report.ratio(
                 &format!("idle_cpu_percent_{}", p.name),

@@ -389,6 +389,38 @@ impl std::fmt::Debug for EventChannel {
     }
 }
 
+/// An eventfd a thread waiting on an [`EventChannel`] watches too: [`Waker::wake`] ends its
+/// wait at once (so the wait itself can be long: no timed wake-ups while idle).
+#[derive(Debug)]
+pub(crate) struct Waker(std::os::fd::OwnedFd);
+
+impl Waker {
+    pub fn new() -> Result<Waker> {
+        // SAFETY: eventfd returns a new descriptor or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(Error::Io(std::io::Error::last_os_error()));
+        }
+        // SAFETY: `fd` is a fresh descriptor nothing else owns.
+        Ok(Waker(unsafe {
+            <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd)
+        }))
+    }
+
+    fn fd(&self) -> libc::c_int {
+        std::os::fd::AsRawFd::as_raw_fd(&self.0)
+    }
+
+    /// Ends every wait on it, now and later (it stays readable).
+    pub fn wake(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes the 8 bytes of a live u64 to our own eventfd.
+        unsafe {
+            libc::write(self.fd(), (&one as *const u64).cast(), 8);
+        }
+    }
+}
+
 /// One rdma-cm event, copied out (and acked).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct CmEvent {
@@ -425,22 +457,29 @@ impl EventChannel {
     /// The next event, or None after `timeout`. For CONNECT_REQUEST events `id` is a new id
     /// the caller owns.
     pub fn next(&self, timeout: Duration) -> Option<CmEvent> {
+        self.next_or_woken(timeout, None)
+    }
+
+    /// [`EventChannel::next`], also ending (with `None`) as soon as `waker` is woken.
+    pub fn next_or_woken(&self, timeout: Duration, waker: Option<&Waker>) -> Option<CmEvent> {
         // SAFETY: the channel is valid.
         let fd = unsafe { (*self.0.as_ptr()).fd };
-        let mut pfd = libc::pollfd {
+        let watch = |fd| libc::pollfd {
             fd,
             events: libc::POLLIN,
             revents: 0,
         };
-        // SAFETY: one valid pollfd.
+        let mut pfds = [watch(fd), watch(waker.map_or(-1, Waker::fd))];
+        let count = if waker.is_some() { 2 } else { 1 };
+        // SAFETY: `count` valid pollfds (a negative fd is ignored by poll).
         let n = unsafe {
             libc::poll(
-                &mut pfd,
-                1,
+                pfds.as_mut_ptr(),
+                count,
                 timeout.as_millis().min(i32::MAX as u128) as i32,
             )
         };
-        if n <= 0 {
+        if n <= 0 || pfds[0].revents & libc::POLLIN == 0 {
             return None;
         }
         let mut ev: *mut sys::rdma_cm_event = ptr::null_mut();

@@ -59,6 +59,8 @@ struct Shared {
     conns: Mutex<HashMap<usize, Arc<Conn>>>,
     mrs: Mutex<HashMap<(usize, RKey), Arc<NodeMr>>>,
     next_conn: AtomicU64,
+    /// Ends the listener's wait when the server shuts down.
+    waker: super::ffi::Waker,
 }
 
 /// A memory node served over RDMA. Dropping it (or [`RdmaServer::shutdown`]) disconnects
@@ -106,6 +108,7 @@ impl RdmaServer {
             conns: Mutex::new(HashMap::new()),
             mrs: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(1),
+            waker: super::ffi::Waker::new().map_err(with_addr)?,
         });
         // A rekey, a removed region or a fence drops the NIC registrations of the rkeys
         // peers may still hold, at once: their verbs then fail at the NIC, as they are
@@ -183,6 +186,7 @@ impl RdmaServer {
         if self.shared.stop.swap(true, Ordering::SeqCst) {
             return;
         }
+        self.shared.waker.wake();
         for (_, c) in self.shared.conns.lock().drain() {
             c.close();
         }
@@ -216,7 +220,9 @@ impl Conn {
 
 fn listen_loop(shared: &Arc<Shared>, channel: &Arc<EventChannel>, _listen: CmId) {
     while !shared.stop.load(Ordering::SeqCst) {
-        let Some(ev) = channel.next(Duration::from_millis(50)) else {
+        // (A connection request wakes it, and so does `shutdown`: no timed wake-ups while
+        // idle — each costs a clock read, slow in an emulated guest.)
+        let Some(ev) = channel.next_or_woken(Duration::from_secs(5), Some(&shared.waker)) else {
             continue;
         };
         match ev.kind {
@@ -447,7 +453,10 @@ fn poll_loop(conn: &Conn, cq: &Cq) {
     while !conn.stop.load(Ordering::SeqCst) {
         let n = match cq.poll(&mut wcs) {
             Ok(0) => {
-                cq.wait(Duration::from_millis(50));
+                // Woken by the CQ's armed events (a message, or the flush when `close`
+                // moves the QP to error); the timeout is a backstop (see the client's
+                // `poll_loop`: timed wake-ups are what an idle guest spends its CPU on).
+                cq.wait(super::client::IDLE_WAIT);
                 continue;
             }
             Ok(n) => n,
