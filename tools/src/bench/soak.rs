@@ -152,6 +152,32 @@ impl Proc {
     fn scrape(&self) -> String {
         self.metrics.map(scrape).unwrap_or_default()
     }
+
+    /// CPU time by thread name (numbered threads — `dmkit-rdma-cq-7` — grouped as
+    /// `dmkit-rdma-cq-N`), from each thread's schedstat.
+    fn threads(&self) -> std::collections::BTreeMap<String, Duration> {
+        let mut out = std::collections::BTreeMap::new();
+        let pid = self.child.id();
+        let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return out;
+        };
+        for t in dir.flatten() {
+            let name = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+            let ns = std::fs::read_to_string(t.path().join("schedstat"))
+                .ok()
+                .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+                .unwrap_or(0);
+            let name = name.trim();
+            let group = match name.rsplit_once('-') {
+                Some((head, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
+                    format!("{head}-N")
+                }
+                _ => name.to_string(),
+            };
+            *out.entry(group).or_insert(Duration::ZERO) += Duration::from_nanos(ns);
+        }
+        out
+    }
 }
 
 impl Drop for Proc {
@@ -530,9 +556,11 @@ pub fn run(args: SoakArgs) -> Result<(), CliError> {
     let idle_conn = gateway_conn(gw_port).map_err(rt)?;
     std::thread::sleep(Duration::from_secs(2));
     let per0: Vec<Duration> = procs.iter().map(Proc::cpu).collect();
+    let threads0: Vec<_> = procs.iter().map(Proc::threads).collect();
     let t0 = Instant::now();
     std::thread::sleep(Duration::from_secs(idle_secs));
     let per1: Vec<Duration> = procs.iter().map(Proc::cpu).collect();
+    let threads1: Vec<_> = procs.iter().map(Proc::threads).collect();
     let idle_wall = t0.elapsed().as_secs_f64();
     let (cpu0, cpu1): (Duration, Duration) = (per0.iter().sum(), per1.iter().sum());
     let idle_cpu_percent = 100.0 * (cpu1 - cpu0).as_secs_f64() / idle_wall.max(1e-9);
@@ -551,6 +579,16 @@ pub fn run(args: SoakArgs) -> Result<(), CliError> {
                 100.0 * (*c1 - *c0).as_secs_f64() / idle_wall.max(1e-9),
                 None,
             );
+        }
+        // Where it goes: each process's threads above 0.1 % of a core.
+        for (i, p) in procs.iter().enumerate() {
+            for (name, t1) in &threads1[i] {
+                let t0 = threads0[i].get(name).copied().unwrap_or(Duration::ZERO);
+                let pct = 100.0 * t1.saturating_sub(t0).as_secs_f64() / idle_wall.max(1e-9);
+                if pct >= 0.1 {
+                    report.ratio(&format!("idle_cpu_percent_{}_{name}", p.name), pct, None);
+                }
+            }
         }
         report.ratio("idle_cpu_percent", idle_cpu_percent, Some("<= 2"));
         report
