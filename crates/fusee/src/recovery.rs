@@ -248,23 +248,39 @@ impl Client {
         }
         rep.redo = t.elapsed();
 
-        // Free lists: what is not live.
+        // Free lists: what is not live. A finished DELETE's temporary object, or an object
+        // that never made it into the index, is ours to reuse; a committed object stays
+        // whether the index still points to it or not (one another client replaced comes
+        // back through its free bit): only the first kind needs an index lookup. (Looking up
+        // every object, one after another, made a gateway that had written 63 000 keys take
+        // 9 s to restart.) The lookups run 64 at a time.
         let t = Instant::now();
-        let mut live = 0;
-        for f in &found {
-            if taken_back.contains(&f.addr) {
-                continue;
+        let taken_back: std::collections::HashSet<Addr> = taken_back.into_iter().collect();
+        let candidates: Vec<&Found> = found
+            .iter()
+            .filter(|f| !taken_back.contains(&f.addr))
+            .filter(|f| {
+                Op::from_u8(f.obj.log.op) == Some(Op::Delete) || f.obj.log.commit.is_none()
+            })
+            .collect();
+        let mut referenced = Vec::with_capacity(candidates.len());
+        for chunk in candidates.chunks(64) {
+            let looks = chunk
+                .iter()
+                .map(|f| Box::pin(inner.is_referenced_async(&f.obj.key, f.addr)))
+                .collect();
+            for r in dmkit_verbs::block_on(dmkit_verbs::join_all(looks)) {
+                referenced.push(r?);
             }
-            let op = Op::from_u8(f.obj.log.op);
-            let referenced = inner.is_referenced(&f.obj.key, f.addr)?;
+        }
+        let unlooked = found.len() - taken_back.len() - candidates.len();
+        let mut live = unlooked;
+        for (f, referenced) in candidates.into_iter().zip(referenced) {
             if referenced {
                 live += 1;
                 continue;
             }
-            // A finished DELETE's temporary object, or an object that never made it into
-            // the index, is ours to reuse. One the index pointed to and another client
-            // replaced comes back through its free bit.
-            if op == Some(Op::Delete) || f.obj.log.commit.is_none() {
+            {
                 inner.mark_reclaimed(f.addr)?;
                 free_now.push((
                     f.class,
@@ -492,9 +508,14 @@ impl crate::client::Inner {
     /// offset, under any data replica of its block (every copy of a block sits at the same
     /// offset; a slot names the replica that served when the object was allocated).
     pub(crate) fn is_referenced(&self, key: &[u8], addr: Addr) -> Result<bool> {
+        dmkit_verbs::block_on(self.is_referenced_async(key, addr))
+    }
+
+    /// [`Inner::is_referenced`], awaited (recovery keeps many in flight).
+    pub(crate) async fn is_referenced_async(&self, key: &[u8], addr: Addr) -> Result<bool> {
         let view = self.view();
         let v = verifier(&view);
-        let Some(s) = self.index().search(&v, key)? else {
+        let Some(s) = self.index().search_async(&v, key).await? else {
             return Ok(false);
         };
         let at = slot_addr(s);
