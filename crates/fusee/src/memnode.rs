@@ -383,16 +383,19 @@ impl Memnode {
     /// master may have counted this node out; only a newer membership lifts the fence.
     /// Whether it fenced.
     fn fence_if_lapsed(&self) -> bool {
-        if !self.node.lease_ran_out() || self.node.is_fenced() {
+        self.node.lease_ran_out()
+            && self.lease_fence("fenced: the lease ran out before this renewal arrived")
+    }
+
+    /// Fences the node for want of a lease (unless it is fenced already): counted, and logged
+    /// at WARN with `why` and the renewal gaps that led to it. Whether it fenced.
+    fn lease_fence(&self, why: &'static str) -> bool {
+        if self.node.is_fenced() {
             return false;
         }
         let (since, gaps) = self.renewals.lock().report();
         count_fence("lease");
-        tracing::warn!(
-            since_renewal_ms = since,
-            gaps_before = %gaps,
-            "fenced: the lease ran out before this renewal arrived"
-        );
+        tracing::warn!(since_renewal_ms = since, gaps_before = %gaps, "{why}");
         self.node.set_fenced(true);
         true
     }
@@ -443,18 +446,9 @@ impl Memnode {
             yes
         };
         let fence = || {
-            if self.node.is_fenced() {
-                return false;
-            }
-            let (since, gaps) = self.renewals.lock().report();
-            count_fence("lease");
-            tracing::warn!(
-                since_renewal_ms = since,
-                gaps_before = %gaps,
-                "fenced: no word from the master and no majority of the members within the lease"
-            );
-            self.node.set_fenced(true);
-            true
+            self.lease_fence(
+                "fenced: no word from the master and no majority of the members within the lease",
+            )
         };
         self.lease.keep(vouched, fence);
         !self.node.is_fenced()

@@ -259,9 +259,7 @@ impl Client {
         let candidates: Vec<&Found> = found
             .iter()
             .filter(|f| !taken_back.contains(&f.addr))
-            .filter(|f| {
-                Op::from_u8(f.obj.log.op) == Some(Op::Delete) || f.obj.log.commit.is_none()
-            })
+            .filter(|f| Op::from_u8(f.obj.log.op) == Some(Op::Delete) || f.obj.log.commit.is_none())
             .collect();
         let mut referenced = Vec::with_capacity(candidates.len());
         for chunk in candidates.chunks(64) {

@@ -252,6 +252,21 @@ enum Ph {
     Paused,
 }
 
+impl Ph {
+    /// A writer in the middle of its round (its next steps can move the slot).
+    fn mid_round(&self) -> bool {
+        matches!(
+            self,
+            Ph::Backups { .. }
+                | Ph::Recheck { .. }
+                | Ph::Repairs { .. }
+                | Ph::Force { .. }
+                | Ph::Commit { .. }
+                | Ph::Primary { .. }
+        )
+    }
+}
+
 /// Recovery's steps (`recovery.rs` `redo`, `hooks.rs` `resume`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 enum Rec {
@@ -1412,16 +1427,7 @@ impl Model for ProtocolModel {
             if self.crash && !s.crashed && live && busy {
                 actions.push(Action::Crash(c));
             }
-            let mid_round = matches!(
-                cl.ph,
-                Ph::Backups { .. }
-                    | Ph::Recheck { .. }
-                    | Ph::Repairs { .. }
-                    | Ph::Force { .. }
-                    | Ph::Commit { .. }
-                    | Ph::Primary { .. }
-            );
-            if self.pause && !s.paused && mid_round {
+            if self.pause && !s.paused && cl.ph.mid_round() {
                 actions.push(Action::Pause(c));
             }
         }
@@ -1438,18 +1444,10 @@ impl Model for ProtocolModel {
         // A waiter asks whether the round's winner stopped or is only slow (`max_resyncs` of
         // those per history, to bound the model); when no live writer can move the round any
         // more it always asks, again after every repair that leaves it waiting.
-        let stuck = !s.clients.iter().any(|cl| {
-            matches!(
-                cl.ph,
-                Ph::Backups { .. }
-                    | Ph::Recheck { .. }
-                    | Ph::Repairs { .. }
-                    | Ph::Force { .. }
-                    | Ph::Commit { .. }
-                    | Ph::Primary { .. }
-                    | Ph::Withdraw { .. }
-            ) || matches!(cl.ph, Ph::Rec(_))
-        });
+        let stuck = !s
+            .clients
+            .iter()
+            .any(|cl| cl.ph.mid_round() || matches!(cl.ph, Ph::Withdraw { .. } | Ph::Rec(_)));
         if waiting
             && s.master == Master::Idle
             && self.max_resyncs > 0
