@@ -861,7 +861,9 @@ impl Master {
             dmkit_verbs::runtime::io_runtime().spawn(async move {
                 let mut n = 0u64;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    dmkit_verbs::sleep(hb).await;
+                    // (The runtime's own timer: the verbs timer thread stays asleep in an
+                    // idle master — heartbeats' deadlines are disarmed before they fall due.)
+                    tokio::time::sleep(hb).await;
                     pulse.lock().beat(hb);
                     n += 1;
                     tick_tx.send_replace(n);
