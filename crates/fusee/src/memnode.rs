@@ -777,12 +777,7 @@ mod tests {
 
     #[test]
     fn one_master_holds_the_claim_until_it_lets_go_or_its_lease_runs_out() {
-        let pool = Pool::create_dram(
-            4 << 20,
-            dmkit_pmem_pool::PoolOptions::default().block_size(64 << 10),
-        )
-        .unwrap();
-        let m = Memnode::new(NodeId(0), pool).unwrap();
+        let m = test_memnode();
         assert_eq!(master_claim(&m, 1, 10_000, "a"), (true, "a".into()));
         assert_eq!(master_claim(&m, 1, 10_000, "a"), (true, "a".into()));
         assert_eq!(master_claim(&m, 2, 10_000, "b"), (false, "a".into()));
@@ -797,6 +792,35 @@ mod tests {
         assert_eq!(master_claim(&m, 1, 10_000, "a"), (true, "a".into()));
     }
 
+    /// A memory node on 4 MiB of DRAM, as node 0.
+    fn test_memnode() -> Arc<Memnode> {
+        let pool = Pool::create_dram(
+            4 << 20,
+            dmkit_pmem_pool::PoolOptions::default().block_size(64 << 10),
+        )
+        .unwrap();
+        Memnode::new(NodeId(0), pool).unwrap()
+    }
+
+    /// The master publishes membership `epoch` of nodes `0..members` to `m`.
+    fn publish_members(m: &Memnode, epoch: u64, members: u16) {
+        let record = Membership {
+            cluster: 1,
+            epoch,
+            repairing: false,
+            members: (0..members)
+                .map(|n| (NodeId(n), dmkit_verbs::RKey(1)))
+                .collect(),
+            deletes: Vec::new(),
+            blind: Vec::new(),
+            primary_lost: Vec::new(),
+        };
+        let req = Request::MembershipSet {
+            record: record.encode(),
+        };
+        assert_eq!(m.dispatch(&req.to_bytes()).unwrap()[0], status::OK);
+    }
+
     /// Whether the node says, in a membership reply, that it is fenced.
     fn says_fenced(reply: &[u8]) -> bool {
         let mut r = Reader::new(reply);
@@ -806,28 +830,8 @@ mod tests {
 
     #[test]
     fn a_lease_fence_stays_until_a_newer_membership() {
-        let pool = Pool::create_dram(
-            4 << 20,
-            dmkit_pmem_pool::PoolOptions::default().block_size(64 << 10),
-        )
-        .unwrap();
-        let m = Memnode::new(NodeId(0), pool).unwrap();
-        use dmkit_verbs::RKey;
-        let record = |epoch| Membership {
-            cluster: 1,
-            epoch,
-            repairing: false,
-            members: (0..3).map(|n| (NodeId(n), RKey(1))).collect(),
-            deletes: Vec::new(),
-            blind: Vec::new(),
-            primary_lost: Vec::new(),
-        };
-        let publish = |epoch| {
-            let req = Request::MembershipSet {
-                record: record(epoch).encode(),
-            };
-            assert_eq!(m.dispatch(&req.to_bytes()).unwrap()[0], status::OK);
-        };
+        let m = test_memnode();
+        let publish = |epoch| publish_members(&m, epoch, 3);
         let heartbeat = || {
             let req = Request::Heartbeat {
                 lease_ms: 20,
@@ -869,12 +873,7 @@ mod tests {
 
     #[test]
     fn a_client_asks_for_a_resync_of_the_current_epoch_only() {
-        let pool = Pool::create_dram(
-            4 << 20,
-            dmkit_pmem_pool::PoolOptions::default().block_size(64 << 10),
-        )
-        .unwrap();
-        let m = Memnode::new(NodeId(0), pool).unwrap();
+        let m = test_memnode();
         let query = || {
             let reply = m.dispatch(&Request::MembershipGet.to_bytes()).unwrap();
             crate::membership::parse_reply(NodeId(0), &reply)
@@ -888,21 +887,7 @@ mod tests {
             };
             assert_eq!(m.dispatch(&req.to_bytes()).unwrap(), vec![status::OK]);
         };
-        let publish = |epoch| {
-            let record = Membership {
-                cluster: 1,
-                epoch,
-                repairing: false,
-                members: vec![(NodeId(0), dmkit_verbs::RKey(1))],
-                deletes: Vec::new(),
-                blind: Vec::new(),
-                primary_lost: Vec::new(),
-            };
-            let req = Request::MembershipSet {
-                record: record.encode(),
-            };
-            assert_eq!(m.dispatch(&req.to_bytes()).unwrap()[0], status::OK);
-        };
+        let publish = |epoch| publish_members(&m, epoch, 1);
         publish(3);
         assert_eq!(query(), None);
         // An older epoch was moved past already: ignored.
@@ -930,12 +915,7 @@ mod tests {
 
     #[test]
     fn the_first_claim_of_a_delete_round_holds() {
-        let pool = Pool::create_dram(
-            4 << 20,
-            dmkit_pmem_pool::PoolOptions::default().block_size(64 << 10),
-        )
-        .unwrap();
-        let m = Memnode::new(NodeId(0), pool).unwrap();
+        let m = test_memnode();
         assert_eq!(claim(&m, (3, 64, 7), 11), 11);
         assert_eq!(
             claim(&m, (3, 64, 7), 12),
