@@ -344,6 +344,9 @@ struct Claim {
     renewing: parking_lot::Mutex<()>,
 }
 
+/// A connection to a memory node, or why there is none.
+type Dialled = Result<Arc<dyn dmkit_verbs::Connection>, String>;
+
 /// What one round of claim requests found.
 #[derive(Debug, Default)]
 struct ClaimRound {
@@ -381,52 +384,79 @@ impl Claim {
         self.nodes.len() / 2 + 1
     }
 
-    fn ask(
-        &self,
-        node: NodeId,
-        addr: &str,
-        lease: std::time::Duration,
-    ) -> Result<dmkit_fusee::memnode::ClaimReply, String> {
-        let cached = self.conns.lock().get(&node).cloned();
-        let conn = match cached {
-            Some(c) => c,
-            None => {
-                let c = self.connector.connect(addr).map_err(|e| e.to_string())?;
-                if c.node() != node {
-                    let found = c.node();
-                    c.close();
-                    return Err(format!(
-                        "{addr} answers as node {found}, not {node} (check the cluster file)"
-                    ));
-                }
-                self.conns.lock().insert(node, c.clone());
-                c
-            }
-        };
-        let ep = dmkit_verbs::Endpoint::default();
-        ep.add_connection(conn);
-        dmkit_fusee::memnode::claim_master(&ep, node, self.token, lease, &self.who).map_err(|e| {
-            self.conns.lock().remove(&node);
-            e.to_string()
-        })
+    /// The connection to `node`: the cached one, else a new one (a blocking connect, bounded).
+    fn conn(&self, node: NodeId, addr: &str) -> Dialled {
+        if let Some(c) = self.conns.lock().get(&node).cloned() {
+            return Ok(c);
+        }
+        let c = self.connector.connect(addr).map_err(|e| e.to_string())?;
+        if c.node() != node {
+            let found = c.node();
+            c.close();
+            return Err(format!(
+                "{addr} answers as node {found}, not {node} (check the cluster file)"
+            ));
+        }
+        self.conns.lock().insert(node, c.clone());
+        Ok(c)
     }
 
-    /// Asks every node at once.
+    /// Asks every node at once. The requests go out together from this thread (a round
+    /// every quarter claim is most of an idle master's wake-ups: no thread per node); only a
+    /// node without a connection is dialled, each on its own thread, so that a dead one
+    /// costs the round its connect bound once, not once per node.
     fn round(&self, lease: std::time::Duration) -> ClaimRound {
-        let replies: Vec<_> = std::thread::scope(|s| {
-            let hs: Vec<_> = self
-                .nodes
+        let cached: Vec<bool> = {
+            let conns = self.conns.lock();
+            self.nodes
                 .iter()
-                .map(|(n, a)| s.spawn(move || (*n, a.as_str(), self.ask(*n, a, lease))))
-                .collect();
-            hs.into_iter().filter_map(|h| h.join().ok()).collect()
-        });
+                .map(|(n, _)| conns.contains_key(n))
+                .collect()
+        };
+        let dialled: Vec<(NodeId, Dialled)> = if cached.iter().all(|c| *c) {
+            Vec::new()
+        } else {
+            std::thread::scope(|s| {
+                let hs: Vec<_> = (self.nodes.iter().zip(&cached))
+                    .filter(|(_, c)| !**c)
+                    .map(|((n, a), _)| s.spawn(move || (*n, self.conn(*n, a))))
+                    .collect();
+                hs.into_iter().filter_map(|h| h.join().ok()).collect()
+            })
+        };
+        let ep = dmkit_verbs::Endpoint::default();
         let mut r = ClaimRound::default();
-        for (n, a, rep) in replies {
+        let mut asked = Vec::new();
+        for (n, a) in &self.nodes {
+            let conn = match dialled.iter().find(|(d, _)| d == n) {
+                Some((_, Ok(c))) => Ok(c.clone()),
+                Some((_, Err(e))) => Err(e.clone()),
+                None => self.conn(*n, a),
+            };
+            match conn {
+                Ok(c) => {
+                    ep.add_connection(c);
+                    asked.push((*n, a.as_str()));
+                }
+                Err(e) => r.silent.push(format!("node {} at {a}: {e}", n.0)),
+            }
+        }
+        let replies = dmkit_verbs::block_on(dmkit_verbs::join_all(
+            asked
+                .iter()
+                .map(|&(n, _)| {
+                    dmkit_fusee::memnode::claim_master(&ep, n, self.token, lease, &self.who)
+                })
+                .collect(),
+        ));
+        for ((n, a), rep) in asked.into_iter().zip(replies) {
             match rep {
                 Ok(rep) if rep.granted => r.granted += 1,
                 Ok(rep) => r.holder = Some((rep.holder, rep.remaining)),
-                Err(e) => r.silent.push(format!("node {} at {a}: {e}", n.0)),
+                Err(e) => {
+                    self.conns.lock().remove(&n);
+                    r.silent.push(format!("node {} at {a}: {e}", n.0));
+                }
             }
         }
         r

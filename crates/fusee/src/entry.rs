@@ -65,10 +65,10 @@ pub struct Swept {
 
 /// The pace of a background sweep: where it is, and how long it waits before its next step
 /// — at least `every`, and at most a tenth of the time sweeping (a pause of 9 × the last
-/// step's time) while keys with a deadline are about, a hundredth (99 ×) when neither the
-/// last whole round nor this one met any (as when it starts): a store without deadlines pays
-/// almost nothing for the sweep, and a key given one later is still absent once expired, its
-/// space reclaimed within one slow round.
+/// step's time) while keys with a deadline are about; a hundredth (99 ×), and at least ten
+/// times `every`, when neither the last whole round nor this one met any (as when it
+/// starts): a store without deadlines pays almost nothing for the sweep, and a key given one
+/// later is still absent once expired, its space reclaimed within one slow round.
 #[derive(Debug, Clone)]
 pub struct SweepPacer {
     every: Duration,
@@ -78,6 +78,9 @@ pub struct SweepPacer {
     seen: bool,
     seen_last_round: bool,
 }
+
+/// A sweep that meets no deadline waits at least this many ticks between steps.
+const IDLE_TICKS: u32 = 10;
 
 impl SweepPacer {
     pub fn new(every: Duration) -> SweepPacer {
@@ -109,12 +112,13 @@ impl SweepPacer {
                 self.seen_last_round = std::mem::take(&mut self.seen);
             }
         }
-        let share = if self.seen || self.seen_last_round {
-            9
+        self.pause = if self.seen || self.seen_last_round {
+            self.every.max(took * 9)
         } else {
-            99
+            // No deadline about: a step is a bulk read of a subtable (on a fabric whose
+            // packets cost CPU, an idle gateway's main cost), so wait ten ticks at least.
+            (self.every * IDLE_TICKS).max(took * 99)
         };
-        self.pause = self.every.max(took * share);
     }
 }
 
@@ -823,11 +827,14 @@ mod tests {
         assert_eq!((p.cursor(), p.pause()), (7, took * 99));
         p.stepped(step(0, 0), took);
         assert_eq!((p.cursor(), p.pause()), (0, took * 99));
-        // A failed step keeps its cursor; a quick one waits at least `every`.
+        // A failed step keeps its cursor; a quick one waits at least ten ticks while no
+        // deadline is about, one tick once one is.
         p.stepped(None, Duration::from_micros(1));
-        assert_eq!((p.cursor(), p.pause()), (0, every));
+        assert_eq!((p.cursor(), p.pause()), (0, every * 10));
+        p.stepped(step(1, 3), Duration::from_micros(1));
+        assert_eq!((p.cursor(), p.pause()), (3, every));
         // One key with a deadline: back to a tenth at once, and for the next whole round.
-        p.stepped(step(1, 3), took);
+        p.stepped(step(1, 4), took);
         assert_eq!(p.pause(), took * 9);
         p.stepped(step(0, 0), took);
         p.stepped(step(0, 5), took);

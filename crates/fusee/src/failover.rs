@@ -316,27 +316,19 @@ impl Master {
         dmkit_verbs::block_on(self.probe_async())
     }
 
-    /// [`Master::probe`], awaited: one task per node on the I/O runtime, so a node that is
-    /// slow to answer (or to reconnect to) delays no other node's heartbeat.
+    /// [`Master::probe`], awaited: the nodes are asked at once, from this task (a node that
+    /// is slow to answer, or to reconnect to, delays no other node's heartbeat; no task per
+    /// node, whose spawning wakes another runtime worker every beat).
     pub async fn probe_async(self: &Arc<Self>) -> Vec<(NodeId, bool, bool, u64)> {
-        let req = Arc::new(self.heartbeat_request());
-        let rt = dmkit_verbs::runtime::io_runtime();
-        let asks: Vec<_> = self
-            .nodes
-            .iter()
-            .map(|&n| {
-                let (m, req) = (self.clone(), req.clone());
-                (n, rt.spawn(async move { m.ask(n, &req).await }))
+        let req = self.heartbeat_request();
+        let answers =
+            dmkit_verbs::join_all(self.nodes.iter().map(|&n| self.ask(n, &req)).collect()).await;
+        (self.nodes.iter().zip(answers))
+            .map(|(&n, a)| match a {
+                Ok(q) => (n, true, q.fenced, q.record.map_or(0, |r| r.epoch)),
+                Err(_) => (n, false, false, 0),
             })
-            .collect();
-        let mut out = Vec::with_capacity(asks.len());
-        for (n, ask) in asks {
-            out.push(match ask.await {
-                Ok(Ok(q)) => (n, true, q.fenced, q.record.map_or(0, |r| r.epoch)),
-                _ => (n, false, false, 0),
-            });
-        }
-        out
+            .collect()
     }
 
     /// The heartbeat's request: the lease and the peers that may vouch (or, without leases,

@@ -222,13 +222,14 @@ fn searches_are_answered_while_the_index_is_repaired() {
 fn a_master_whose_claim_was_taken_over_is_refused() {
     use dmkit_fusee::failover::{Master, MasterOptions};
     use dmkit_fusee::memnode::claim_master;
+    use dmkit_verbs::block_on;
     let c = cluster(2);
     let nodes = vec![NodeId(0), NodeId(1), NodeId(2)];
     let ep = c.endpoint(u64::MAX - 20).unwrap();
     let (old, new) = (0x0bad_u64, 0x600d_u64);
     for n in &nodes {
         assert!(
-            claim_master(&ep, *n, old, Duration::from_secs(60), "old")
+            block_on(claim_master(&ep, *n, old, Duration::from_secs(60), "old"))
                 .unwrap()
                 .granted
         );
@@ -244,14 +245,20 @@ fn a_master_whose_claim_was_taken_over_is_refused() {
     // Another master takes the cluster over (here: the old claim given up on every node).
     for n in &nodes[..2] {
         assert!(
-            claim_master(&ep, *n, old, Duration::ZERO, "old")
+            block_on(claim_master(&ep, *n, old, Duration::ZERO, "old"))
                 .unwrap()
                 .granted
         );
         assert!(
-            claim_master(&ep, *n, new, Duration::from_secs(60), "new master")
-                .unwrap()
-                .granted
+            block_on(claim_master(
+                &ep,
+                *n,
+                new,
+                Duration::from_secs(60),
+                "new master"
+            ))
+            .unwrap()
+            .granted
         );
     }
     // The old one, still running, is refused every change, naming the new holder.

@@ -297,6 +297,33 @@ impl Replayer {
     }
 }
 
+/// perftest's 64-byte READ latency (`ib_read_lat`'s typical figure, µs) on the first active
+/// RDMA device, between two processes on this host.
+#[cfg(feature = "rdma")]
+fn read64_us() -> Result<f64, CliError> {
+    use dmkit_verbs::rdma::{RdmaConfig, first_active_device};
+    let cfg = RdmaConfig::from_env().map_err(|e| CliError::usage(e.to_string()))?;
+    let info = first_active_device().map_err(rt)?;
+    let t = super::perftest::Target {
+        device: cfg.device.clone().unwrap_or(info.device.clone()),
+        port: cfg.port,
+        gid_index: cfg.gid_index.unwrap_or(info.gid_index),
+        ip: info.ipv4.to_string(),
+    };
+    let args: Vec<String> = ["-s", "64", "-n", "2000"].map(String::from).to_vec();
+    let out = super::perftest::run_pair("ib_read_lat", &t, &args, 18519)
+        .map_err(|e| rt(format!("perftest baseline (ib_read_lat): {e}")))?;
+    super::perftest::typical_latency_us(&out, 64)
+        .ok_or_else(|| rt(format!("unreadable ib_read_lat report: {out}")))
+}
+
+#[cfg(not(feature = "rdma"))]
+fn read64_us() -> Result<f64, CliError> {
+    Err(CliError::usage(
+        "this build has no rdma backend (build dmkit with --features rdma)",
+    ))
+}
+
 fn snapshot(c: &Client) -> Vec<(Tag, TagStats)> {
     c.endpoint().stats().snapshot()
 }
@@ -604,6 +631,9 @@ pub fn run(
     let mut tail_worst = 0f64;
     // The worst p99 over its replay's p99, and the replays' own worst p99 / p50.
     let (mut tail_vs_raw_worst, mut raw_tail_worst) = (0f64, 0f64);
+    // On rdma: each operation's p50 in the fabric's own unit, perftest's 64-byte READ
+    // latency (`ib_read_lat`), measured right after that r's operations.
+    let mut vs_read64: HashMap<(&str, usize), f64> = HashMap::new();
     for r in [1usize, 3] {
         let pool = (keys as usize * 4 * (value_bytes + 256)).clamp(64 << 20, 1 << 30);
         let cluster = WallCluster::start(backend, r, pool)?;
@@ -659,6 +689,14 @@ pub fn run(
             pb.inc(1);
         }
         pb.finish_and_clear();
+        if backend == Backend::Rdma {
+            let read64 = read64_us()?;
+            report.config(&format!("perftest_ib_read_lat_64_us_r{r}"), read64);
+            for ((op, _), s) in OPS.iter().zip(&st) {
+                let p50 = s.wall.value_at_quantile(0.5) as f64 / 1000.0;
+                vs_read64.insert((*op, r), p50 / read64);
+            }
+        }
         for ((op, what), s) in OPS.iter().zip(&st) {
             let name = format!("{op}_r{r}");
             report.push(s.sample(&name, what, raw_via));
@@ -689,6 +727,28 @@ pub fn run(
             &format!("fusee_{backend}_{op}_vs_raw_rounds"),
             worst.get(op).copied().unwrap_or(0.0),
             Some("<= 1.5"),
+        );
+    }
+    // The reference implementation's own figures on SoftRoCE, in READs (issue #46).
+    for (op, target) in [
+        ("insert", "<= 3.5"),
+        ("search", "<= 2.0"),
+        ("update", "<= 4.0"),
+        ("delete", "<= 5.0"),
+    ] {
+        let (Some(r1), Some(r3)) = (vs_read64.get(&(op, 1)), vs_read64.get(&(op, 3))) else {
+            continue;
+        };
+        report.ratio(
+            &format!("fusee_{backend}_{op}_vs_read64"),
+            *r1,
+            Some(target),
+        );
+        report.ratio(&format!("fusee_{backend}_{op}_vs_read64_r3"), *r3, None);
+        report.ratio(
+            &format!("fusee_{backend}_{op}_r3_vs_r1"),
+            r3 / r1,
+            Some("<= 1.3"),
         );
     }
     report.ratio(

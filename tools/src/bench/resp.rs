@@ -351,15 +351,23 @@ fn tool_version(tool: &str, package: &str) -> Result<String, CliError> {
 /// CPU time (user + system) a process has used so far, from `/proc/PID/stat` (clock ticks);
 /// `None` where there is no procfs.
 pub(crate) fn process_cpu(pid: u32) -> Option<Duration> {
+    let (user, sys) = process_user_sys(pid)?;
+    Some(user + sys)
+}
+
+/// A process's CPU time so far in user mode and in the kernel (clock ticks of
+/// `/proc/PID/stat`).
+pub(crate) fn process_user_sys(pid: u32) -> Option<(Duration, Duration)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command name (which may hold spaces, inside parentheses).
     let rest = &stat[stat.rfind(')')? + 2..];
     let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    let (user, sys): (u64, u64) = (f.get(11)?.parse().ok()?, f.get(12)?.parse().ok()?);
     // SAFETY: sysconf only reads a configuration value.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     let hz = u64::try_from(hz).ok().filter(|&h| h > 0)?;
-    Some(Duration::from_micros(ticks * 1_000_000 / hz))
+    let t = |ticks: u64| Duration::from_micros(ticks * 1_000_000 / hz);
+    Some((t(user), t(sys)))
 }
 
 struct RedisServer {

@@ -153,6 +153,24 @@ impl Proc {
         self.metrics.map(scrape).unwrap_or_default()
     }
 
+    /// Context switches so far of the process's live threads (voluntary and not): each is a
+    /// thread going to sleep or being put off the CPU, so about one per wake-up.
+    fn switches(&self) -> u64 {
+        let pid = self.child.id();
+        let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return 0;
+        };
+        dir.flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+            .map(|st| {
+                st.lines()
+                    .filter(|l| l.contains("ctxt_switches:"))
+                    .filter_map(|l| l.split_whitespace().last()?.parse::<u64>().ok())
+                    .sum::<u64>()
+            })
+            .sum()
+    }
+
     /// CPU time by thread name (numbered threads — `dmkit-rdma-cq-7` — grouped as
     /// `dmkit-rdma-cq-N`), from each thread's schedstat.
     fn threads(&self) -> std::collections::BTreeMap<String, Duration> {
@@ -185,6 +203,49 @@ impl Drop for Proc {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The CPU one wake-up of an idle thread costs on this machine, in microseconds: two
+/// threads pass a token back and forth with 10 ms of idleness before each pass (as a
+/// heartbeat finds a cluster), the CPU of both per pass halved. On a host this is a few
+/// microseconds; in an emulated guest leaving the idle CPU is most of it.
+fn wake_cost_us() -> f64 {
+    const PASSES: u32 = 100;
+    let (to_b, b_rx) = std::sync::mpsc::channel::<()>();
+    let (to_a, a_rx) = std::sync::mpsc::channel::<()>();
+    let b = std::thread::spawn(move || {
+        let t0 = thread_cpu();
+        while b_rx.recv().is_ok() {
+            if to_a.send(()).is_err() {
+                break;
+            }
+        }
+        thread_cpu() - t0
+    });
+    let mut a_cpu = Duration::ZERO;
+    for _ in 0..PASSES {
+        std::thread::sleep(Duration::from_millis(10));
+        let t0 = thread_cpu();
+        let _ = to_b.send(());
+        let _ = a_rx.recv();
+        a_cpu += thread_cpu() - t0;
+    }
+    drop(to_b);
+    let b_cpu = b.join().unwrap_or_default();
+    (a_cpu + b_cpu).as_secs_f64() * 1e6 / f64::from(2 * PASSES)
+}
+
+/// The calling thread's CPU time.
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec we own.
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts);
+    }
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 fn spawn(log: &Path, args: &[String]) -> Result<Child, CliError> {
@@ -557,10 +618,16 @@ pub fn run(args: SoakArgs) -> Result<(), CliError> {
     std::thread::sleep(Duration::from_secs(2));
     let per0: Vec<Duration> = procs.iter().map(Proc::cpu).collect();
     let threads0: Vec<_> = procs.iter().map(Proc::threads).collect();
+    let sys_of =
+        |p: &Proc| super::resp::process_user_sys(p.child.id()).map_or(Duration::ZERO, |t| t.1);
+    let sys0: Vec<Duration> = procs.iter().map(sys_of).collect();
+    let switches0: Vec<u64> = procs.iter().map(Proc::switches).collect();
     let t0 = Instant::now();
     std::thread::sleep(Duration::from_secs(idle_secs));
     let per1: Vec<Duration> = procs.iter().map(Proc::cpu).collect();
     let threads1: Vec<_> = procs.iter().map(Proc::threads).collect();
+    let sys1: Vec<Duration> = procs.iter().map(sys_of).collect();
+    let switches1: Vec<u64> = procs.iter().map(Proc::switches).collect();
     let idle_wall = t0.elapsed().as_secs_f64();
     let (cpu0, cpu1): (Duration, Duration) = (per0.iter().sum(), per1.iter().sum());
     let idle_cpu_percent = 100.0 * (cpu1 - cpu0).as_secs_f64() / idle_wall.max(1e-9);
@@ -580,6 +647,30 @@ pub fn run(args: SoakArgs) -> Result<(), CliError> {
                 None,
             );
         }
+        // Of which in the kernel (system calls and the interrupts charged to the process:
+        // on rxe the emulated NIC's packet work); clock ticks, so coarse.
+        for (p, (s0, s1)) in procs.iter().zip(sys0.iter().zip(&sys1)) {
+            report.ratio(
+                &format!("idle_sys_percent_{}", p.name),
+                100.0 * s1.saturating_sub(*s0).as_secs_f64() / idle_wall.max(1e-9),
+                None,
+            );
+        }
+        // What it is made of: wake-ups, each costing what one costs here.
+        let mut wakeups = 0.0;
+        for (p, (w0, w1)) in procs.iter().zip(switches0.iter().zip(&switches1)) {
+            let per_s = w1.saturating_sub(*w0) as f64 / idle_wall.max(1e-9);
+            wakeups += per_s;
+            report.ratio(&format!("idle_wakeups_per_s_{}", p.name), per_s, None);
+        }
+        let wake_us = wake_cost_us();
+        report.ratio("idle_wakeups_per_s", wakeups, None);
+        report.ratio("wake_from_idle_cpu_us", wake_us, None);
+        report.ratio(
+            "idle_cpu_percent_of_wakeups_alone",
+            wakeups * wake_us / 1e4,
+            None,
+        );
         // Where it goes: each process's threads above 0.1 % of a core.
         for (i, p) in procs.iter().enumerate() {
             for (name, t1) in &threads1[i] {

@@ -22,6 +22,9 @@ use crate::error::{Error, Result};
 pub(crate) const MSG: usize = 4096;
 const HDR: usize = 16;
 
+/// A send asks for a completion at most every this many sends (see `Chan::posted`).
+const SIGNAL_EVERY: u32 = 16;
+
 /// wr_id tags: the top bits say what completed.
 pub(crate) const TAG_RECV: u64 = 1 << 62;
 pub(crate) const TAG_SEND: u64 = 1 << 61;
@@ -71,6 +74,12 @@ pub(crate) struct Chan {
     recv: Slab,
     send: Slab,
     free_send: Mutex<Vec<u32>>,
+    /// Send slots posted and not yet known complete, in posting order. Only every
+    /// [`SIGNAL_EVERY`]th send asks for a completion (a completion wakes the connection's
+    /// poll thread: on an emulated NIC the wake-up, not the packet, is what a small message
+    /// costs); its completion returns its slot and every slot posted before it, as a
+    /// signalled completion implies that every earlier work request of the queue is done.
+    posted: Mutex<std::collections::VecDeque<u32>>,
     send_cv: Condvar,
     credits: Mutex<Credits>,
     credit_cv: Condvar,
@@ -98,6 +107,7 @@ impl Chan {
             recv,
             send,
             free_send: Mutex::new((0..depth).collect()),
+            posted: Mutex::new(std::collections::VecDeque::with_capacity(depth as usize)),
             send_cv: Condvar::new(),
             credits: Mutex::new(Credits {
                 avail: depth,
@@ -157,6 +167,34 @@ impl Chan {
             off += n;
             if last {
                 return Ok(());
+            }
+        }
+    }
+
+    /// Sends a message only if that cannot wait — the send path is free and the credits and
+    /// send slots for all its chunks are there now — else returns `false` and sends nothing.
+    /// For the thread that polls the completion queue: it must never wait for credits, as
+    /// only it delivers them.
+    pub fn try_send(&self, kind: u8, req: u64, body: &[u8]) -> Result<bool> {
+        let room = MSG - HDR;
+        let chunks = body.len().div_ceil(room).max(1);
+        let Some(_g) = self.send_lock.try_lock() else {
+            return Ok(false);
+        };
+        // Holding `send_lock`, nobody else takes credits or slots: they can only grow.
+        // (One credit stays reserved for CREDIT messages, as in `send_chunk`.)
+        if (self.credits.lock().avail as usize) < chunks + 1 || self.free_send.lock().len() < chunks
+        {
+            return Ok(false);
+        }
+        let mut off = 0;
+        loop {
+            let n = (body.len() - off).min(room);
+            let last = off + n == body.len();
+            self.send_chunk(kind, req, body.len(), &body[off..off + n], last, None)?;
+            off += n;
+            if last {
+                return Ok(true);
             }
         }
     }
@@ -236,28 +274,56 @@ impl Chan {
             std::ptr::copy_nonoverlapping(hdr.as_ptr(), p, HDR);
             std::ptr::copy_nonoverlapping(chunk.as_ptr(), p.add(HDR), chunk.len());
         }
+        // (Posted under `send_lock`, so `posted` is in the queue's order.)
+        let mut posted = self.posted.lock();
+        let signaled = self.wants_signal(posted.len() as u32);
         let wr = Wr {
             id: TAG_SEND | u64::from(slot),
             kind: WrKind::Send,
             addr: base as u64,
             len: len as u32,
             lkey: self.send.lkey(),
-            signaled: true,
+            signaled,
             inline: len as u32 <= self.max_inline,
         };
-        // SAFETY: the slot stays valid and untouched until its completion (see above).
+        // SAFETY: the slot stays valid and untouched until a completion at or after it
+        // (see above and `on_send_done`).
         let r = unsafe { post::post_send(self.id.qp(), &[wr]) };
-        if r.is_err() {
-            self.free_send.lock().push(slot);
-            self.send_cv.notify_one();
+        match r {
+            Ok(()) => posted.push_back(slot),
+            Err(_) => {
+                drop(posted);
+                self.free_send.lock().push(slot);
+                self.send_cv.notify_one();
+            }
         }
         r
     }
 
-    /// A send completed (successfully or flushed): its slot is free again.
+    /// Whether the next send asks for a completion, with `unknown` sends posted and not yet
+    /// known complete: every [`SIGNAL_EVERY`]th, and every one once a quarter of the slots
+    /// (or fewer) is left free — so that a sender short of slots is never left waiting on
+    /// sends nobody will report.
+    fn wants_signal(&self, unknown: u32) -> bool {
+        let every = SIGNAL_EVERY.min(self.depth / 2).max(1);
+        (unknown + 1) % every == 0 || self.depth.saturating_sub(unknown + 1) <= self.depth / 4
+    }
+
+    /// A send completed (successfully or flushed): its slot, and every slot posted before it
+    /// (unsignalled sends complete in order before it), are free again. A completion of a
+    /// slot no longer listed (an unsignalled send flushed after a later one returned it) is
+    /// ignored.
     pub fn on_send_done(&self, wr_id: u64) {
-        self.free_send.lock().push((wr_id & !TAG_MASK) as u32);
-        self.send_cv.notify_one();
+        let slot = (wr_id & !TAG_MASK) as u32;
+        let mut posted = self.posted.lock();
+        let Some(at) = posted.iter().position(|s| *s == slot) else {
+            return;
+        };
+        let mut free = self.free_send.lock();
+        free.extend(posted.drain(..=at));
+        drop(free);
+        drop(posted);
+        self.send_cv.notify_all();
     }
 
     /// A receive completed with `len` bytes: takes the chunk, reposts the buffer, and returns
@@ -321,6 +387,8 @@ impl Chan {
 
     /// After a QP reset the peer's view of our buffers restarts too: reset the credits.
     pub fn reset_credits(&self) {
+        let mut posted = self.posted.lock();
+        posted.clear();
         let mut f = self.free_send.lock();
         *f = (0..self.depth).collect();
         let mut c = self.credits.lock();

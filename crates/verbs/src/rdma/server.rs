@@ -36,12 +36,23 @@ struct Conn {
     ctx: Context,
     stop: AtomicBool,
     saved: Mutex<Option<Box<sys::ibv_qp_attr>>>,
-    tx: Mutex<mpsc::Sender<Message>>,
+    tx: Mutex<mpsc::Sender<Work>>,
     /// Persist requests go to a worker of their own: an RPC never queues behind a burst of
     /// durable writes' persists (nothing orders the two: a durable write completes only
     /// once its persist is answered).
-    persist_tx: Mutex<mpsc::Sender<Message>>,
+    persist_tx: Mutex<mpsc::Sender<Work>>,
     peer: Peer,
+}
+
+/// What a connection's worker does next.
+enum Work {
+    /// Answer a request.
+    Request(Message),
+    /// Send a reply the poll thread computed (a quick RPC) but could not send without
+    /// waiting for credits.
+    Reply(Message),
+    /// Nothing: the connection closes (wakes a worker blocked on its queue).
+    Wake,
 }
 
 impl std::fmt::Debug for Conn {
@@ -209,11 +220,7 @@ impl Conn {
         self.id.qp_to_error();
         // Wake both workers (they block on their queues with no timeout): each sees `stop`.
         for q in [&self.tx, &self.persist_tx] {
-            let _ = q.lock().send(Message {
-                kind: 0,
-                req: 0,
-                body: Vec::new(),
-            });
+            let _ = q.lock().send(Work::Wake);
         }
     }
 }
@@ -235,11 +242,11 @@ fn listen_loop(shared: &Arc<Shared>, channel: &Arc<EventChannel>, _listen: CmId)
             }
             sys::RDMA_CM_EVENT_ESTABLISHED => {
                 if let Some(c) = shared.conns.lock().get(&(ev.id as usize)) {
-                    let _ = c.tx.lock().send(Message {
+                    let _ = c.tx.lock().send(Work::Request(Message {
                         kind: kind::WELCOME,
                         req: 0,
                         body: Vec::new(),
-                    });
+                    }));
                 }
             }
             sys::RDMA_CM_EVENT_DISCONNECTED
@@ -429,11 +436,11 @@ fn accept(shared: &Arc<Shared>, mut id: CmId) -> Result<()> {
         },
     });
     shared.conns.lock().insert(id.raw() as usize, conn.clone());
-    let (c1, c2, s2) = (conn.clone(), conn.clone(), shared.clone());
+    let (c1, s1, c2, s2) = (conn.clone(), shared.clone(), conn.clone(), shared.clone());
     let (c3, s3) = (conn.clone(), shared.clone());
     std::thread::Builder::new()
         .name(format!("dmkit-rdma-cq-{conn_id}"))
-        .spawn(move || poll_loop(&c1, &cq))?;
+        .spawn(move || poll_loop(&s1, &c1, &cq))?;
     std::thread::Builder::new()
         .name(format!("dmkit-rdma-srv-{conn_id}"))
         .spawn(move || worker(&s2, &c2, &rx))?;
@@ -448,7 +455,7 @@ fn accept(shared: &Arc<Shared>, mut id: CmId) -> Result<()> {
     Ok(())
 }
 
-fn poll_loop(conn: &Conn, cq: &Cq) {
+fn poll_loop(shared: &Shared, conn: &Conn, cq: &Cq) {
     let mut wcs = vec![sys::ibv_wc::default(); 32];
     while !conn.stop.load(Ordering::SeqCst) {
         let n = match cq.poll(&mut wcs) {
@@ -473,12 +480,37 @@ fn poll_loop(conn: &Conn, cq: &Cq) {
                 continue;
             }
             match conn.chan.on_recv(wc.wr_id, wc.byte_len as usize) {
-                Ok(Some(m)) => {
-                    let _ = if m.kind == kind::PERSIST {
-                        conn.persist_tx.lock().send(m)
-                    } else {
-                        conn.tx.lock().send(m)
+                Ok(Some(m)) if m.kind == kind::PERSIST => {
+                    let _ = conn.persist_tx.lock().send(Work::Request(m));
+                }
+                Ok(Some(m))
+                    if m.kind == kind::RPC
+                        && !shared.paused.load(Ordering::SeqCst)
+                        && shared.node.is_quick_rpc(&m.body) =>
+                {
+                    // Answered here: no hand-off to the worker (its wake-up is most of what
+                    // a heartbeat costs). The reply goes out now if that cannot wait, else
+                    // the worker sends it: this thread must never wait for credits.
+                    let (kind, body) = answer_rpc(shared, conn, &m.body);
+                    let reply = Message {
+                        kind,
+                        req: m.req,
+                        body,
                     };
+                    match conn.chan.try_send(reply.kind, reply.req, &reply.body) {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            let _ = conn.tx.lock().send(Work::Reply(reply));
+                        }
+                        Err(e) => {
+                            tracing::warn!(peer = %conn.peer.addr, error = %e, "cannot reply; closing");
+                            conn.close();
+                            return;
+                        }
+                    }
+                }
+                Ok(Some(m)) => {
+                    let _ = conn.tx.lock().send(Work::Request(m));
                 }
                 Ok(None) => {}
                 Err(e) => {
@@ -494,15 +526,33 @@ fn poll_loop(conn: &Conn, cq: &Cq) {
     conn.id.qp_to_error();
 }
 
-fn worker(shared: &Shared, conn: &Conn, rx: &mpsc::Receiver<Message>) {
+/// An RPC's reply: its kind and body.
+fn answer_rpc(shared: &Shared, conn: &Conn, body: &[u8]) -> (u8, Vec<u8>) {
+    match shared.node.rpc(&conn.peer, body) {
+        Ok(r) => (kind::RPC_OK, r),
+        Err(e) => (kind::RPC_ERR, e.into_bytes()),
+    }
+}
+
+fn worker(shared: &Shared, conn: &Conn, rx: &mpsc::Receiver<Work>) {
     let timeout = shared.cfg.op_timeout;
     while !conn.stop.load(Ordering::SeqCst) {
         // Blocks until a message comes or the connection closes (`Conn::close` wakes it): an
         // idle worker takes no timer wake-ups (each reads the clock, which on a guest whose
         // clock source is an emulated HPET is a slow system call, and steals a CPU the
         // serving threads need).
-        let Ok(m) = rx.recv() else {
-            return;
+        let m = match rx.recv() {
+            Ok(Work::Request(m)) => m,
+            Ok(Work::Reply(r)) => {
+                if let Err(e) = conn.chan.send(r.kind, r.req, &r.body, timeout) {
+                    tracing::warn!(peer = %conn.peer.addr, error = %e, "cannot reply; closing");
+                    conn.close();
+                    return;
+                }
+                continue;
+            }
+            Ok(Work::Wake) => continue,
+            Err(_) => return,
         };
         if conn.stop.load(Ordering::SeqCst) {
             return;
@@ -526,10 +576,7 @@ fn worker(shared: &Shared, conn: &Conn, rx: &mpsc::Receiver<Message>) {
                     }
                 }
             }
-            kind::RPC => match shared.node.rpc(&conn.peer, &m.body) {
-                Ok(r) => (kind::RPC_OK, r),
-                Err(e) => (kind::RPC_ERR, e.into_bytes()),
-            },
+            kind::RPC => answer_rpc(shared, conn, &m.body),
             kind::PERSIST => (
                 kind::PERSIST_RESP,
                 vec![u8::from(!persist(shared, &m.body))],
