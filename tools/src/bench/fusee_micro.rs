@@ -25,6 +25,11 @@
 //! own cost to the operations) prints where each operation's time went: posting verbs,
 //! waiting for completions (of which the hand-over from the thread that polled the
 //! completion to the waiting one, "wake-up"), the allocator, encoding, the index.
+//! On rdma, `fusee_rdma_<op>_vs_read64` (r = 1) and `..._vs_read64_r3` put each operation's
+//! p50 in the fabric's own unit: perftest's 64-byte READ latency (`ib_read_lat`, run between
+//! two processes on the same device right after that r's operations), with the reference
+//! implementation's own figures on SoftRoCE as targets; `fusee_rdma_<op>_r3_vs_r1` compares
+//! the two.
 //! `DMKIT_MICRO_SLOW=<µs>` prints every operation slower than that with the tags of its
 //! rounds (which is how a fingerprint collision's extra rounds showed up in INSERT's tail).
 
