@@ -31,6 +31,8 @@ grep -q rxe0 /tmp/tier-rdma-devices.txt \
   || { echo "tier-rdma: the SoftRoCE guest shows no rxe0 device" >&2; exit 1; }
 
 cargo build -p dmkit-verbs --features rdma --tests
+# The rdma module's unit tests need no device (wire formats, slab classes, send signalling).
+cargo test -p dmkit-verbs --features rdma --lib rdma::
 # One case is skipped on SoftRoCE: rxe copies payloads with the kernel's memcpy, which does
 # not keep 8-aligned words whole between a concurrent READ and WRITE (3 torn words seen in 1 of
 # 3 runs); NICs DMA whole cache lines. docs/RDMA.md records it; every other case must pass.

@@ -305,8 +305,7 @@ impl Chan {
     /// (or fewer) is left free — so that a sender short of slots is never left waiting on
     /// sends nobody will report.
     fn wants_signal(&self, unknown: u32) -> bool {
-        let every = SIGNAL_EVERY.min(self.depth / 2).max(1);
-        (unknown + 1) % every == 0 || self.depth.saturating_sub(unknown + 1) <= self.depth / 4
+        wants_signal(self.depth, unknown)
     }
 
     /// A send completed (successfully or flushed): its slot, and every slot posted before it
@@ -316,12 +315,9 @@ impl Chan {
     pub fn on_send_done(&self, wr_id: u64) {
         let slot = (wr_id & !TAG_MASK) as u32;
         let mut posted = self.posted.lock();
-        let Some(at) = posted.iter().position(|s| *s == slot) else {
+        if !release_through(&mut posted, slot, &mut self.free_send.lock()) {
             return;
-        };
-        let mut free = self.free_send.lock();
-        free.extend(posted.drain(..=at));
-        drop(free);
+        }
         drop(posted);
         self.send_cv.notify_all();
     }
@@ -394,5 +390,77 @@ impl Chan {
         let mut c = self.credits.lock();
         c.owed = 0;
         self.send_cv.notify_all();
+    }
+}
+
+/// [`Chan::wants_signal`] for `depth` send slots.
+fn wants_signal(depth: u32, unknown: u32) -> bool {
+    let every = SIGNAL_EVERY.min(depth / 2).max(1);
+    (unknown + 1) % every == 0 || depth.saturating_sub(unknown + 1) <= depth / 4
+}
+
+/// A completion of `slot`: moves it and every slot posted before it from `posted` to `free`;
+/// false (nothing moved) when `slot` is not listed.
+fn release_through(
+    posted: &mut std::collections::VecDeque<u32>,
+    slot: u32,
+    free: &mut Vec<u32>,
+) -> bool {
+    let Some(at) = posted.iter().position(|s| *s == slot) else {
+        return false;
+    };
+    free.extend(posted.drain(..=at));
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+
+    use super::*;
+
+    /// Sends with completions only for the signalled ones, delivered late: a sender never
+    /// runs out of slots for good, at most `SIGNAL_EVERY - 1` sends in a row go unsignalled,
+    /// and every slot comes back exactly once.
+    #[test]
+    fn unsignalled_sends_always_get_their_slots_back() {
+        for depth in [1u32, 2, 4, 16, 64] {
+            let mut free: Vec<u32> = (0..depth).collect();
+            let mut posted = VecDeque::new();
+            let mut due: VecDeque<u32> = VecDeque::new(); // signalled, not yet completed
+            let mut in_a_row = 0;
+            for i in 0..10_000u32 {
+                // Completions arrive two sends late (or at once when nothing else is free).
+                while due.len() > 2 || (free.is_empty() && !due.is_empty()) {
+                    let s = due.pop_front().unwrap();
+                    assert!(release_through(&mut posted, s, &mut free));
+                }
+                let slot = free.pop().unwrap_or_else(|| {
+                    panic!("depth {depth}: no slot at send {i}, nothing signalled")
+                });
+                if wants_signal(depth, posted.len() as u32) {
+                    due.push_back(slot);
+                    in_a_row = 0;
+                } else {
+                    in_a_row += 1;
+                    assert!(in_a_row < SIGNAL_EVERY);
+                }
+                posted.push_back(slot);
+            }
+            while let Some(s) = due.pop_front() {
+                release_through(&mut posted, s, &mut free);
+            }
+            // What is left are the unsignalled sends after the last signalled one (the next
+            // signalled send returns them): fewer than a signalling period.
+            assert!(
+                posted.len() < SIGNAL_EVERY as usize,
+                "depth {depth}: {posted:?}"
+            );
+            free.extend(posted.drain(..));
+            free.sort_unstable();
+            assert_eq!(free, (0..depth).collect::<Vec<_>>());
+            // A completion of a slot already returned is ignored.
+            assert!(!release_through(&mut posted, 0, &mut free));
+        }
     }
 }
