@@ -284,6 +284,9 @@ pub async fn claim_master(
 /// A completed DELETE round: (epoch, slot offset, value replaced).
 type DeleteRound = (u64, u64, u64);
 
+/// A request that takes this long to answer is logged at WARN.
+const SLOW_RPC: std::time::Duration = std::time::Duration::from_millis(300);
+
 /// Claims of DELETE rounds a node remembers.
 const CLAIMS_KEPT: usize = 4096;
 
@@ -473,8 +476,16 @@ impl Memnode {
     fn handle(&self, peer: &Peer, req: &[u8]) -> Vec<u8> {
         let t = std::time::Instant::now();
         let r = self.handle_untimed(peer, req);
-        metrics::histogram!("dmkit_memnode_rpc_seconds", "kind" => rpc_kind(req.first().copied()))
-            .record(t.elapsed().as_secs_f64());
+        let (kind, took) = (rpc_kind(req.first().copied()), t.elapsed());
+        metrics::histogram!("dmkit_memnode_rpc_seconds", "kind" => kind).record(took.as_secs_f64());
+        if took >= SLOW_RPC {
+            // Whoever asked (a client allocating, the master) waited as long.
+            tracing::warn!(
+                kind,
+                ms = took.as_millis() as u64,
+                "slow memory-node request"
+            );
+        }
         r
     }
 

@@ -435,8 +435,33 @@ impl MemoryNode {
         data: &[u8],
         dst: &mut [u8],
     ) -> Result<u64, AccessFault> {
+        self.execute_deferring(op, rkey, addr, len, data, dst, None)
+    }
+
+    /// [`MemoryNode::execute`]; with `defer`, what the verb has to persist (a durable write,
+    /// an atomic on NVM) is added to it instead of persisted here — for a server that
+    /// persists a whole batch's ranges together before it answers, as the `rdma` backend's
+    /// persist request does after a batch.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn execute_deferring(
+        &self,
+        op: OpKind,
+        rkey: RKey,
+        addr: u64,
+        len: u32,
+        data: &[u8],
+        dst: &mut [u8],
+        mut defer: Option<&mut Persists>,
+    ) -> Result<u64, AccessFault> {
         let r = self.lookup(rkey, addr, u64::from(len), op)?;
         let off = (addr - r.desc.base) as usize;
+        let mut persist = |off: usize, len: usize| match defer.as_deref_mut() {
+            Some(d) => {
+                d.add(rkey, &r.mem, off, len);
+                Ok(())
+            }
+            None => r.mem.persist(off, len),
+        };
         match op {
             OpKind::Read => {
                 debug_assert_eq!(dst.len(), len as usize);
@@ -448,7 +473,7 @@ impl MemoryNode {
                 r.mem.write(off, data)?;
                 r.mem.wrote(off, data.len());
                 if durable {
-                    r.mem.persist(off, data.len())?;
+                    persist(off, data.len())?;
                 }
                 Ok(0)
             }
@@ -466,7 +491,7 @@ impl MemoryNode {
                     r.mem.wrote(off, 8);
                 }
                 if r.desc.media == Media::Nvm {
-                    r.mem.persist(off, 8)?;
+                    persist(off, 8)?;
                 }
                 Ok(old)
             }
@@ -477,7 +502,7 @@ impl MemoryNode {
                 let old = r.mem.faa(off, add)?;
                 r.mem.wrote(off, 8);
                 if r.desc.media == Media::Nvm {
-                    r.mem.persist(off, 8)?;
+                    persist(off, 8)?;
                 }
                 Ok(old)
             }
@@ -485,10 +510,154 @@ impl MemoryNode {
     }
 }
 
+/// Ranges a batch's verbs left to persist ([`MemoryNode::execute_deferring`]).
+#[derive(Default)]
+pub(crate) struct Persists(Vec<(RKey, RegionMemory, usize, usize)>);
+
+/// Ranges of one region closer than this are persisted as one (a flush is by page).
+const PERSIST_MERGE_GAP: usize = 4096;
+
+impl Persists {
+    pub(crate) fn add(&mut self, rkey: RKey, mem: &RegionMemory, off: usize, len: usize) {
+        // (A run of neighbouring verbs — a split's freeze, a value's chunks — extends the
+        // last range instead of adding one.)
+        if let Some((k, _, start, l)) = self.0.last_mut() {
+            let end = *start + *l;
+            if *k == rkey && off >= *start && off <= end + PERSIST_MERGE_GAP {
+                *l = (off + len).max(end) - *start;
+                return;
+            }
+        }
+        self.0.push((rkey, mem.clone(), off, len));
+    }
+
+    /// Whether nothing is left to persist.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Persists every range, neighbours merged: one flush (one `msync` on a pool file) per
+    /// run of nearby ranges rather than one per verb — a split's freeze of a subtable is
+    /// thousands of CASes on one stretch of memory.
+    pub(crate) fn run(mut self) -> Result<(), AccessFault> {
+        self.0.sort_by_key(|(k, _, off, _)| (k.0, *off));
+        let mut i = 0;
+        while i < self.0.len() {
+            let (k, mem, start, len) = &self.0[i];
+            let mut end = start + len;
+            let mut j = i + 1;
+            while let Some((k2, _, s2, l2)) = self.0.get(j) {
+                if k2 != k || *s2 > end + PERSIST_MERGE_GAP {
+                    break;
+                }
+                end = end.max(s2 + l2);
+                j += 1;
+            }
+            mem.persist(*start, end - start)?;
+            i = j;
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::DramBacking;
+
+    /// NVM that records its persist calls.
+    #[derive(Debug)]
+    struct Recorded {
+        words: Box<[std::sync::atomic::AtomicU64]>,
+        persisted: parking_lot::Mutex<Vec<(usize, usize)>>,
+    }
+
+    impl crate::Backing for Recorded {
+        fn as_ptr(&self) -> *mut u8 {
+            self.words.as_ptr() as *mut u8
+        }
+        fn len(&self) -> usize {
+            self.words.len() * 8
+        }
+        fn media(&self) -> Media {
+            Media::Nvm
+        }
+        fn persist(&self, offset: usize, len: usize) -> std::io::Result<()> {
+            self.persisted.lock().push((offset, len));
+            Ok(())
+        }
+    }
+
+    /// A batch's deferred persists: thousands of neighbouring CASes (an index split's freeze)
+    /// are one flush; distant ranges and other regions are their own; nothing is persisted
+    /// before `run`.
+    #[test]
+    fn deferred_persists_merge_neighbours_into_one_flush() {
+        let n = MemoryNode::new(NodeId(1));
+        let rec = Arc::new(Recorded {
+            words: (0..(1 << 16)).map(|_| Default::default()).collect(),
+            persisted: Default::default(),
+        });
+        let d = n.register(rec.clone(), Access::ALL, None).unwrap();
+        let mut p = Persists::default();
+        for i in 0..5376u64 {
+            let cas = OpKind::Cas {
+                expect: 0,
+                new: i + 1,
+            };
+            n.execute_deferring(cas, d.rkey, d.base + 8 * i, 8, &[], &mut [], Some(&mut p))
+                .unwrap();
+        }
+        // Out of order and a page away: still merged; far away: its own.
+        let w = OpKind::Write { durable: true };
+        n.execute_deferring(
+            w,
+            d.rkey,
+            d.base + 43_008 + 4096,
+            8,
+            &[7; 8],
+            &mut [],
+            Some(&mut p),
+        )
+        .unwrap();
+        n.execute_deferring(w, d.rkey, d.base + 16, 8, &[7; 8], &mut [], Some(&mut p))
+            .unwrap();
+        n.execute_deferring(
+            w,
+            d.rkey,
+            d.base + 400_000,
+            8,
+            &[7; 8],
+            &mut [],
+            Some(&mut p),
+        )
+        .unwrap();
+        // (A plain write is not persisted at all.)
+        let plain = OpKind::Write { durable: false };
+        n.execute_deferring(
+            plain,
+            d.rkey,
+            d.base + 200_000,
+            8,
+            &[1; 8],
+            &mut [],
+            Some(&mut p),
+        )
+        .unwrap();
+        assert!(
+            rec.persisted.lock().is_empty(),
+            "persisted before the batch's end"
+        );
+        p.run().unwrap();
+        assert_eq!(
+            *rec.persisted.lock(),
+            vec![(0, 43_008 + 4096 + 8), (400_000, 8)]
+        );
+        // Without deferral every verb persists at once, as before.
+        n.execute(OpKind::Faa { add: 1 }, d.rkey, d.base, 8, &[], &mut [])
+            .unwrap();
+        assert_eq!(rec.persisted.lock().last(), Some(&(0, 8)));
+    }
 
     fn node_with_region() -> (MemoryNode, RegionDesc) {
         let n = MemoryNode::new(NodeId(1));

@@ -1080,7 +1080,20 @@ fn phase(
                     };
                     let t = Instant::now();
                     let res = w.write_all(&cmd).and_then(|_| read_reply(r));
-                    worst = worst.max(t.elapsed());
+                    let waited = t.elapsed();
+                    worst = worst.max(waited);
+                    if waited >= Duration::from_secs(1) {
+                        // (With the time of day, to find it in the gateway's log.)
+                        let at = std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .unwrap_or_default();
+                        eprintln!(
+                            "soak: gateway prober {i} waited {:.2} s for {} {key} (answered at unix {:.3})",
+                            waited.as_secs_f64(),
+                            if n % 2 == 0 { "SET" } else { "GET" },
+                            at.as_secs_f64()
+                        );
+                    }
                     ops += 1;
                     match res {
                         Ok(false) => {}

@@ -498,6 +498,10 @@ fn name_of(arg: &[u8], slot: Option<(usize, &'static str)>) -> Cow<'static, str>
     }
 }
 
+/// A command on keys that takes this long (from its submission to its reply) is logged at
+/// WARN: a client waits that long for an answer.
+const SLOW_COMMAND: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// A command on keys for the dispatcher, and where its reply goes.
 struct Job {
     run: BoxFuture<Reply>,
@@ -1030,9 +1034,18 @@ fn submit(s: &Arc<Shared>, args: Vec<Vec<u8>>) -> BoxFuture<Reply> {
     let job = Job {
         run: Box::pin(async move {
             let reply = execute_keyed(&s2, &args).await;
+            let took = started.elapsed();
             // (Only the commands on keys come here: a small, known set of labels.)
             if let Some(h) = s2.latency_of(args.first().map_or(&[][..], |a| a.as_slice())) {
-                h.record(started.elapsed().as_secs_f64());
+                h.record(took.as_secs_f64());
+            }
+            if took >= SLOW_COMMAND {
+                tracing::warn!(
+                    command = %String::from_utf8_lossy(args.first().map_or(&[][..], |a| a.as_slice())),
+                    ms = took.as_millis() as u64,
+                    error = matches!(reply, Reply::Error(_)),
+                    "slow command"
+                );
             }
             reply
         }),

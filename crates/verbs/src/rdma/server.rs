@@ -596,17 +596,30 @@ fn worker(shared: &Shared, conn: &Conn, rx: &mpsc::Receiver<Work>) {
 
 /// Persists the ranges `(rkey u32, off u64, len u64)*` a client wrote durably; false if any
 /// failed or is not a range of a region.
+///
+/// Neighbouring ranges are persisted as one (a batch of thousands of CASes on one stretch of
+/// a pool file — an index split's freeze — is one `msync`, not thousands).
 fn persist(shared: &Shared, body: &[u8]) -> bool {
-    body.chunks(20).all(|e| {
+    let mut ranges = crate::node::Persists::default();
+    let mut last: Option<(RKey, crate::RegionMemory)> = None;
+    for e in body.chunks(20) {
         if e.len() != 20 {
             return false;
         }
         let rkey = RKey(u32::from_le_bytes(e[0..4].try_into().expect("4")));
         let off = u64::from_le_bytes(e[4..12].try_into().expect("8")) as usize;
         let len = u64::from_le_bytes(e[12..20].try_into().expect("8")) as usize;
-        shared
-            .node
-            .memory(rkey)
-            .is_some_and(|m| m.persist(off, len).is_ok())
-    })
+        let mem = match &last {
+            Some((k, m)) if *k == rkey => m.clone(),
+            _ => match shared.node.memory(rkey) {
+                Some(m) => {
+                    last = Some((rkey, m.clone()));
+                    m
+                }
+                None => return false,
+            },
+        };
+        ranges.add(rkey, &mem, off, len);
+    }
+    ranges.run().is_ok()
 }

@@ -580,18 +580,47 @@ fn execute_batch(
         may_persist && node.media_of(rkey) == Some(crate::types::Media::Nvm)
     });
     if persists {
-        runtime::blocking(|| run_batch(node, &wrs, out, tally));
+        let t = std::time::Instant::now();
+        runtime::blocking(|| run_batch(node, &wrs, out, tally, true));
+        let took = t.elapsed();
+        if took >= SLOW_PERSIST {
+            // Every request behind it on this connection waited as long.
+            let count = |f: fn(&OpKind) -> bool| wrs.iter().filter(|w| f(&w.0)).count();
+            tracing::warn!(
+                node = %node.id(),
+                ms = took.as_millis() as u64,
+                requests = wrs.len(),
+                durable_writes = count(|k| matches!(k, OpKind::Write { durable: true })),
+                atomics = count(|k| matches!(k, OpKind::Cas { .. } | OpKind::Faa { .. })),
+                bytes = wrs.iter().map(|w| u64::from(w.3)).sum::<u64>(),
+                "a durable batch took long to persist (a pool file's msync on a busy disk?)"
+            );
+        }
     } else {
-        run_batch(node, &wrs, out, tally);
+        run_batch(node, &wrs, out, tally, false);
     }
     Ok(())
 }
 
+/// A batch that persists for this long is logged at WARN (with its time).
+const SLOW_PERSIST: std::time::Duration = std::time::Duration::from_millis(300);
+
 /// A decoded work request of a batch frame: kind, rkey, address, length, data.
 type WorkRequest<'a> = (OpKind, crate::types::RKey, u64, u32, &'a [u8]);
 
-/// Executes a decoded batch in order, appending its response payload to `out`.
-fn run_batch(node: &MemoryNode, wrs: &[WorkRequest<'_>], out: &mut Vec<u8>, tally: &mut Tally) {
+/// Executes a decoded batch in order, appending its response payload to `out`. With
+/// `persist_at_end`, what its verbs persist (durable writes, atomics on NVM) is persisted
+/// after the last one executed, ranges merged, before the answer — as on `rdma`, where the
+/// batch's persist request follows it: a batch of thousands of CASes on one stretch of a
+/// pool file (an index split's freeze) is one `msync`, not thousands.
+fn run_batch(
+    node: &MemoryNode,
+    wrs: &[WorkRequest<'_>],
+    out: &mut Vec<u8>,
+    tally: &mut Tally,
+    persist_at_end: bool,
+) {
+    let mut persists = persist_at_end.then(crate::node::Persists::default);
     let status_at = out.len();
     out.push(0); // status
     out.extend_from_slice(&0u32.to_le_bytes()); // executed count
@@ -610,7 +639,7 @@ fn run_batch(node: &MemoryNode, wrs: &[WorkRequest<'_>], out: &mut Vec<u8>, tall
                 r
             }
             _ => node
-                .execute(kind, rkey, addr, len, data, &mut [])
+                .execute_deferring(kind, rkey, addr, len, data, &mut [], persists.as_mut())
                 .inspect(|old| {
                     if matches!(kind, OpKind::Cas { .. } | OpKind::Faa { .. }) {
                         results.extend_from_slice(&old.to_le_bytes());
@@ -631,6 +660,15 @@ fn run_batch(node: &MemoryNode, wrs: &[WorkRequest<'_>], out: &mut Vec<u8>, tall
                 fault = Some((i, f));
                 break;
             }
+        }
+    }
+    if let Some(p) = persists.filter(|p| !p.is_empty()) {
+        if let Err(f) = p.run() {
+            // Nothing of the batch is known durable: it failed at its first request (as a
+            // batch whose first verb's flush failed; its effects, as then, stay in memory).
+            done = 0;
+            results.clear();
+            fault = Some((0, f));
         }
     }
     out[status_at + 1..status_at + 5].copy_from_slice(&done.to_le_bytes());
