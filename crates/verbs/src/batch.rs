@@ -142,7 +142,10 @@ impl Batch {
     }
 
     /// WRITE that completes only once the data is durable (on a persistent region; on DRAM it
-    /// is an ordinary write).
+    /// is an ordinary write). Whether it is durable before the batch's next verb runs:
+    /// [`crate::Endpoint::durable_in_order`]. (A batch's atomics on a persistent region are
+    /// durable by its end, before it completes — a backend may flush them together, so other
+    /// clients may read them before they are durable, as from an RDMA NIC.)
     pub fn write_durable(&mut self, remote: RemoteAddr, data: &[u8]) -> OpIdx {
         self.write_impl(remote, data, true)
     }

@@ -438,10 +438,12 @@ impl MemoryNode {
         self.execute_deferring(op, rkey, addr, len, data, dst, None)
     }
 
-    /// [`MemoryNode::execute`]; with `defer`, what the verb has to persist (a durable write,
-    /// an atomic on NVM) is added to it instead of persisted here — for a server that
-    /// persists a whole batch's ranges together before it answers, as the `rdma` backend's
-    /// persist request does after a batch.
+    /// [`MemoryNode::execute`]; with `defer`, what an atomic on NVM has to persist is added
+    /// to it instead of persisted here — for a server that persists a batch's atomics
+    /// together before it answers, as the `rdma` backend's persist request does after a
+    /// batch. A durable write still persists at once, after everything deferred before it:
+    /// it is durable before the batch's next verb runs ([`crate::Endpoint::durable_in_order`]),
+    /// with every verb before it.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn execute_deferring(
         &self,
@@ -455,12 +457,13 @@ impl MemoryNode {
     ) -> Result<u64, AccessFault> {
         let r = self.lookup(rkey, addr, u64::from(len), op)?;
         let off = (addr - r.desc.base) as usize;
-        let mut persist = |off: usize, len: usize| match defer.as_deref_mut() {
+        // (An atomic's 8 bytes: now, or with the batch's others.)
+        let persist_word = |defer: Option<&mut Persists>, off: usize| match defer {
             Some(d) => {
-                d.add(rkey, &r.mem, off, len);
+                d.add(rkey, &r.mem, off, 8);
                 Ok(())
             }
-            None => r.mem.persist(off, len),
+            None => r.mem.persist(off, 8),
         };
         match op {
             OpKind::Read => {
@@ -473,7 +476,10 @@ impl MemoryNode {
                 r.mem.write(off, data)?;
                 r.mem.wrote(off, data.len());
                 if durable {
-                    persist(off, data.len())?;
+                    if let Some(d) = defer.as_deref_mut() {
+                        std::mem::take(d).run()?;
+                    }
+                    r.mem.persist(off, data.len())?;
                 }
                 Ok(0)
             }
@@ -491,7 +497,7 @@ impl MemoryNode {
                     r.mem.wrote(off, 8);
                 }
                 if r.desc.media == Media::Nvm {
-                    persist(off, 8)?;
+                    persist_word(defer.as_deref_mut(), off)?;
                 }
                 Ok(old)
             }
@@ -502,7 +508,7 @@ impl MemoryNode {
                 let old = r.mem.faa(off, add)?;
                 r.mem.wrote(off, 8);
                 if r.desc.media == Media::Nvm {
-                    persist(off, 8)?;
+                    persist_word(defer.as_deref_mut(), off)?;
                 }
                 Ok(old)
             }
@@ -589,8 +595,8 @@ mod tests {
     }
 
     /// A batch's deferred persists: thousands of neighbouring CASes (an index split's freeze)
-    /// are one flush; distant ranges and other regions are their own; nothing is persisted
-    /// before `run`.
+    /// are one flush, distant ranges their own; a durable write flushes what was deferred
+    /// before it, then itself, at once.
     #[test]
     fn deferred_persists_merge_neighbours_into_one_flush() {
         let n = MemoryNode::new(NodeId(1));
@@ -608,31 +614,23 @@ mod tests {
             n.execute_deferring(cas, d.rkey, d.base + 8 * i, 8, &[], &mut [], Some(&mut p))
                 .unwrap();
         }
-        // Out of order and a page away: still merged; far away: its own.
+        assert!(
+            rec.persisted.lock().is_empty(),
+            "persisted before the batch's end"
+        );
+        // A durable write persists at once, after what was deferred before it (durable in
+        // order); a plain one not at all.
         let w = OpKind::Write { durable: true };
         n.execute_deferring(
             w,
             d.rkey,
-            d.base + 43_008 + 4096,
+            d.base + 50_000,
             8,
             &[7; 8],
             &mut [],
             Some(&mut p),
         )
         .unwrap();
-        n.execute_deferring(w, d.rkey, d.base + 16, 8, &[7; 8], &mut [], Some(&mut p))
-            .unwrap();
-        n.execute_deferring(
-            w,
-            d.rkey,
-            d.base + 400_000,
-            8,
-            &[7; 8],
-            &mut [],
-            Some(&mut p),
-        )
-        .unwrap();
-        // (A plain write is not persisted at all.)
         let plain = OpKind::Write { durable: false };
         n.execute_deferring(
             plain,
@@ -644,15 +642,16 @@ mod tests {
             Some(&mut p),
         )
         .unwrap();
-        assert!(
-            rec.persisted.lock().is_empty(),
-            "persisted before the batch's end"
-        );
+        assert_eq!(*rec.persisted.lock(), vec![(0, 43_008), (50_000, 8)]);
+        // Atomics out of order and a page apart merge; far apart they do not.
+        let add = OpKind::Faa { add: 1 };
+        for at in [60_000u64, 52_000, 56_000, 400_000] {
+            n.execute_deferring(add, d.rkey, d.base + at, 8, &[], &mut [], Some(&mut p))
+                .unwrap();
+        }
+        assert_eq!(rec.persisted.lock().len(), 2);
         p.run().unwrap();
-        assert_eq!(
-            *rec.persisted.lock(),
-            vec![(0, 43_008 + 4096 + 8), (400_000, 8)]
-        );
+        assert_eq!(rec.persisted.lock()[2..], [(52_000, 8_008), (400_000, 8)]);
         // Without deferral every verb persists at once, as before.
         n.execute(OpKind::Faa { add: 1 }, d.rkey, d.base, 8, &[], &mut [])
             .unwrap();

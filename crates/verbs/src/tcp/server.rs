@@ -609,9 +609,9 @@ const SLOW_PERSIST: std::time::Duration = std::time::Duration::from_millis(300);
 type WorkRequest<'a> = (OpKind, crate::types::RKey, u64, u32, &'a [u8]);
 
 /// Executes a decoded batch in order, appending its response payload to `out`. With
-/// `persist_at_end`, what its verbs persist (durable writes, atomics on NVM) is persisted
-/// after the last one executed, ranges merged, before the answer — as on `rdma`, where the
-/// batch's persist request follows it: a batch of thousands of CASes on one stretch of a
+/// `persist_at_end`, its atomics on NVM are persisted together (ranges merged) before the
+/// answer — as on `rdma`, where the batch's persist request follows it — or before its next
+/// durable write, which persists at once: a batch of thousands of CASes on one stretch of a
 /// pool file (an index split's freeze) is one `msync`, not thousands.
 fn run_batch(
     node: &MemoryNode,
