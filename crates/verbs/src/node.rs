@@ -497,7 +497,7 @@ impl MemoryNode {
                     r.mem.wrote(off, 8);
                 }
                 if r.desc.media == Media::Nvm {
-                    persist_word(defer.as_deref_mut(), off)?;
+                    persist_word(defer, off)?;
                 }
                 Ok(old)
             }
@@ -508,7 +508,7 @@ impl MemoryNode {
                 let old = r.mem.faa(off, add)?;
                 r.mem.wrote(off, 8);
                 if r.desc.media == Media::Nvm {
-                    persist_word(defer.as_deref_mut(), off)?;
+                    persist_word(defer, off)?;
                 }
                 Ok(old)
             }
