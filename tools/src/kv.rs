@@ -327,6 +327,14 @@ pub fn client_with(
     } else if let Some(w) = wait {
         cfg.failover_wait = w;
     }
+    // How many keys' addresses the client remembers (one round per SEARCH for those).
+    if let Ok(n) = std::env::var("DMKIT_ADDRESS_CACHE_ENTRIES") {
+        cfg.cache.capacity = n.trim().parse().ok().filter(|&n| n > 0).ok_or_else(|| {
+            CliError::usage(format!(
+                "DMKIT_ADDRESS_CACHE_ENTRIES={n} is not a positive number of entries"
+            ))
+        })?;
+    }
     let join = |m: String| CliError::with_code(format!("cannot join the cluster: {m}"), 3);
     // Connect (each unreachable node is reported at once), learn the cluster's uuid, and
     // hold the client id within that cluster.

@@ -151,8 +151,11 @@ impl ClientConfig {
     pub fn new(id: u64) -> Self {
         Self {
             id,
+            // A SEARCH of a key whose address is cached is one round trip, of any other key
+            // two: room for the keys of a loaded 100 000-key store and more (each entry is
+            // about 100 bytes and its key; only what is used is held).
             cache: AddressCacheConfig {
-                capacity: 1 << 16,
+                capacity: 1 << 18,
                 name: "fusee",
                 ..AddressCacheConfig::default()
             },
@@ -1735,7 +1738,10 @@ impl Inner {
     /// SEARCH through the address cache: the slot word and the object it should point to,
     /// read together (one round trip). `None` when the cache entry is stale.
     async fn cached_search_async(&self, key: &[u8], c: CachedAddr) -> Result<Option<Vec<u8>>> {
-        let slot_at = self.index().primary_slot_addr(c.pos);
+        // (A split since the key was cached moved its entry: same bucket and slot, in the
+        // subtable the directory now maps it to.)
+        let pos = self.index().current_pos(key, c.pos);
+        let slot_at = self.index().primary_slot_addr(pos);
         let obj = slot_addr(c.slot);
         let Some(obj_at) = self.view().acting(obj.node, obj.offset) else {
             return Ok(None);
@@ -1767,10 +1773,14 @@ impl Inner {
             Some(r) => r.read(oi),
             None => r_slot.read(oi),
         };
-        Ok(object::decode(bytes, obj)
+        let value = object::decode(bytes, obj)
             .filter(|o| o.key == key && o.generation == c.generation)
             .filter(|o| o.flags & object::FLAG_OUTDATED == 0)
-            .map(|o| o.value))
+            .map(|o| o.value);
+        if value.is_some() && pos != c.pos {
+            self.cache.insert(key.to_vec(), CachedAddr { pos, ..c });
+        }
+        Ok(value)
     }
 
     /// The generation of the object a raw slot value points to (0 for an empty slot).

@@ -219,6 +219,18 @@ impl RaceIndex {
         self.slot_addr(0, pos)
     }
 
+    /// Where `key`'s entry cached at `pos` is now, as this client's directory knows the
+    /// index: a split moves an entry to its new subtable at the same bucket and slot, so a
+    /// position cached before any number of splits is translated without a round (the
+    /// caller checks the slot word and the object it points to, as for any cached position:
+    /// a directory that does not know the split yet just gives the old position back).
+    pub fn current_pos(&self, key: &[u8], pos: SlotPos) -> SlotPos {
+        SlotPos {
+            subtable: self.lookup(&self.hash(key)).subtable,
+            ..pos
+        }
+    }
+
     /// Recovery of a crashed writer of `key` whose new slot value was `new` (0 for a DELETE,
     /// whose round proposed the tombstone of the key's slot word):
     /// finds where the round stands on the primary and the backups and finishes it — as the

@@ -784,12 +784,14 @@ pub(super) fn micro_value(i: u64, round: u8, len: usize) -> Vec<u8> {
 /// time.
 fn micro(args: &FuseeArgs, records: u64, value_bytes: usize) -> Result<(), CliError> {
     if args.backend != Backend::Sim {
+        // (Keys per operation kind: 300 quick, 4 000 by default, `--records` when given.)
+        let keys = args.records.unwrap_or(if args.quick { 300 } else { 4_000 });
         return super::fusee_micro::run(
             args.backend,
             args.quick,
             args.breakdown,
             args.json.as_deref(),
-            records,
+            keys,
             value_bytes,
         );
     }

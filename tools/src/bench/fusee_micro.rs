@@ -609,10 +609,9 @@ pub fn run(
     quick: bool,
     breakdown: bool,
     json: Option<&std::path::Path>,
-    records: u64,
+    keys: u64,
     value_bytes: usize,
 ) -> Result<(), CliError> {
-    let keys = records.min(if quick { 300 } else { 4_000 });
     let mut report = Report::new("fusee");
     report.config("backend", backend.to_string());
     report.config("quick", quick);
