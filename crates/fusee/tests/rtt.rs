@@ -329,3 +329,41 @@ fn with_r1_the_commit_record_rides_the_swap_only_on_the_primarys_node() {
         "every write merged its commit record ({merged}): objects all on the primary?"
     );
 }
+
+/// A key's cached address survives the index's splits: after enough inserts to split the
+/// index several times, the inserting client's SEARCH of every key is one round trip (a
+/// split moves an entry to the same bucket and slot of its new subtable; the client reads it
+/// where its directory now maps the key). Without that, every key a split moved cost a
+/// stale read and an uncached search, and the miss ratio turned the cache off.
+#[test]
+fn a_cached_address_survives_splits() {
+    const N: usize = 12_000;
+    let cluster = LocalCluster::start(LocalConfig::new(1, 1)).unwrap();
+    let c = warm(cluster.client(1).unwrap());
+    let key = |i: usize| format!("split-key-{i:06}").into_bytes();
+    let s0 = snapshot(&c);
+    for i in 0..N {
+        c.insert(&key(i), b"v").unwrap();
+    }
+    c.flush().unwrap();
+    let splits: u64 = split_tag_rounds(&snapshot(&c)) - split_tag_rounds(&s0);
+    assert!(splits > 0, "{N} inserts did not split the index: the test needs a split");
+    let s1 = snapshot(&c);
+    for i in 0..N {
+        assert_eq!(c.search(&key(i)).unwrap().as_deref(), Some(&b"v"[..]));
+    }
+    let s2 = snapshot(&c);
+    let (crit, _) = split(&s1, &s2);
+    assert_eq!(
+        crit, N as u64,
+        "SEARCH of {N} cached keys after {splits} split round trips took {crit} round trips"
+    );
+}
+
+/// Round trips tagged as the index's split.
+fn split_tag_rounds(s: &[(Tag, TagStats)]) -> u64 {
+    s.iter()
+        .filter(|(t, _)| t.to_string().contains("split"))
+        .map(|(_, st)| st.round_trips)
+        .sum()
+}
