@@ -347,7 +347,10 @@ fn a_cached_address_survives_splits() {
     }
     c.flush().unwrap();
     let splits: u64 = split_tag_rounds(&snapshot(&c)) - split_tag_rounds(&s0);
-    assert!(splits > 0, "{N} inserts did not split the index: the test needs a split");
+    assert!(
+        splits > 0,
+        "{N} inserts did not split the index: the test needs a split"
+    );
     let s1 = snapshot(&c);
     for i in 0..N {
         assert_eq!(c.search(&key(i)).unwrap().as_deref(), Some(&b"v"[..]));
