@@ -371,7 +371,7 @@ impl MemoryNode {
         {
             return Err(AccessFault::OutOfBounds);
         }
-        self.execute(wr.kind, wr.rkey, wr.addr, wr.len, wr.data, dst)
+        self.execute(wr.kind, wr.rkey, wr.addr, wr.len, wr.data, dst, None)
     }
 
     /// Executes a whole batch here, in order — what an in-process backend does with a posted
@@ -382,7 +382,7 @@ impl MemoryNode {
         let mut olds = vec![0u64; ops.len()];
         for (i, op) in ops.iter().enumerate() {
             let (data, dst) = crate::batch::op_io(op, &mut bufs);
-            match self.execute(op.kind, op.rkey, op.addr, op.len, data, dst) {
+            match self.execute(op.kind, op.rkey, op.addr, op.len, data, dst, None) {
                 Ok(old) => olds[i] = old,
                 Err(fault) => {
                     return Err(crate::Error::refused(node, i, op, fault));
@@ -426,26 +426,15 @@ impl MemoryNode {
     /// The soft NIC: executes one verb. Reads fill `dst` (exactly `len` bytes); writes take
     /// `data` (exactly `len` bytes); atomics return the old value. Every check happens before
     /// memory is touched.
-    pub(crate) fn execute(
-        &self,
-        op: OpKind,
-        rkey: RKey,
-        addr: u64,
-        len: u32,
-        data: &[u8],
-        dst: &mut [u8],
-    ) -> Result<u64, AccessFault> {
-        self.execute_deferring(op, rkey, addr, len, data, dst, None)
-    }
-
-    /// [`MemoryNode::execute`]; with `defer`, what an atomic on NVM has to persist is added
+    ///
+    /// With `defer`, what an atomic on NVM has to persist is added
     /// to it instead of persisted here — for a server that persists a batch's atomics
     /// together before it answers, as the `rdma` backend's persist request does after a
     /// batch. A durable write still persists at once, after everything deferred before it:
     /// it is durable before the batch's next verb runs ([`crate::Endpoint::durable_in_order`]),
     /// with every verb before it.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn execute_deferring(
+    pub(crate) fn execute(
         &self,
         op: OpKind,
         rkey: RKey,
@@ -516,7 +505,7 @@ impl MemoryNode {
     }
 }
 
-/// Ranges a batch's verbs left to persist ([`MemoryNode::execute_deferring`]).
+/// Ranges a batch's verbs left to persist ([`MemoryNode::execute`]).
 #[derive(Default)]
 pub(crate) struct Persists(Vec<(RKey, RegionMemory, usize, usize)>);
 
@@ -611,7 +600,7 @@ mod tests {
                 expect: 0,
                 new: i + 1,
             };
-            n.execute_deferring(cas, d.rkey, d.base + 8 * i, 8, &[], &mut [], Some(&mut p))
+            n.execute(cas, d.rkey, d.base + 8 * i, 8, &[], &mut [], Some(&mut p))
                 .unwrap();
         }
         assert!(
@@ -621,7 +610,7 @@ mod tests {
         // A durable write persists at once, after what was deferred before it (durable in
         // order); a plain one not at all.
         let w = OpKind::Write { durable: true };
-        n.execute_deferring(
+        n.execute(
             w,
             d.rkey,
             d.base + 50_000,
@@ -632,7 +621,7 @@ mod tests {
         )
         .unwrap();
         let plain = OpKind::Write { durable: false };
-        n.execute_deferring(
+        n.execute(
             plain,
             d.rkey,
             d.base + 200_000,
@@ -646,15 +635,23 @@ mod tests {
         // Atomics out of order and a page apart merge; far apart they do not.
         let add = OpKind::Faa { add: 1 };
         for at in [60_000u64, 52_000, 56_000, 400_000] {
-            n.execute_deferring(add, d.rkey, d.base + at, 8, &[], &mut [], Some(&mut p))
+            n.execute(add, d.rkey, d.base + at, 8, &[], &mut [], Some(&mut p))
                 .unwrap();
         }
         assert_eq!(rec.persisted.lock().len(), 2);
         p.run().unwrap();
         assert_eq!(rec.persisted.lock()[2..], [(52_000, 8_008), (400_000, 8)]);
         // Without deferral every verb persists at once, as before.
-        n.execute(OpKind::Faa { add: 1 }, d.rkey, d.base, 8, &[], &mut [])
-            .unwrap();
+        n.execute(
+            OpKind::Faa { add: 1 },
+            d.rkey,
+            d.base,
+            8,
+            &[],
+            &mut [],
+            None,
+        )
+        .unwrap();
         assert_eq!(rec.persisted.lock().last(), Some(&(0, 8)));
     }
 
@@ -687,19 +684,19 @@ mod tests {
             let d = n.register(Arc::new(b), Access::ALL, None).unwrap();
             let cas = OpKind::Cas { expect: 0, new: 7 };
             assert_eq!(
-                n.execute(cas, d.rkey, d.base + 64, 8, &[], &mut [])
+                n.execute(cas, d.rkey, d.base + 64, 8, &[], &mut [], None)
                     .unwrap(),
                 0
             );
             // A failed CAS returns a value another client swapped in: persisted too.
             assert_eq!(
-                n.execute(cas, d.rkey, d.base + 64, 8, &[], &mut [])
+                n.execute(cas, d.rkey, d.base + 64, 8, &[], &mut [], None)
                     .unwrap(),
                 7
             );
             let faa = OpKind::Faa { add: 1 };
             assert_eq!(
-                n.execute(faa, d.rkey, d.base + 128, 8, &[], &mut [])
+                n.execute(faa, d.rkey, d.base + 128, 8, &[], &mut [], None)
                     .unwrap(),
                 0
             );
@@ -744,9 +741,10 @@ mod tests {
             8,
             &[7; 8],
             &mut [],
+            None,
         );
         assert_eq!(w, Err(AccessFault::Fenced));
-        let r = n.execute(OpKind::Read, d.rkey, d.base, 8, &[], &mut buf);
+        let r = n.execute(OpKind::Read, d.rkey, d.base, 8, &[], &mut buf, None);
         assert_eq!(r, Err(AccessFault::Fenced));
         assert_eq!(buf, [0; 8], "a fenced write touched nothing");
         n.set_fenced(false);
@@ -757,9 +755,10 @@ mod tests {
             8,
             &[7; 8],
             &mut [],
+            None,
         )
         .unwrap();
-        n.execute(OpKind::Read, d.rkey, d.base, 8, &[], &mut buf)
+        n.execute(OpKind::Read, d.rkey, d.base, 8, &[], &mut buf, None)
             .unwrap();
         assert_eq!(buf, [7; 8]);
     }
@@ -774,6 +773,7 @@ mod tests {
             8,
             &[9; 8],
             &mut [],
+            None,
         )
         .unwrap();
         let fresh = n.rekey(d.rkey).unwrap();
@@ -781,10 +781,10 @@ mod tests {
         assert_eq!((fresh.base, fresh.len), (d.base, d.len));
         let mut buf = [0u8; 8];
         assert_eq!(
-            n.execute(OpKind::Read, d.rkey, d.base, 8, &[], &mut buf),
+            n.execute(OpKind::Read, d.rkey, d.base, 8, &[], &mut buf, None),
             Err(AccessFault::UnknownRkey)
         );
-        n.execute(OpKind::Read, fresh.rkey, d.base, 8, &[], &mut buf)
+        n.execute(OpKind::Read, fresh.rkey, d.base, 8, &[], &mut buf, None)
             .unwrap();
         assert_eq!(buf, [9; 8]);
         assert!(n.rekey(d.rkey).is_none());

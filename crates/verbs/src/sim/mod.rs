@@ -755,7 +755,7 @@ fn run_batch(
         };
         let r = sn
             .node
-            .execute(op.kind, op.rkey, op.addr, op.len, data, dst);
+            .execute(op.kind, op.rkey, op.addr, op.len, data, dst, None);
         if tracing_on && !matches!(op.kind, crate::node::OpKind::Read) {
             trace::record(trace::Entry {
                 batch: batch_id,

@@ -632,14 +632,14 @@ fn run_batch(
             OpKind::Read => {
                 let start = results.len();
                 results.resize(start + len as usize, 0);
-                let r = node.execute(kind, rkey, addr, len, &[], &mut results[start..]);
+                let r = node.execute(kind, rkey, addr, len, &[], &mut results[start..], None);
                 if r.is_err() {
                     results.truncate(start);
                 }
                 r
             }
             _ => node
-                .execute_deferring(kind, rkey, addr, len, data, &mut [], persists.as_mut())
+                .execute(kind, rkey, addr, len, data, &mut [], persists.as_mut())
                 .inspect(|old| {
                     if matches!(kind, OpKind::Cas { .. } | OpKind::Faa { .. }) {
                         results.extend_from_slice(&old.to_le_bytes());
