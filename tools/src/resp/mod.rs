@@ -1035,13 +1035,14 @@ fn submit(s: &Arc<Shared>, args: Vec<Vec<u8>>) -> BoxFuture<Reply> {
         run: Box::pin(async move {
             let reply = execute_keyed(&s2, &args).await;
             let took = started.elapsed();
+            let name = args.first().map_or(&[][..], |a| a.as_slice());
             // (Only the commands on keys come here: a small, known set of labels.)
-            if let Some(h) = s2.latency_of(args.first().map_or(&[][..], |a| a.as_slice())) {
+            if let Some(h) = s2.latency_of(name) {
                 h.record(took.as_secs_f64());
             }
             if took >= SLOW_COMMAND {
                 tracing::warn!(
-                    command = %String::from_utf8_lossy(args.first().map_or(&[][..], |a| a.as_slice())),
+                    command = %String::from_utf8_lossy(name),
                     ms = took.as_millis() as u64,
                     error = matches!(reply, Reply::Error(_)),
                     "slow command"
